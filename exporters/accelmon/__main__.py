@@ -1,0 +1,3 @@
+from accelmon.cli import main
+
+raise SystemExit(main())

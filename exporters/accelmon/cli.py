@@ -1,0 +1,169 @@
+"""accelmon-exporter: the command line, in the style of node_exporter."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import socket
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Sequence
+
+from accelmon import __version__
+from accelmon.collectors import REGISTRY, Paths
+from accelmon.config import LOG_LEVELS, ConfigError, Settings, check_listen_address, load
+from accelmon.core import Exporter, Sampler
+
+log = logging.getLogger("accelmon")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="accelmon-exporter",
+        description="Prometheus exporter for NVIDIA GPUs, AWS Neuron devices and InfiniBand ports.",
+    )
+    p.add_argument("--config", metavar="FILE", help="YAML config file; flags override it")
+    p.add_argument(
+        "--web.listen-address",
+        dest="listen_address",
+        metavar="HOST:PORT",
+        help="address to serve /metrics on (default :19470)",
+    )
+    p.add_argument("--path.sysfs", dest="sysfs", metavar="DIR", help="sysfs mount point (default /sys)")
+    p.add_argument("--path.procfs", dest="procfs", metavar="DIR", help="procfs mount point (default /proc)")
+    p.add_argument("--path.devfs", dest="devfs", metavar="DIR", help="device directory (default /dev)")
+    p.add_argument("--log.level", dest="log_level", choices=LOG_LEVELS, help="log level (default info)")
+    p.add_argument(
+        "--once",
+        action="store_true",
+        help="sample every enabled collector once, print the exposition and exit; exit status 1 if a collector failed",
+    )
+    p.add_argument("--version", action="version", version=f"accelmon-exporter {__version__}")
+    for name, registration in REGISTRY.items():
+        p.add_argument(
+            f"--collector.{name}",
+            dest=f"collector_{name}",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help=f"{registration.help} (default: on where the hardware is found)",
+        )
+    return p
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    settings = load(args.config)
+    if args.listen_address:
+        check_listen_address(args.listen_address)
+        settings.listen_address = args.listen_address
+    if args.log_level:
+        settings.log_level = args.log_level
+    overrides = {k: v for k, v in (("sysfs", args.sysfs), ("procfs", args.procfs), ("devfs", args.devfs)) if v}
+    settings.paths = Paths(**{**vars(settings.paths), **overrides})
+    for name in REGISTRY:
+        flag = getattr(args, f"collector_{name}")
+        if flag is not None:
+            settings.collector(name).enabled = flag
+    return settings
+
+
+def build_samplers(settings: Settings) -> list[Sampler]:
+    samplers = []
+    for name, registration in REGISTRY.items():
+        chosen = settings.collector(name)
+        enabled = chosen.enabled if chosen.enabled is not None else registration.enabled_by_default(settings.paths)
+        if not enabled:
+            continue
+        options = {**registration.options, **chosen.options}
+        samplers.append(Sampler(registration.build(options, settings.paths), float(options["interval_seconds"])))
+    return samplers
+
+
+class MetricsHandler(BaseHTTPRequestHandler):
+    exporter: Exporter
+    server_version = f"accelmon-exporter/{__version__}"
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            body = self.exporter.exposition()
+            self._reply(200, "text/plain; version=0.0.4; charset=utf-8", body)
+        elif path == "/":
+            page = b"<html><head><title>accelmon</title></head><body><a href='/metrics'>Metrics</a></body></html>"
+            self._reply(200, "text/html; charset=utf-8", page)
+        else:
+            self._reply(404, "text/plain; charset=utf-8", b"not found\n")
+
+    def _reply(self, status: int, content_type: str, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - signature of the base class
+        log.debug("http: " + format, *args)
+
+
+class MetricsServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+
+class MetricsServer6(MetricsServer):
+    address_family = socket.AF_INET6
+
+
+def make_server(exporter: Exporter, address: str) -> MetricsServer:
+    host, port = check_listen_address(address)
+    handler = type("BoundMetricsHandler", (MetricsHandler,), {"exporter": exporter})
+    if ":" in host:
+        return MetricsServer6((host, port), handler)
+    return MetricsServer((host, port), handler)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        settings = settings_from(args)
+    except ConfigError as error:
+        print(f"accelmon-exporter: {error}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    exporter = Exporter(build_samplers(settings))
+    if args.once:
+        text, failed = exporter.collect_once()
+        sys.stdout.buffer.write(text)
+        sys.stdout.flush()
+        exporter.stop()
+        if failed:
+            log.error("collector(s) failed: %s", ", ".join(failed))
+            return 1
+        return 0
+    try:
+        server = make_server(exporter, settings.listen_address)
+    except OSError as error:
+        log.error("cannot listen on %s: %s", settings.listen_address, error)
+        return 1
+    stopping = threading.Event()
+
+    def shut_down(signum: int, frame: object) -> None:
+        if not stopping.is_set():
+            stopping.set()
+            threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, shut_down)
+    signal.signal(signal.SIGINT, shut_down)
+    exporter.start()
+    log.info(
+        "accelmon-exporter %s listening on %s with collectors: %s",
+        __version__,
+        settings.listen_address,
+        ", ".join(s.name for s in exporter.samplers) or "none",
+    )
+    server.serve_forever()
+    server.server_close()
+    exporter.stop()
+    return 0

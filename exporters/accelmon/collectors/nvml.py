@@ -1,0 +1,534 @@
+"""NVIDIA GPU device counters through NVML (nvidia-ml-py, imported as `pynvml`).
+
+Example exposition line::
+
+    accelmon_gpu_power_watts{gpu="0",uuid="GPU-5e1d…"} 312.5
+
+Per-GPU series carry only `gpu` (index) and `uuid`; strings are in `accelmon_gpu_info`. A field that NVML
+answers `NotSupported`, `FunctionNotFound` (older driver) or `NoPermission` for is remembered per GPU and
+never asked again. A GPU that answers `GpuIsLost`/`Unknown` is reported with `accelmon_gpu_up 0` while the
+others keep reporting. PCIe throughput (about 20 ms per direction per GPU) is read on its own thread at a
+slower interval and XID events are waited for on another, so neither slows the main sample.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Callable
+
+from prometheus_client.core import Metric
+
+from accelmon.core import Catalogue, Collector, Samples
+
+log = logging.getLogger("accelmon.nvml")
+
+GPU = ("gpu", "uuid")
+CATALOGUE = Catalogue("nvml", "NVIDIA GPU device counters (NVML)")
+C = CATALOGUE
+INFO = C.gauge(
+    "accelmon_gpu_info",
+    "Identity of a GPU; value is 1.",
+    [*GPU, "name", "pci_bus_id", "serial", "vbios_version", "driver_version", "cuda_compute_capability"],
+)
+UP = C.gauge("accelmon_gpu_up", "1 if the GPU answers NVML, 0 once it is lost (GpuIsLost or Unknown).", GPU)
+UTILIZATION = C.gauge("accelmon_gpu_utilization_ratio", "Fraction of the last sample period a kernel ran (0..1).", GPU)
+MEMORY_UTILIZATION = C.gauge(
+    "accelmon_gpu_memory_utilization_ratio",
+    "Fraction of the last sample period device memory was read or written.",
+    GPU,
+)
+MEMORY_USED = C.gauge("accelmon_gpu_memory_used_bytes", "Device memory in use.", GPU)
+MEMORY_FREE = C.gauge("accelmon_gpu_memory_free_bytes", "Device memory free.", GPU)
+MEMORY_TOTAL = C.gauge("accelmon_gpu_memory_total_bytes", "Device memory installed.", GPU)
+MEMORY_RESERVED = C.gauge(
+    "accelmon_gpu_memory_reserved_bytes", "Device memory reserved by the driver and firmware.", GPU
+)
+BAR1_USED = C.gauge("accelmon_gpu_bar1_memory_used_bytes", "BAR1 memory in use.", GPU)
+BAR1_TOTAL = C.gauge("accelmon_gpu_bar1_memory_total_bytes", "BAR1 memory size.", GPU)
+TEMPERATURE = C.gauge("accelmon_gpu_temperature_celsius", "GPU die temperature.", GPU)
+MEMORY_TEMPERATURE = C.gauge("accelmon_gpu_memory_temperature_celsius", "HBM temperature.", GPU)
+POWER = C.gauge("accelmon_gpu_power_watts", "Power draw (NVML reports milliwatts).", GPU)
+POWER_LIMIT = C.gauge("accelmon_gpu_power_limit_watts", "Enforced power limit.", GPU)
+ENERGY = C.counter(
+    "accelmon_gpu_energy_joules_total", "Energy used since the driver was loaded (NVML reports millijoules).", GPU
+)
+SM_CLOCK = C.gauge("accelmon_gpu_sm_clock_hertz", "Current SM clock (NVML reports MHz).", GPU)
+MEMORY_CLOCK = C.gauge("accelmon_gpu_memory_clock_hertz", "Current memory clock.", GPU)
+SM_CLOCK_MAX = C.gauge("accelmon_gpu_sm_clock_max_hertz", "Maximum SM clock.", GPU)
+MEMORY_CLOCK_MAX = C.gauge("accelmon_gpu_memory_clock_max_hertz", "Maximum memory clock.", GPU)
+PSTATE = C.gauge("accelmon_gpu_performance_state", "Performance state: 0 (P0, maximum) to 15 (P15, minimum).", GPU)
+FAN = C.gauge("accelmon_gpu_fan_speed_ratio", "Fan speed as a fraction of its maximum (only GPUs with fans).", GPU)
+ENCODER = C.gauge("accelmon_gpu_encoder_utilization_ratio", "Video encoder utilization (0..1).", GPU)
+DECODER = C.gauge("accelmon_gpu_decoder_utilization_ratio", "Video decoder utilization (0..1).", GPU)
+PROCESSES = C.gauge("accelmon_gpu_compute_processes", "Compute processes running on the GPU.", GPU)
+ECC = C.counter(
+    "accelmon_gpu_ecc_errors_total",
+    "ECC errors; scope volatile counts since the driver loaded, aggregate over the GPU's life.",
+    [*GPU, "type", "scope"],
+)
+RETIRED_PAGES = C.counter(
+    "accelmon_gpu_retired_pages_total", "Memory pages retired, by cause (single_bit or double_bit).", [*GPU, "cause"]
+)
+RETIRED_PENDING = C.gauge(
+    "accelmon_gpu_retired_pages_pending", "1 if pages are waiting to be retired at next reset.", GPU
+)
+REMAPPED_ROWS = C.counter(
+    "accelmon_gpu_remapped_rows_total",
+    "Memory rows remapped, by cause (correctable or uncorrectable).",
+    [*GPU, "cause"],
+)
+REMAP_PENDING = C.gauge("accelmon_gpu_remapped_rows_pending", "1 if a row remapping waits for a GPU reset.", GPU)
+REMAP_FAILURE = C.gauge("accelmon_gpu_remapped_rows_failure", "1 if a row remapping failed (GPU needs service).", GPU)
+PCIE_REPLAYS = C.counter("accelmon_gpu_pcie_replays_total", "PCIe replay events (link retransmissions).", GPU)
+PCIE_TX = C.gauge(
+    "accelmon_gpu_pcie_transmit_bytes_per_second",
+    "PCIe bytes sent per second over NVML's 20 ms window (NVML reports KiB/s); sampled at the PCIe interval.",
+    GPU,
+)
+PCIE_RX = C.gauge("accelmon_gpu_pcie_receive_bytes_per_second", "PCIe bytes received per second (see transmit).", GPU)
+CLOCK_EVENT = C.gauge(
+    "accelmon_gpu_clock_event_active",
+    "1 if the clock-event (throttle) reason is active now, else 0.",
+    [*GPU, "reason"],
+)
+POWER_VIOLATION = C.counter(
+    "accelmon_gpu_power_violation_seconds_total", "Time clocks were held down by the power limit (NVML: ns).", GPU
+)
+THERMAL_VIOLATION = C.counter(
+    "accelmon_gpu_thermal_violation_seconds_total", "Time clocks were held down by the thermal limit.", GPU
+)
+XID_ERRORS = C.counter(
+    "accelmon_gpu_xid_errors_total",
+    "XID critical error events seen since the exporter started, by XID code.",
+    [*GPU, "xid"],
+)
+XID_EVENTS = C.counter(
+    "accelmon_gpu_xid_events_total",
+    "XID critical error events of any code since the exporter started (present from 0 so increase() sees the first).",
+    GPU,
+)
+MIG_MODE = C.gauge("accelmon_gpu_mig_mode_enabled", "1 if MIG mode is on.", GPU)
+MIG_INFO = C.gauge(
+    "accelmon_gpu_mig_instance_info", "A MIG device of the GPU; value is 1.", [*GPU, "gpu_instance_id", "mig_uuid"]
+)
+MIG_MEMORY_USED = C.gauge(
+    "accelmon_gpu_mig_memory_used_bytes", "Memory used in a MIG device.", [*GPU, "gpu_instance_id"]
+)
+MIG_MEMORY_TOTAL = C.gauge("accelmon_gpu_mig_memory_total_bytes", "Memory of a MIG device.", [*GPU, "gpu_instance_id"])
+
+CLOCK_EVENT_REASONS = {
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+    "display_clock_setting": 0x100,
+}
+
+# Read together in one nvmlDeviceGetFieldValues call: (field id, spec, extra label values, scale).
+FIELD_MEMORY_TEMP = 82
+FIELDS: list[tuple[int, Any, tuple[str, ...], float]] = [
+    (FIELD_MEMORY_TEMP, MEMORY_TEMPERATURE, (), 1.0),
+    (83, ENERGY, (), 1e-3),  # NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, mJ
+    (3, ECC, ("corrected", "volatile"), 1.0),  # NVML_FI_DEV_ECC_SBE_VOL_TOTAL
+    (4, ECC, ("uncorrected", "volatile"), 1.0),
+    (5, ECC, ("corrected", "aggregate"), 1.0),
+    (6, ECC, ("uncorrected", "aggregate"), 1.0),
+    (29, RETIRED_PAGES, ("single_bit",), 1.0),  # NVML_FI_DEV_RETIRED_SBE
+    (30, RETIRED_PAGES, ("double_bit",), 1.0),
+    (31, RETIRED_PENDING, (), 1.0),
+    (94, PCIE_REPLAYS, (), 1.0),  # NVML_FI_DEV_PCIE_REPLAY_COUNTER
+    (142, REMAPPED_ROWS, ("correctable",), 1.0),  # NVML_FI_DEV_REMAPPED_COR
+    (143, REMAPPED_ROWS, ("uncorrectable",), 1.0),
+    (144, REMAP_PENDING, (), 1.0),
+    (145, REMAP_FAILURE, (), 1.0),
+]
+# nvmlValueType_t -> member of the c_nvmlValue_t union
+VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+
+MHZ = 1e6
+KIB = 1024.0
+
+
+class GpuLostError(Exception):
+    """The GPU stopped answering (GpuIsLost or Unknown)."""
+
+
+@dataclass
+class Gpu:
+    index: int
+    handle: Any
+    uuid: str = ""
+    info: dict[str, str] = field(default_factory=dict)
+    max_sm_clock: float | None = None
+    max_memory_clock: float | None = None
+    lost: bool = False
+    unsupported: set[str] = field(default_factory=set)
+    unsupported_fields: set[int] = field(default_factory=set)
+
+    @property
+    def labels(self) -> tuple[str, str]:
+        return (str(self.index), self.uuid)
+
+
+class NvmlCollector(Collector):
+    name = "nvml"
+
+    def __init__(
+        self,
+        nvml: ModuleType | None = None,
+        pcie_interval: float = 10.0,
+        xid_events: bool = True,
+        retry_init_seconds: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if nvml is None:
+            import pynvml
+
+            nvml = pynvml
+        self.nvml: Any = nvml
+        self.pcie_interval = pcie_interval
+        self.xid_events = xid_events
+        self.retry_init_seconds = retry_init_seconds
+        self._clock = clock
+        self.gpus: list[Gpu] = []
+        self._initialized = False
+        self._last_init_attempt: float | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._pcie: dict[int, tuple[float | None, float | None]] = {}
+        self._pcie_ready = threading.Event()
+        self.first_pcie_wait_seconds = 2.0
+        self._xids: Counter[tuple[int, int]] = Counter()
+        self._threads: list[threading.Thread] = []
+        errors = self.nvml.NVMLError
+        self._skip_errors = tuple(
+            getattr(self.nvml, n, errors)
+            for n in ("NVMLError_NotSupported", "NVMLError_FunctionNotFound", "NVMLError_NoPermission")
+        )
+        self._lost_errors = (self.nvml.NVMLError_GpuIsLost, self.nvml.NVMLError_Unknown)
+
+    # ---- setup ----
+    def start(self) -> None:
+        self._try_init()
+
+    def _try_init(self) -> None:
+        now = self._clock()
+        if self._last_init_attempt is not None and now - self._last_init_attempt < self.retry_init_seconds:
+            return
+        self._last_init_attempt = now
+        nvml = self.nvml
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError as error:
+            # No driver or no library: this host simply has no NVIDIA GPU (yet). Not a collector failure.
+            log.info("NVML not available (%s); GPU metrics off, retrying every %ss", error, self.retry_init_seconds)
+            return
+        self._initialized = True
+        driver = self._string(nvml.nvmlSystemGetDriverVersion)
+        self.gpus = [self._discover(index, driver) for index in range(nvml.nvmlDeviceGetCount())]
+        log.info("NVML: %d GPU(s), driver %s", len(self.gpus), driver)
+        self._start_thread("nvml-pcie", self._pcie_loop)
+        # Give the first PCIe round a moment so the first sample (and --once) has it; never wait long.
+        self._pcie_ready.wait(self.first_pcie_wait_seconds)
+        if self.xid_events:
+            self._start_thread("nvml-xid", self._xid_loop)
+
+    def _start_thread(self, name: str, target: Callable[[], None]) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _string(self, function: Callable[..., Any], *args: Any) -> str:
+        try:
+            value = function(*args)
+        except self.nvml.NVMLError:
+            return ""
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    def _discover(self, index: int, driver: str) -> Gpu:
+        nvml = self.nvml
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        except nvml.NVMLError as error:
+            log.warning("GPU %d: no handle (%s); reported as lost", index, error)
+            return Gpu(index, None, lost=True)
+        gpu = Gpu(index, handle)
+        try:
+            gpu.uuid = self._call(gpu, "uuid", nvml.nvmlDeviceGetUUID) or ""
+            pci = self._call(gpu, "pci", nvml.nvmlDeviceGetPciInfo)
+            capability = self._call(gpu, "capability", nvml.nvmlDeviceGetCudaComputeCapability)
+            gpu.info = {
+                "name": str(self._call(gpu, "name", nvml.nvmlDeviceGetName) or ""),
+                "pci_bus_id": _text(pci.busId) if pci is not None else "",
+                "serial": str(self._call(gpu, "serial", nvml.nvmlDeviceGetSerial) or ""),
+                "vbios_version": str(self._call(gpu, "vbios", nvml.nvmlDeviceGetVbiosVersion) or ""),
+                "driver_version": driver,
+                "cuda_compute_capability": "{}.{}".format(*capability) if capability else "",
+            }
+            gpu.max_sm_clock = _scaled(self._call(gpu, "max_sm_clock", nvml.nvmlDeviceGetMaxClockInfo, 1), MHZ)
+            gpu.max_memory_clock = _scaled(self._call(gpu, "max_mem_clock", nvml.nvmlDeviceGetMaxClockInfo, 2), MHZ)
+        except GpuLostError:
+            log.warning("GPU %d is lost", index)
+            gpu.lost = True
+        return gpu
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(2.0)
+        if self._initialized:
+            try:
+                self.nvml.nvmlShutdown()
+            except self.nvml.NVMLError:
+                pass
+            self._initialized = False
+
+    # ---- calls ----
+    def _call(self, gpu: Gpu, key: str, function: Callable[..., Any], *args: Any) -> Any:
+        """Call an NVML device function; None if it is not supported (remembered) or failed this once."""
+        if key in gpu.unsupported:
+            return None
+        try:
+            return function(gpu.handle, *args)
+        except self._skip_errors as error:
+            log.debug("GPU %d: %s not supported (%s); not asked again", gpu.index, key, error)
+            gpu.unsupported.add(key)
+        except self._lost_errors as error:
+            raise GpuLostError(str(error)) from error
+        except self.nvml.NVMLError as error:
+            log.warning("GPU %d: %s failed: %s", gpu.index, key, error)
+        return None
+
+    def _first(self, gpu: Gpu, choices: list[tuple[str, Callable[..., Any], tuple[Any, ...]]]) -> Any:
+        """The first supported of several equivalent calls (newer API first, then what older drivers have)."""
+        for key, function, args in choices:
+            if key not in gpu.unsupported:
+                value = self._call(gpu, key, function, *args)
+                if value is not None or key not in gpu.unsupported:
+                    return value
+        return None
+
+    # ---- sample ----
+    def sample(self) -> list[Metric]:
+        if not self._initialized:
+            self._try_init()
+        samples = Samples()
+        for gpu in self.gpus:
+            if gpu.lost and gpu.handle is not None:
+                gpu.lost = not self._answers(gpu)
+            samples.add(INFO, [*gpu.labels, *(gpu.info.get(k, "") for k in INFO.labels[2:])], 1)
+            if not gpu.lost:
+                try:
+                    self._sample_gpu(gpu, samples)
+                except GpuLostError as error:
+                    log.warning("GPU %d lost: %s", gpu.index, error)
+                    gpu.lost = True
+            samples.add(UP, gpu.labels, 0 if gpu.lost else 1)
+            self._add_events(gpu, samples)
+        return samples.families()
+
+    def _answers(self, gpu: Gpu) -> bool:
+        try:
+            self.nvml.nvmlDeviceGetUUID(gpu.handle)
+        except self.nvml.NVMLError:
+            return False
+        log.info("GPU %d answers again", gpu.index)
+        return True
+
+    def _sample_gpu(self, gpu: Gpu, out: Samples) -> None:
+        nvml = self.nvml
+        labels = gpu.labels
+
+        def put(spec: Any, value: float | None, scale: float = 1.0, extra: tuple[str, ...] = ()) -> None:
+            scaled = _scaled(value, scale)
+            if scaled is not None:
+                out.add(spec, [*labels, *extra], scaled)
+
+        utilization = self._call(gpu, "utilization", nvml.nvmlDeviceGetUtilizationRates)
+        if utilization is not None:
+            put(UTILIZATION, utilization.gpu, 0.01)
+            put(MEMORY_UTILIZATION, utilization.memory, 0.01)
+        memory = self._first(
+            gpu,
+            [
+                ("memory_v2", nvml.nvmlDeviceGetMemoryInfo, (nvml.nvmlMemory_v2,)),
+                ("memory_v1", nvml.nvmlDeviceGetMemoryInfo, ()),  # drivers before R510: no reserved memory
+            ],
+        )
+        if memory is not None:
+            put(MEMORY_USED, memory.used)
+            put(MEMORY_FREE, memory.free)
+            put(MEMORY_TOTAL, memory.total)
+            put(MEMORY_RESERVED, getattr(memory, "reserved", None))
+        bar1 = self._call(gpu, "bar1", nvml.nvmlDeviceGetBAR1MemoryInfo)
+        if bar1 is not None:
+            put(BAR1_USED, bar1.bar1Used)
+            put(BAR1_TOTAL, bar1.bar1Total)
+        temperature = self._first(
+            gpu,
+            [
+                ("temperature_v", nvml.nvmlDeviceGetTemperatureV, (nvml.NVML_TEMPERATURE_GPU,)),
+                ("temperature", nvml.nvmlDeviceGetTemperature, (nvml.NVML_TEMPERATURE_GPU,)),
+            ],
+        )
+        put(TEMPERATURE, temperature)
+        put(POWER, self._call(gpu, "power", nvml.nvmlDeviceGetPowerUsage), 1e-3)
+        put(POWER_LIMIT, self._call(gpu, "power_limit", nvml.nvmlDeviceGetEnforcedPowerLimit), 1e-3)
+        put(SM_CLOCK, self._call(gpu, "sm_clock", nvml.nvmlDeviceGetClockInfo, nvml.NVML_CLOCK_SM), MHZ)
+        put(MEMORY_CLOCK, self._call(gpu, "mem_clock", nvml.nvmlDeviceGetClockInfo, nvml.NVML_CLOCK_MEM), MHZ)
+        put(SM_CLOCK_MAX, gpu.max_sm_clock)
+        put(MEMORY_CLOCK_MAX, gpu.max_memory_clock)
+        put(PSTATE, self._call(gpu, "pstate", nvml.nvmlDeviceGetPerformanceState))
+        put(FAN, self._call(gpu, "fan", nvml.nvmlDeviceGetFanSpeed), 0.01)
+        encoder = self._call(gpu, "encoder", nvml.nvmlDeviceGetEncoderUtilization)
+        put(ENCODER, encoder[0] if encoder else None, 0.01)
+        decoder = self._call(gpu, "decoder", nvml.nvmlDeviceGetDecoderUtilization)
+        put(DECODER, decoder[0] if decoder else None, 0.01)
+        processes = self._call(gpu, "processes", nvml.nvmlDeviceGetComputeRunningProcesses)
+        put(PROCESSES, len(processes) if processes is not None else None)
+        reasons = self._first(
+            gpu,
+            [
+                ("clock_events", nvml.nvmlDeviceGetCurrentClocksEventReasons, ()),
+                ("clock_throttle", nvml.nvmlDeviceGetCurrentClocksThrottleReasons, ()),
+            ],
+        )
+        if reasons is not None:
+            for reason, bit in CLOCK_EVENT_REASONS.items():
+                put(CLOCK_EVENT, 1 if reasons & bit else 0, extra=(reason,))
+        for key, policy, spec in (
+            ("power_violation", nvml.NVML_PERF_POLICY_POWER, POWER_VIOLATION),
+            ("thermal_violation", nvml.NVML_PERF_POLICY_THERMAL, THERMAL_VIOLATION),
+        ):
+            violation = self._call(gpu, key, nvml.nvmlDeviceGetViolationStatus, policy)
+            put(spec, violation.violationTime if violation is not None else None, 1e-9)
+        self._sample_fields(gpu, put)
+        self._sample_mig(gpu, out)
+        with self._lock:
+            transmit, receive = self._pcie.get(gpu.index, (None, None))
+        put(PCIE_TX, transmit)
+        put(PCIE_RX, receive)
+
+    def _sample_fields(self, gpu: Gpu, put: Callable[..., None]) -> None:
+        wanted = [f for f in FIELDS if f[0] not in gpu.unsupported_fields]
+        if not wanted:
+            return
+        values = self._call(gpu, "fields", self.nvml.nvmlDeviceGetFieldValues, [f[0] for f in wanted])
+        if values is None:
+            return
+        for (field_id, spec, extra, scale), value in zip(wanted, values):
+            if value.nvmlReturn != 0:
+                # NotSupported and the like: this GPU does not have this field; stop asking for it.
+                gpu.unsupported_fields.add(field_id)
+                continue
+            member = VALUE_MEMBERS.get(value.valueType)
+            if member is not None:
+                put(spec, getattr(value.value, member), scale, extra)
+
+    def _sample_mig(self, gpu: Gpu, out: Samples) -> None:
+        nvml = self.nvml
+        mode = self._call(gpu, "mig_mode", nvml.nvmlDeviceGetMigMode)
+        if mode is None:
+            return
+        out.add(MIG_MODE, gpu.labels, 1 if mode[0] else 0)
+        if not mode[0]:
+            return
+        count = self._call(gpu, "mig_count", nvml.nvmlDeviceGetMaxMigDeviceCount) or 0
+        for index in range(count):
+            try:
+                mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu.handle, index)
+                instance = str(nvml.nvmlDeviceGetGpuInstanceId(mig))
+                mig_uuid = _text(nvml.nvmlDeviceGetUUID(mig))
+                memory = nvml.nvmlDeviceGetMemoryInfo(mig, nvml.nvmlMemory_v2)
+            except nvml.NVMLError_NotFound:
+                continue  # slot without a MIG device
+            except nvml.NVMLError as error:
+                log.debug("GPU %d MIG %d: %s", gpu.index, index, error)
+                continue
+            out.add(MIG_INFO, [*gpu.labels, instance, mig_uuid], 1)
+            out.add(MIG_MEMORY_USED, [*gpu.labels, instance], memory.used)
+            out.add(MIG_MEMORY_TOTAL, [*gpu.labels, instance], memory.total)
+
+    def _add_events(self, gpu: Gpu, out: Samples) -> None:
+        if not self.xid_events:
+            return
+        with self._lock:
+            xids = sorted((xid, n) for (index, xid), n in self._xids.items() if index == gpu.index)
+        for xid, count in xids:
+            out.add(XID_ERRORS, [*gpu.labels, str(xid)], count)
+        out.add(XID_EVENTS, gpu.labels, sum(count for _, count in xids))
+
+    # ---- helper threads ----
+    def _pcie_loop(self) -> None:
+        nvml = self.nvml
+        while not self._stop.is_set():
+            for gpu in self.gpus:
+                if gpu.lost or self._stop.is_set():
+                    continue
+                try:
+                    transmit = self._call(
+                        gpu, "pcie_tx", nvml.nvmlDeviceGetPcieThroughput, nvml.NVML_PCIE_UTIL_TX_BYTES
+                    )
+                    receive = self._call(gpu, "pcie_rx", nvml.nvmlDeviceGetPcieThroughput, nvml.NVML_PCIE_UTIL_RX_BYTES)
+                except GpuLostError:
+                    transmit = receive = None
+                with self._lock:
+                    self._pcie[gpu.index] = (_scaled(transmit, KIB), _scaled(receive, KIB))
+            self._pcie_ready.set()
+            self._stop.wait(self.pcie_interval)
+
+    def _xid_loop(self) -> None:
+        nvml = self.nvml
+        try:
+            event_set = nvml.nvmlEventSetCreate()
+        except nvml.NVMLError as error:
+            log.info("XID events unavailable: %s", error)
+            return
+        registered = 0
+        for gpu in self.gpus:
+            if gpu.lost:
+                continue
+            try:
+                nvml.nvmlDeviceRegisterEvents(gpu.handle, nvml.nvmlEventTypeXidCriticalError, event_set)
+                registered += 1
+            except nvml.NVMLError as error:
+                log.info("GPU %d: XID events unavailable: %s", gpu.index, error)
+        while registered and not self._stop.is_set():
+            try:
+                event = nvml.nvmlEventSetWait(event_set, 500)
+                index = nvml.nvmlDeviceGetIndex(event.device)
+            except nvml.NVMLError_Timeout:
+                continue
+            except nvml.NVMLError as error:
+                log.debug("XID wait: %s", error)
+                self._stop.wait(1.0)  # never spin on a persistent error
+                continue
+            log.warning("GPU %d: XID %d", index, event.eventData)
+            with self._lock:
+                self._xids[(index, int(event.eventData))] += 1
+        try:
+            nvml.nvmlEventSetFree(event_set)
+        except nvml.NVMLError:
+            pass
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _scaled(value: float | None, scale: float) -> float | None:
+    """value * scale, dividing for scales below 1 so that 123456789 mJ is 123456.789 J, not ...790000001."""
+    if value is None:
+        return None
+    if scale < 1:
+        return value / round(1 / scale)
+    return value * scale

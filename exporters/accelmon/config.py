@@ -1,0 +1,116 @@
+"""The exporter's settings: defaults, then the YAML config file, then command-line flags."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from accelmon.collectors import REGISTRY, Paths
+
+DEFAULT_PORT = 19470
+DEFAULT_LISTEN_ADDRESS = f":{DEFAULT_PORT}"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class ConfigError(ValueError):
+    """A setting is wrong; the message names it."""
+
+
+@dataclass
+class CollectorSettings:
+    enabled: bool | None = None  # None: the collector's own default for this host
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Settings:
+    listen_address: str = DEFAULT_LISTEN_ADDRESS
+    log_level: str = "info"
+    paths: Paths = field(default_factory=Paths)
+    collectors: dict[str, CollectorSettings] = field(default_factory=dict)
+
+    def collector(self, name: str) -> CollectorSettings:
+        return self.collectors.setdefault(name, CollectorSettings())
+
+
+def _expect_mapping(value: Any, where: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
+    return value
+
+
+def _unknown(mapping: dict[str, Any], allowed: set[str], where: str) -> None:
+    extra = sorted(set(mapping) - allowed)
+    if extra:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(extra)}; allowed: {', '.join(sorted(allowed))}")
+
+
+def check_option(name: str, key: str, value: Any, default: Any) -> Any:
+    where = f"collectors.{name}.{key}"
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, got {value!r}")
+        return value
+    if isinstance(default, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ConfigError(f"{where}: expected a positive number, got {value!r}")
+        return float(value)
+    if isinstance(default, str):
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{where}: expected a non-empty string, got {value!r}")
+        return value
+    return value
+
+
+def check_listen_address(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ConfigError(f"listen address {address!r}: expected HOST:PORT, :PORT or [IPv6]:PORT")
+    return host.strip("[]"), int(port)
+
+
+def load(path: str | None) -> Settings:
+    settings = Settings()
+    if path is None:
+        return settings
+    try:
+        with open(path, encoding="utf-8") as stream:
+            data = yaml.safe_load(stream)
+    except OSError as error:
+        raise ConfigError(f"config file {path}: {error.strerror}") from error
+    except yaml.YAMLError as error:
+        raise ConfigError(f"config file {path}: not valid YAML: {error}") from error
+    data = _expect_mapping(data, path)
+    _unknown(data, {"web", "log_level", "paths", "collectors"}, path)
+    web = _expect_mapping(data.get("web"), "web")
+    _unknown(web, {"listen_address"}, "web")
+    if "listen_address" in web:
+        settings.listen_address = str(web["listen_address"])
+        check_listen_address(settings.listen_address)
+    if "log_level" in data:
+        if data["log_level"] not in LOG_LEVELS:
+            raise ConfigError(f"log_level: expected one of {', '.join(LOG_LEVELS)}, got {data['log_level']!r}")
+        settings.log_level = data["log_level"]
+    paths = _expect_mapping(data.get("paths"), "paths")
+    _unknown(paths, {"sysfs", "procfs", "devfs"}, "paths")
+    settings.paths = Paths(**{**vars(settings.paths), **{k: str(v) for k, v in paths.items()}})
+    collectors = _expect_mapping(data.get("collectors"), "collectors")
+    _unknown(collectors, set(REGISTRY), "collectors")
+    for name, raw in collectors.items():
+        options = _expect_mapping(raw, f"collectors.{name}")
+        registration = REGISTRY[name]
+        _unknown(options, {"enabled", *registration.options}, f"collectors.{name}")
+        chosen = settings.collector(name)
+        if "enabled" in options:
+            enabled = options["enabled"]
+            if enabled not in (True, False, "auto"):
+                raise ConfigError(f"collectors.{name}.enabled: expected true, false or auto, got {enabled!r}")
+            chosen.enabled = None if enabled == "auto" else enabled
+        for key, value in options.items():
+            if key != "enabled":
+                chosen.options[key] = check_option(name, key, value, registration.options[key])
+    return settings

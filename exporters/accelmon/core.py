@@ -1,0 +1,286 @@
+"""The exporter core: collectors sample on their own threads; a scrape only reads cached text.
+
+A scrape never waits on hardware. Each collector runs in a `Sampler` thread at its own interval and the
+rendered exposition of its latest sample is kept in memory; `/metrics` concatenates those texts and a few
+self-metrics. A hung collector only ages its own data, which its self-metrics show.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+
+from accelmon import __version__
+
+log = logging.getLogger("accelmon")
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One metric a collector may export: its name, type, help text and label names.
+
+    Specs are declared at module level so that `docs/metrics.md` is generated from the code.
+    """
+
+    name: str
+    kind: str  # "gauge" or "counter"
+    help: str
+    labels: tuple[str, ...]
+
+    def family(self) -> Metric:
+        if self.kind == "counter":
+            return CounterMetricFamily(self.name, self.help, labels=self.labels)
+        return GaugeMetricFamily(self.name, self.help, labels=self.labels)
+
+
+class Catalogue:
+    """The metric specs of one collector, in declaration order."""
+
+    def __init__(self, collector: str, title: str) -> None:
+        self.collector = collector
+        self.title = title
+        self.specs: list[MetricSpec] = []
+
+    def _add(self, kind: str, name: str, text: str, labels: Iterable[str]) -> MetricSpec:
+        spec = MetricSpec(name, kind, text, tuple(labels))
+        self.specs.append(spec)
+        return spec
+
+    def gauge(self, name: str, text: str, labels: Iterable[str] = ()) -> MetricSpec:
+        return self._add("gauge", name, text, labels)
+
+    def counter(self, name: str, text: str, labels: Iterable[str] = ()) -> MetricSpec:
+        if not name.endswith("_total"):
+            raise ValueError(f"counter {name} must end in _total")
+        return self._add("counter", name, text, labels)
+
+
+class Samples:
+    """Families being filled during one sample; only families that got samples are exported."""
+
+    def __init__(self) -> None:
+        self._families: dict[MetricSpec, Metric] = {}
+
+    def add(self, spec: MetricSpec, labels: Iterable[str], value: float) -> None:
+        family = self._families.get(spec)
+        if family is None:
+            family = self._families[spec] = spec.family()
+        family.add_metric(list(labels), value)  # type: ignore[attr-defined]
+
+    def families(self) -> list[Metric]:
+        return list(self._families.values())
+
+
+class Collector:
+    """Base class: `sample()` returns the families of one sample. Subclasses set `name`.
+
+    `start()` may open devices or start helper threads; `sample()` may raise, which counts as a failed sample.
+    """
+
+    name = ""
+    default_interval = 1.0
+
+    def start(self) -> None:
+        """Prepare the hardware connection; called once on the sampler thread before the first sample."""
+
+    def sample(self) -> list[Metric]:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """Release the hardware; called once at shutdown."""
+
+
+class _FamilyList:
+    """Adapter so prometheus_client's text renderer accepts a plain list of families."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> list[Metric]:
+        return self._families
+
+
+def render(families: list[Metric]) -> bytes:
+    return generate_latest(_FamilyList(families))  # type: ignore[arg-type]
+
+
+@dataclass
+class SampleState:
+    text: bytes = b""
+    success: bool = False
+    duration_seconds: float = 0.0
+    last_sample_timestamp: float = 0.0  # wall clock, 0 = never
+    last_sample_monotonic: float = 0.0
+    errors: int = 0
+    samples: int = 0
+
+
+class Sampler:
+    """Runs one collector on its own thread and keeps the rendered text of its latest sample."""
+
+    def __init__(
+        self,
+        collector: Collector,
+        interval: float,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.collector = collector
+        self.interval = interval
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._state = SampleState()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._started = False
+
+    @property
+    def name(self) -> str:
+        return self.collector.name
+
+    def state(self) -> SampleState:
+        with self._lock:
+            return SampleState(**vars(self._state))
+
+    def sample_once(self) -> bool:
+        """Take one sample now, on the calling thread. Returns whether it succeeded."""
+        if not self._started:
+            self._started = True
+            try:
+                self.collector.start()
+            except Exception:
+                log.exception("collector %s failed to start", self.name)
+        begin = self._clock()
+        try:
+            text = render(self.collector.sample())
+            ok = True
+        except Exception:
+            log.exception("collector %s failed", self.name)
+            text, ok = b"", False
+        end = self._clock()
+        with self._lock:
+            state = self._state
+            state.samples += 1
+            state.success = ok
+            state.duration_seconds = end - begin
+            if ok:
+                state.text = text
+                state.last_sample_timestamp = self._wall_clock()
+                state.last_sample_monotonic = end
+            else:
+                state.errors += 1
+        return ok
+
+    def _run(self) -> None:
+        next_due = self._clock()
+        while not self._stop.is_set():
+            self.sample_once()
+            # Fixed-rate schedule; after an overrun, start again from now rather than bursting to catch up.
+            next_due += self.interval
+            now = self._clock()
+            if next_due < now:
+                next_due = now + self.interval
+            self._stop.wait(next_due - now)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"sampler-{self.name}", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        try:
+            self.collector.stop()
+        except Exception:
+            log.exception("collector %s failed to stop", self.name)
+
+
+SELF = Catalogue("exporter", "Exporter self-metrics")
+BUILD_INFO = SELF.gauge("accelmon_exporter_build_info", "Version of the accelmon exporter; value is 1.", ["version"])
+SUCCESS = SELF.gauge(
+    "accelmon_collector_success",
+    "1 if the collector's latest sample succeeded and is fresh (not overdue by more than 3 intervals), else 0.",
+    ["collector"],
+)
+DURATION = SELF.gauge(
+    "accelmon_collector_duration_seconds", "How long the collector's latest sample took.", ["collector"]
+)
+LAST_SAMPLE = SELF.gauge(
+    "accelmon_collector_last_sample_timestamp_seconds",
+    "Unix time of the collector's latest successful sample (0 if none yet).",
+    ["collector"],
+)
+INTERVAL = SELF.gauge(
+    "accelmon_collector_interval_seconds", "How often the collector samples its hardware.", ["collector"]
+)
+ERRORS = SELF.counter(
+    "accelmon_collector_errors_total", "Samples of the collector that failed since the exporter started.", ["collector"]
+)
+
+
+class Exporter:
+    """The set of samplers of one process and the exposition built from their cached samples."""
+
+    def __init__(
+        self,
+        samplers: list[Sampler],
+        stale_after_intervals: float = 3.0,
+        drop_after_seconds: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.samplers = samplers
+        self._stale_after_intervals = stale_after_intervals
+        self._drop_after_seconds = drop_after_seconds
+        self._clock = clock
+
+    def start(self) -> None:
+        for sampler in self.samplers:
+            sampler.start()
+
+    def stop(self) -> None:
+        for sampler in self.samplers:
+            sampler.stop()
+
+    def _self_metrics(self, states: list[tuple[Sampler, SampleState]], now: float) -> Iterator[Metric]:
+        samples = Samples()
+        samples.add(BUILD_INFO, [__version__], 1)
+        for sampler, state in states:
+            fresh = self._is_fresh(sampler, state, now, self._stale_after_intervals * sampler.interval)
+            samples.add(SUCCESS, [sampler.name], 1 if state.success and fresh else 0)
+            samples.add(DURATION, [sampler.name], state.duration_seconds)
+            samples.add(LAST_SAMPLE, [sampler.name], state.last_sample_timestamp)
+            samples.add(INTERVAL, [sampler.name], sampler.interval)
+            samples.add(ERRORS, [sampler.name], state.errors)
+        return iter(samples.families())
+
+    @staticmethod
+    def _is_fresh(sampler: Sampler, state: SampleState, now: float, max_age: float) -> bool:
+        # A sampler that has not sampled yet is not stale: it has had no chance.
+        if state.samples == 0:
+            return True
+        return now - state.last_sample_monotonic <= max(max_age, sampler.interval + 1.0)
+
+    def exposition(self) -> bytes:
+        """Everything a scrape returns: the cached collector texts, then the self-metrics."""
+        now = self._clock()
+        states = [(sampler, sampler.state()) for sampler in self.samplers]
+        parts = []
+        for sampler, state in states:
+            # Data from a collector that has hung for long is dropped rather than served as if current.
+            if self._is_fresh(sampler, state, now, self._drop_after_seconds):
+                parts.append(state.text)
+        parts.append(render(list(self._self_metrics(states, now))))
+        return b"".join(parts)
+
+    def collect_once(self) -> tuple[bytes, list[str]]:
+        """Sample every collector once on this thread; returns the exposition and the failed collectors."""
+        failed = [sampler.name for sampler in self.samplers if not sampler.sample_once()]
+        return self.exposition(), failed

@@ -1,0 +1,390 @@
+/*
+ * A fake libnvidia-ml.so.1 for accelmon's tests: it answers the NVML calls the exporter makes,
+ * through the real pynvml ctypes layer, with deterministic values derived from the GPU index.
+ *
+ * Configured by the file named in $FAKE_NVML_CONFIG, read at every nvmlInitWithFlags; one
+ * directive per line:
+ *   gpus N                      number of GPUs (default 2)
+ *   name TEXT                   product name
+ *   lost I                      GPU I answers NVML_ERROR_GPU_IS_LOST
+ *   unsupported FUNC            FUNC answers NVML_ERROR_NOT_SUPPORTED (all GPUs)
+ *   missing FUNC                FUNC answers NVML_ERROR_FUNCTION_NOT_FOUND (an older driver)
+ *   unsupported_field ID        field ID answers NOT_SUPPORTED inside nvmlDeviceGetFieldValues
+ *   xid I CODE                  queue an XID event CODE on GPU I
+ *   mig I COUNT                 GPU I runs in MIG mode with COUNT instances
+ *   latency_us N                every call sleeps N microseconds
+ *   hang FUNC                   FUNC blocks until fakeNvmlRelease() is called
+ *   gpm I                       GPU I supports GPM (profiling metrics)
+ * Test helpers (not NVML): fakeNvmlCallCount(), fakeNvmlSetLost(i, lost), fakeNvmlRelease(),
+ * fakeNvmlQueueXid(i, code).
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef int nvmlReturn_t;
+enum {
+    OK = 0, ERR_UNINITIALIZED = 1, ERR_INVALID_ARGUMENT = 2, ERR_NOT_SUPPORTED = 3, ERR_NOT_FOUND = 6,
+    ERR_INSUFFICIENT_SIZE = 7, ERR_TIMEOUT = 10, ERR_FUNCTION_NOT_FOUND = 13, ERR_GPU_IS_LOST = 15,
+    ERR_UNKNOWN = 999
+};
+#define MAX_GPUS 16
+#define MAX_MIG 7
+#define MAX_NAMES 32
+#define MAX_EVENTS 64
+
+typedef struct device {
+    int index;
+    int is_mig;
+    int parent;
+} device_t;
+
+static device_t gpus[MAX_GPUS];
+static device_t migs[MAX_GPUS][MAX_MIG];
+static int gpu_count = 2;
+static char product_name[96] = "NVIDIA H100 80GB HBM3";
+static int lost[MAX_GPUS];
+static int mig_count[MAX_GPUS];
+static int gpm_supported[MAX_GPUS];
+static char unsupported[MAX_NAMES][64];
+static int n_unsupported;
+static char missing[MAX_NAMES][64];
+static int n_missing;
+static char hanging[MAX_NAMES][64];
+static int n_hanging;
+static unsigned unsupported_fields[MAX_NAMES];
+static int n_unsupported_fields;
+static long latency_us;
+static int initialized;
+static unsigned long long call_count;
+static struct { int gpu; unsigned long long xid; } events[MAX_EVENTS];
+static int n_events;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t released = PTHREAD_COND_INITIALIZER;
+static int release_generation;
+
+static int listed(char list[][64], int n, const char *name) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(list[i], name) == 0) return 1;
+    return 0;
+}
+
+static void add_name(char list[][64], int *n, const char *name) {
+    if (*n < MAX_NAMES) snprintf(list[(*n)++], 64, "%s", name);
+}
+
+static void read_config(void) {
+    gpu_count = 2;
+    snprintf(product_name, sizeof product_name, "NVIDIA H100 80GB HBM3");
+    n_unsupported = n_missing = n_hanging = n_unsupported_fields = n_events = 0;
+    latency_us = 0;
+    memset(lost, 0, sizeof lost);
+    memset(mig_count, 0, sizeof mig_count);
+    memset(gpm_supported, 0, sizeof gpm_supported);
+    const char *path = getenv("FAKE_NVML_CONFIG");
+    FILE *f = path ? fopen(path, "r") : NULL;
+    if (!f) return;
+    char line[256], key[64], arg[160];
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        if (sscanf(line, "%63s %159[^\n]", key, arg) < 2) continue;
+        int a = 0, b = 0;
+        if (!strcmp(key, "gpus")) gpu_count = atoi(arg) > MAX_GPUS ? MAX_GPUS : atoi(arg);
+        else if (!strcmp(key, "name")) snprintf(product_name, sizeof product_name, "%s", arg);
+        else if (!strcmp(key, "lost") && (a = atoi(arg)) < MAX_GPUS) lost[a] = 1;
+        else if (!strcmp(key, "unsupported")) add_name(unsupported, &n_unsupported, arg);
+        else if (!strcmp(key, "missing")) add_name(missing, &n_missing, arg);
+        else if (!strcmp(key, "hang")) add_name(hanging, &n_hanging, arg);
+        else if (!strcmp(key, "unsupported_field") && n_unsupported_fields < MAX_NAMES)
+            unsupported_fields[n_unsupported_fields++] = (unsigned)atoi(arg);
+        else if (!strcmp(key, "latency_us")) latency_us = atol(arg);
+        else if (!strcmp(key, "gpm") && (a = atoi(arg)) < MAX_GPUS) gpm_supported[a] = 1;
+        else if (!strcmp(key, "mig") && sscanf(arg, "%d %d", &a, &b) == 2 && a < MAX_GPUS)
+            mig_count[a] = b > MAX_MIG ? MAX_MIG : b;
+        else if (!strcmp(key, "xid") && sscanf(arg, "%d %d", &a, &b) == 2 && n_events < MAX_EVENTS) {
+            events[n_events].gpu = a;
+            events[n_events++].xid = (unsigned long long)b;
+        }
+    }
+    fclose(f);
+}
+
+/* Every entry point starts here: count, delay, and the configured failure modes. */
+static nvmlReturn_t enter(const char *fn) {
+    int generation;
+    pthread_mutex_lock(&lock);
+    call_count++;
+    generation = release_generation;
+    int hang = listed(hanging, n_hanging, fn);
+    int is_missing = listed(missing, n_missing, fn);
+    int is_unsupported = listed(unsupported, n_unsupported, fn);
+    if (hang)
+        while (generation == release_generation) pthread_cond_wait(&released, &lock);
+    pthread_mutex_unlock(&lock);
+    if (latency_us > 0) usleep((useconds_t)latency_us);
+    if (is_missing) return ERR_FUNCTION_NOT_FOUND;
+    if (is_unsupported) return ERR_NOT_SUPPORTED;
+    if (!initialized && strcmp(fn, "nvmlInitWithFlags") && strcmp(fn, "nvmlErrorString")) return ERR_UNINITIALIZED;
+    return OK;
+}
+
+#define ENTER() do { nvmlReturn_t r_ = enter(__func__); if (r_ != OK) return r_; } while (0)
+#define DEVICE(d) do { ENTER(); if (!(d)) return ERR_INVALID_ARGUMENT; \
+    if (lost[(d)->is_mig ? (d)->parent : (d)->index]) return ERR_GPU_IS_LOST; } while (0)
+
+/* ---- test helpers ---- */
+unsigned long long fakeNvmlCallCount(void) { return call_count; }
+void fakeNvmlSetLost(int index, int value) { if (index >= 0 && index < MAX_GPUS) lost[index] = value; }
+void fakeNvmlRelease(void) {
+    pthread_mutex_lock(&lock);
+    release_generation++;
+    pthread_cond_broadcast(&released);
+    pthread_mutex_unlock(&lock);
+}
+void fakeNvmlQueueXid(int index, unsigned long long xid) {
+    pthread_mutex_lock(&lock);
+    if (n_events < MAX_EVENTS) { events[n_events].gpu = index; events[n_events++].xid = xid; }
+    pthread_mutex_unlock(&lock);
+}
+
+/* ---- library ---- */
+nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+    (void)flags;
+    read_config();
+    for (int i = 0; i < MAX_GPUS; i++) {
+        gpus[i].index = i; gpus[i].is_mig = 0; gpus[i].parent = i;
+        for (int m = 0; m < MAX_MIG; m++) { migs[i][m].index = m; migs[i][m].is_mig = 1; migs[i][m].parent = i; }
+    }
+    ENTER();
+    initialized = 1;
+    return OK;
+}
+nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
+nvmlReturn_t nvmlShutdown(void) { ENTER(); initialized = 0; return OK; }
+
+const char *nvmlErrorString(nvmlReturn_t r) {
+    switch (r) {
+    case OK: return "Success";
+    case ERR_NOT_SUPPORTED: return "Not Supported";
+    case ERR_GPU_IS_LOST: return "GPU is lost";
+    case ERR_TIMEOUT: return "Timeout";
+    case ERR_FUNCTION_NOT_FOUND: return "Function Not Found";
+    default: return "Unknown Error";
+    }
+}
+
+nvmlReturn_t nvmlSystemGetDriverVersion(char *v, unsigned int n) { ENTER(); snprintf(v, n, "550.54.15"); return OK; }
+nvmlReturn_t nvmlSystemGetNVMLVersion(char *v, unsigned int n) { ENTER(); snprintf(v, n, "12.550.54.15"); return OK; }
+nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *v) { ENTER(); *v = 12040; return OK; }
+
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) { ENTER(); *count = (unsigned)gpu_count; return OK; }
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int i, device_t **dev) {
+    ENTER();
+    if ((int)i >= gpu_count) return ERR_INVALID_ARGUMENT;
+    *dev = &gpus[i];
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetIndex(device_t *d, unsigned int *i) { ENTER(); *i = (unsigned)d->index; return OK; }
+nvmlReturn_t nvmlDeviceGetName(device_t *d, char *name, unsigned int n) { DEVICE(d); snprintf(name, n, "%s", product_name); return OK; }
+nvmlReturn_t nvmlDeviceGetUUID(device_t *d, char *uuid, unsigned int n) {
+    DEVICE(d);
+    if (d->is_mig) snprintf(uuid, n, "MIG-%08d-0000-4000-8000-%012d", d->parent, d->index);
+    else snprintf(uuid, n, "GPU-%08d-0000-4000-8000-000000000000", d->index);
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetSerial(device_t *d, char *s, unsigned int n) { DEVICE(d); snprintf(s, n, "16500000%05d", d->index); return OK; }
+nvmlReturn_t nvmlDeviceGetVbiosVersion(device_t *d, char *s, unsigned int n) { DEVICE(d); snprintf(s, n, "96.00.89.00.01"); return OK; }
+nvmlReturn_t nvmlDeviceGetMinorNumber(device_t *d, unsigned int *m) { DEVICE(d); *m = (unsigned)d->index; return OK; }
+nvmlReturn_t nvmlDeviceGetCudaComputeCapability(device_t *d, int *major, int *minor) { DEVICE(d); *major = 9; *minor = 0; return OK; }
+
+typedef struct {
+    char busIdLegacy[16];
+    unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
+    char busId[32];
+} pci_info_t;
+nvmlReturn_t nvmlDeviceGetPciInfo_v3(device_t *d, pci_info_t *p) {
+    DEVICE(d);
+    memset(p, 0, sizeof *p);
+    p->bus = 0x18 + (unsigned)d->index * 0x10;
+    p->pciDeviceId = 0x233010de;
+    snprintf(p->busId, sizeof p->busId, "00000000:%02X:00.0", p->bus);
+    snprintf(p->busIdLegacy, sizeof p->busIdLegacy, "0000:%02X:00.0", p->bus);
+    return OK;
+}
+
+typedef struct { unsigned int gpu, memory; } utilization_t;
+nvmlReturn_t nvmlDeviceGetUtilizationRates(device_t *d, utilization_t *u) {
+    DEVICE(d);
+    u->gpu = 10 + (unsigned)d->index * 10 > 100 ? 100 : 10 + (unsigned)d->index * 10;
+    u->memory = 5 + (unsigned)d->index * 5 > 100 ? 100 : 5 + (unsigned)d->index * 5;
+    return OK;
+}
+
+typedef struct { unsigned int version; unsigned long long total, reserved, free, used; } memory_v2_t;
+#define GIB (1024ULL * 1024 * 1024)
+#define MIB (1024ULL * 1024)
+static void memory_of(const device_t *d, memory_v2_t *m) {
+    if (d->is_mig) {
+        m->total = 10 * GIB; m->reserved = 0; m->used = (unsigned long long)(d->index + 1) * GIB;
+    } else {
+        m->total = 80 * GIB; m->reserved = 512 * MIB; m->used = (unsigned long long)(d->index + 1) * GIB;
+    }
+    m->free = m->total - m->reserved - m->used;
+}
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(device_t *d, memory_v2_t *m) { DEVICE(d); memory_of(d, m); return OK; }
+
+typedef struct { unsigned long long total, free, used; } memory_v1_t;
+nvmlReturn_t nvmlDeviceGetMemoryInfo(device_t *d, memory_v1_t *m) {
+    memory_v2_t v2;
+    DEVICE(d);
+    memory_of(d, &v2);
+    m->total = v2.total; m->free = v2.free + v2.reserved; m->used = v2.used;
+    return OK;
+}
+
+typedef struct { unsigned long long total, free, used; } bar1_t;
+nvmlReturn_t nvmlDeviceGetBAR1MemoryInfo(device_t *d, bar1_t *b) {
+    DEVICE(d);
+    b->total = 128 * GIB; b->used = (unsigned long long)(d->index + 1) * 2 * MIB; b->free = b->total - b->used;
+    return OK;
+}
+
+typedef struct { unsigned int version; int sensorType; int temperature; } temperature_v1_t;
+nvmlReturn_t nvmlDeviceGetTemperatureV(device_t *d, temperature_v1_t *t) { DEVICE(d); t->temperature = 40 + d->index; return OK; }
+nvmlReturn_t nvmlDeviceGetTemperature(device_t *d, int sensor, unsigned int *t) { (void)sensor; DEVICE(d); *t = 40 + (unsigned)d->index; return OK; }
+
+nvmlReturn_t nvmlDeviceGetPowerUsage(device_t *d, unsigned int *mw) { DEVICE(d); *mw = 100000 + (unsigned)d->index * 10500; return OK; }
+nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(device_t *d, unsigned int *mw) { DEVICE(d); *mw = 700000; return OK; }
+nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(device_t *d, unsigned long long *mj) { DEVICE(d); *mj = 123456789ULL + (unsigned long long)d->index; return OK; }
+
+/* clock type: 0 graphics, 1 SM, 2 memory, 3 video */
+nvmlReturn_t nvmlDeviceGetClockInfo(device_t *d, int type, unsigned int *mhz) { DEVICE(d); *mhz = type == 2 ? 2619 : 1755 - (unsigned)d->index * 15; return OK; }
+nvmlReturn_t nvmlDeviceGetMaxClockInfo(device_t *d, int type, unsigned int *mhz) { DEVICE(d); *mhz = type == 2 ? 2619 : 1980; return OK; }
+
+static unsigned long long clock_reasons(const device_t *d) {
+    static const unsigned long long by_index[] = {0x1 /* idle */, 0x4 /* sw power cap */, 0x40 /* hw thermal */, 0x0};
+    return by_index[d->index % 4];
+}
+nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(device_t *d, unsigned long long *r) { DEVICE(d); *r = clock_reasons(d); return OK; }
+nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(device_t *d, unsigned long long *r) { DEVICE(d); *r = clock_reasons(d); return OK; }
+
+nvmlReturn_t nvmlDeviceGetPerformanceState(device_t *d, int *p) { DEVICE(d); *p = d->index % 2 ? 2 : 0; return OK; }
+nvmlReturn_t nvmlDeviceGetEncoderUtilization(device_t *d, unsigned int *u, unsigned int *period) { DEVICE(d); *u = (unsigned)d->index; *period = 167000; return OK; }
+nvmlReturn_t nvmlDeviceGetDecoderUtilization(device_t *d, unsigned int *u, unsigned int *period) { DEVICE(d); *u = 2 * (unsigned)d->index; *period = 167000; return OK; }
+nvmlReturn_t nvmlDeviceGetFanSpeed(device_t *d, unsigned int *s) { DEVICE(d); *s = 30 + (unsigned)d->index; return OK; }
+
+typedef struct { unsigned int pid; unsigned long long usedGpuMemory; unsigned int gpuInstanceId, computeInstanceId; } process_t;
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(device_t *d, unsigned int *count, process_t *procs) {
+    DEVICE(d);
+    unsigned int n = (unsigned)d->index % 3;
+    if (n == 0) { *count = 0; return OK; }
+    if (!procs || *count < n) { *count = n; return ERR_INSUFFICIENT_SIZE; }
+    for (unsigned int k = 0; k < n; k++) {
+        procs[k].pid = 1000 + (unsigned)d->index * 10 + k;
+        procs[k].usedGpuMemory = 512 * MIB;
+        procs[k].gpuInstanceId = procs[k].computeInstanceId = 0xFFFFFFFF;
+    }
+    *count = n;
+    return OK;
+}
+
+typedef struct { unsigned long long referenceTime, violationTime; } violation_t;
+nvmlReturn_t nvmlDeviceGetViolationStatus(device_t *d, int policy, violation_t *v) {
+    DEVICE(d);
+    v->referenceTime = 1700000000000000ULL;
+    v->violationTime = (unsigned long long)d->index * (policy == 0 ? 1000000000ULL : 500000000ULL);
+    return OK;
+}
+
+nvmlReturn_t nvmlDeviceGetPcieThroughput(device_t *d, int counter, unsigned int *kbps) {
+    DEVICE(d);
+    *kbps = (unsigned)(d->index + 1) * (counter == 0 ? 1000 : 2000);
+    return OK;
+}
+
+typedef union { double d; unsigned int ui; unsigned long ul; unsigned long long ull; long long sll; int si; unsigned short us; } value_t;
+typedef struct { unsigned int fieldId, scopeId; long long timestamp, latencyUsec; int valueType; nvmlReturn_t nvmlReturn; value_t value; } field_value_t;
+enum { VT_UINT = 1, VT_ULL = 3 };
+
+static int field_value(const device_t *d, unsigned int id, field_value_t *v) {
+    unsigned long long i = (unsigned long long)d->index;
+    v->valueType = VT_ULL;
+    switch (id) {
+    case 3: v->value.ull = i; break;                  /* ECC SBE volatile */
+    case 4: v->value.ull = 0; break;                  /* ECC DBE volatile */
+    case 5: v->value.ull = 10 * i; break;             /* ECC SBE aggregate */
+    case 6: v->value.ull = i == 1 ? 1 : 0; break;     /* ECC DBE aggregate */
+    case 29: v->value.ull = 0; break;                 /* retired pages SBE */
+    case 30: v->value.ull = 0; break;                 /* retired pages DBE */
+    case 31: v->valueType = VT_UINT; v->value.ui = 0; break; /* retirement pending */
+    case 82: v->valueType = VT_UINT; v->value.ui = 50 + (unsigned)i; break; /* memory temperature */
+    case 83: v->value.ull = 123456789ULL + i; break;  /* energy mJ */
+    case 94: v->value.ull = 2 * i; break;             /* PCIe replays */
+    case 142: v->valueType = VT_UINT; v->value.ui = (unsigned)i; break; /* remapped rows, correctable */
+    case 143: v->valueType = VT_UINT; v->value.ui = 0; break;
+    case 144: v->valueType = VT_UINT; v->value.ui = 0; break;
+    case 145: v->valueType = VT_UINT; v->value.ui = 0; break;
+    default: return 0;
+    }
+    return 1;
+}
+nvmlReturn_t nvmlDeviceGetFieldValues(device_t *d, int count, field_value_t *values) {
+    DEVICE(d);
+    for (int k = 0; k < count; k++) {
+        field_value_t *v = &values[k];
+        v->timestamp = 1700000000000000LL;
+        v->latencyUsec = 0;
+        int unsupported_here = 0;
+        for (int u = 0; u < n_unsupported_fields; u++)
+            if (unsupported_fields[u] == v->fieldId) unsupported_here = 1;
+        v->nvmlReturn = (!unsupported_here && field_value(d, v->fieldId, v)) ? OK : ERR_NOT_SUPPORTED;
+    }
+    return OK;
+}
+
+/* ---- MIG ---- */
+nvmlReturn_t nvmlDeviceGetMigMode(device_t *d, unsigned int *current, unsigned int *pending) {
+    DEVICE(d);
+    *current = *pending = mig_count[d->index] > 0;
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(device_t *d, unsigned int *n) { DEVICE(d); *n = MAX_MIG; return OK; }
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(device_t *d, unsigned int i, device_t **mig) {
+    DEVICE(d);
+    if ((int)i >= mig_count[d->index]) return ERR_NOT_FOUND;
+    *mig = &migs[d->index][i];
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(device_t *d, unsigned int *id) {
+    DEVICE(d);
+    if (!d->is_mig) return ERR_INVALID_ARGUMENT;
+    *id = (unsigned)d->index + 1;
+    return OK;
+}
+
+/* ---- events (XID) ---- */
+typedef struct { int dummy; } event_set_t;
+static event_set_t the_set;
+typedef struct { device_t *device; unsigned long long eventType, eventData; unsigned int gpuInstanceId, computeInstanceId; } event_data_t;
+nvmlReturn_t nvmlEventSetCreate(event_set_t **set) { ENTER(); *set = &the_set; return OK; }
+nvmlReturn_t nvmlEventSetFree(event_set_t *set) { (void)set; ENTER(); return OK; }
+nvmlReturn_t nvmlDeviceRegisterEvents(device_t *d, unsigned long long types, event_set_t *set) { (void)types; (void)set; DEVICE(d); return OK; }
+nvmlReturn_t nvmlEventSetWait_v2(event_set_t *set, event_data_t *data, unsigned int timeout_ms) {
+    (void)set;
+    ENTER();
+    pthread_mutex_lock(&lock);
+    if (n_events > 0) {
+        data->device = &gpus[events[0].gpu];
+        data->eventType = 0x8; /* nvmlEventTypeXidCriticalError */
+        data->eventData = events[0].xid;
+        data->gpuInstanceId = data->computeInstanceId = 0xFFFFFFFF;
+        memmove(events, events + 1, sizeof events[0] * (size_t)(--n_events));
+        pthread_mutex_unlock(&lock);
+        return OK;
+    }
+    pthread_mutex_unlock(&lock);
+    usleep((useconds_t)(timeout_ms > 50 ? 50 : timeout_ms) * 1000);
+    return ERR_TIMEOUT;
+}

@@ -1,0 +1,25 @@
+"""docs/metrics.md is generated from the code, and the code exports only catalogued names."""
+
+from __future__ import annotations
+
+from conftest import GOLDEN, ROOT
+from prometheus_client.parser import text_string_to_metric_families
+
+from accelmon.catalogue import catalogues, markdown
+
+
+def test_metrics_doc_is_up_to_date():
+    assert (ROOT / "docs" / "metrics.md").read_text() == markdown(), (
+        "docs/metrics.md is stale: python -m accelmon.catalogue > docs/metrics.md"
+    )
+
+
+def test_every_exported_name_is_catalogued_and_unique():
+    names = [spec.name for catalogue in catalogues() for spec in catalogue.specs]
+    assert len(names) == len(set(names)), "two collectors declare the same metric name"
+    exported = set()
+    for golden in GOLDEN.glob("*.prom"):
+        for family in text_string_to_metric_families(golden.read_text()):
+            exported.add(family.name + ("_total" if family.type == "counter" else ""))
+    assert exported, "no golden files found"
+    assert exported <= set(names), exported - set(names)

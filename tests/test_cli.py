@@ -1,0 +1,104 @@
+"""accelmon-exporter as a user runs it: flags, config file, --once, golden expositions and promtool."""
+
+from __future__ import annotations
+
+import pytest
+
+from accelmon.cli import build_samplers, parser, settings_from
+from accelmon.config import ConfigError
+from conftest import check_golden, exporter_env, promtool_check, run_once
+
+SCENARIOS = {
+    # Eight H100s, one lost, one whose driver lacks the newer calls, MIG on one: what a busy node looks like.
+    "nvml_h100x8.prom": "gpus 8\nlost 5\nmig 3 2\nunsupported nvmlDeviceGetFanSpeed\n",
+    # An older driver: no memory temperature field, no clock-event API (throttle reasons instead), no V temps.
+    "nvml_old_driver.prom": (
+        "gpus 2\nname Tesla V100-SXM2-32GB\nmissing nvmlDeviceGetTemperatureV\n"
+        "missing nvmlDeviceGetCurrentClocksEventReasons\nmissing nvmlDeviceGetMemoryInfo_v2\n"
+        "unsupported_field 82\nunsupported_field 142\nunsupported_field 143\nunsupported_field 144\n"
+        "unsupported_field 145\nmissing nvmlDeviceGetMigMode\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("golden", sorted(SCENARIOS))
+def test_once_matches_golden_and_passes_promtool(golden, fake_nvml_dir, tmp_path):
+    config = tmp_path / "fake.conf"
+    config.write_text(SCENARIOS[golden])
+    result = run_once([], exporter_env(fake_nvml_dir, config))
+    assert result.returncode == 0, result.stderr
+    promtool_check(result.stdout)
+    check_golden(golden, result.stdout)
+
+
+def test_once_without_nvidia_driver(tmp_path):
+    """No libnvidia-ml at all: exit 0, only self-metrics, the collector counted as successful."""
+    result = run_once([], exporter_env(None, None))
+    assert result.returncode == 0, result.stderr
+    assert "accelmon_gpu_" not in result.stdout
+    assert 'accelmon_collector_success{collector="nvml"} 1.0' in result.stdout
+    promtool_check(result.stdout)
+
+
+def test_collector_can_be_turned_off(fake_nvml_dir, tmp_path):
+    config = tmp_path / "fake.conf"
+    config.write_text("gpus 1\n")
+    result = run_once(["--no-collector.nvml"], exporter_env(fake_nvml_dir, config))
+    assert result.returncode == 0
+    assert "accelmon_gpu_up" not in result.stdout
+    assert 'collector="nvml"' not in result.stdout
+
+
+def settings(*argv: str):
+    return settings_from(parser().parse_args(list(argv)))
+
+
+def test_config_file_and_flags(tmp_path):
+    config = tmp_path / "accelmon.yml"
+    config.write_text(
+        "web:\n  listen_address: 127.0.0.1:9999\nlog_level: debug\npaths:\n  sysfs: /host/sys\n"
+        "collectors:\n  nvml:\n    enabled: true\n    interval_seconds: 5\n    pcie_interval_seconds: 30\n"
+    )
+    chosen = settings("--config", str(config), "--web.listen-address", ":19999", "--path.procfs", "/host/proc")
+    assert chosen.listen_address == ":19999"  # the flag wins
+    assert chosen.log_level == "debug"
+    assert chosen.paths.sysfs == "/host/sys"
+    assert chosen.paths.procfs == "/host/proc"
+    samplers = build_samplers(chosen)
+    assert [(s.name, s.interval) for s in samplers] == [("nvml", 5.0)]
+    assert samplers[0].collector.pcie_interval == 30.0
+    assert build_samplers(settings("--config", str(config), "--no-collector.nvml")) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("collectors:\n  nvml:\n    interval_seconds: -1\n", "collectors.nvml.interval_seconds: expected a positive"),
+        ("collectors:\n  nvml:\n    intervall_seconds: 1\n", "collectors.nvml: unknown key(s) intervall_seconds"),
+        ("collectors:\n  gpu: {}\n", "collectors: unknown key(s) gpu"),
+        ("collectors:\n  nvml:\n    enabled: maybe\n", "collectors.nvml.enabled: expected true, false or auto"),
+        ("web:\n  listen_address: nowhere\n", "listen address 'nowhere'"),
+        ("log_level: loud\n", "log_level: expected one of"),
+        ("- a list\n", "expected a mapping"),
+        ("web: [\n", "not valid YAML"),
+    ],
+)
+def test_bad_config_is_refused_with_the_setting_named(tmp_path, text, message):
+    config = tmp_path / "bad.yml"
+    config.write_text(text)
+    with pytest.raises(ConfigError, match=None) as error:
+        settings("--config", str(config))
+    assert message in str(error.value)
+
+
+def test_bad_config_exits_2_with_message(tmp_path, fake_nvml_dir):
+    config = tmp_path / "bad.yml"
+    config.write_text("collectors:\n  nvml:\n    interval_seconds: fast\n")
+    result = run_once(["--config", str(config)], exporter_env(fake_nvml_dir, None))
+    assert result.returncode == 2
+    assert "collectors.nvml.interval_seconds" in result.stderr
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="No such file"):
+        settings("--config", str(tmp_path / "absent.yml"))

@@ -1,0 +1,150 @@
+"""The exporter core: isolation of collectors, staleness, self-metrics and the HTTP endpoint."""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.request
+
+from accelmon.cli import make_server
+from accelmon.core import Catalogue, Collector, Exporter, Sampler, Samples
+
+CATALOGUE = Catalogue("test", "test")
+VALUE = CATALOGUE.gauge("test_value", "A value.", ["source"])
+
+
+class Steady(Collector):
+    name = "steady"
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def sample(self):
+        self.count += 1
+        samples = Samples()
+        samples.add(VALUE, [self.name], self.count)
+        return samples.families()
+
+
+class Blocking(Collector):
+    """Answers once, then blocks inside sample() until released, like a GPU that fell off the bus."""
+
+    name = "blocking"
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.calls = 0
+
+    def sample(self):
+        self.calls += 1
+        if self.calls > 1:
+            self.release.wait(30)
+        samples = Samples()
+        samples.add(VALUE, [self.name], 1)
+        return samples.families()
+
+
+class Failing(Collector):
+    name = "failing"
+
+    def sample(self):
+        raise RuntimeError("hardware said no")
+
+
+class BrokenStart(Steady):
+    name = "broken_start"
+
+    def start(self) -> None:
+        raise OSError("no device")
+
+
+def wait_for(predicate, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.01)
+
+
+def test_a_blocked_collector_does_not_block_others_or_the_scrape():
+    steady, blocking = Steady(), Blocking()
+    samplers = [Sampler(steady, 0.05), Sampler(blocking, 0.05)]
+    exporter = Exporter(samplers, stale_after_intervals=2, drop_after_seconds=1.5)
+    exporter.start()
+    try:
+        wait_for(lambda: blocking.calls >= 2)
+        count_then = steady.count
+        wait_for(lambda: steady.count > count_then + 5)  # the steady one keeps sampling
+        time.sleep(1.2)  # the blocked one is now overdue (> interval + 1 s)
+        started = time.monotonic()
+        text = exporter.exposition().decode()
+        assert time.monotonic() - started < 0.2
+        assert 'accelmon_collector_success{collector="steady"} 1.0' in text
+        assert 'accelmon_collector_success{collector="blocking"} 0.0' in text
+        wait_for(lambda: 'test_value{source="blocking"}' not in exporter.exposition().decode(), timeout=3)
+        assert 'test_value{source="steady"}' in exporter.exposition().decode()
+    finally:
+        blocking.release.set()
+        exporter.stop()
+
+
+def test_a_failing_collector_is_reported_and_counted():
+    exporter = Exporter([Sampler(Failing(), 1.0), Sampler(Steady(), 1.0)])
+    text, failed = exporter.collect_once()
+    text, failed = exporter.collect_once()
+    assert failed == ["failing"]
+    body = text.decode()
+    assert 'accelmon_collector_success{collector="failing"} 0.0' in body
+    assert 'accelmon_collector_errors_total{collector="failing"} 2.0' in body
+    assert 'accelmon_collector_success{collector="steady"} 1.0' in body
+    assert 'test_value{source="steady"} 2.0' in body
+
+
+def test_a_collector_that_cannot_start_still_samples():
+    exporter = Exporter([Sampler(BrokenStart(), 1.0)])
+    text, failed = exporter.collect_once()
+    assert failed == []
+    assert 'test_value{source="broken_start"} 1.0' in text.decode()
+
+
+def test_self_metrics():
+    exporter = Exporter([Sampler(Steady(), 2.5)])
+    text = exporter.collect_once()[0].decode()
+    assert 'accelmon_exporter_build_info{version="0.1.0"} 1.0' in text
+    assert 'accelmon_collector_interval_seconds{collector="steady"} 2.5' in text
+    stamp = [line for line in text.splitlines() if line.startswith("accelmon_collector_last_sample_timestamp")]
+    assert abs(float(stamp[0].split()[-1]) - time.time()) < 60
+
+
+def test_counter_names_must_end_in_total():
+    catalogue = Catalogue("x", "x")
+    try:
+        catalogue.counter("x_errors", "bad")
+    except ValueError as error:
+        assert "_total" in str(error)
+    else:
+        raise AssertionError("a counter without _total was accepted")
+
+
+def test_http_endpoint_on_loopback():
+    exporter = Exporter([Sampler(Steady(), 0.05)])
+    server = make_server(exporter, "127.0.0.1:0")
+    port = server.server_address[1]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    exporter.start()
+    thread.start()
+    try:
+        wait_for(lambda: b"test_value" in exporter.exposition())
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            assert response.status == 200
+            assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+            assert b'test_value{source="steady"}' in response.read()
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/nope", timeout=5)
+        except urllib.error.HTTPError as error:
+            assert error.code == 404
+        else:
+            raise AssertionError("unknown path answered")
+    finally:
+        server.shutdown()
+        server.server_close()
+        exporter.stop()

@@ -1,0 +1,214 @@
+"""The NVML collector over the real pynvml binding and the fake libnvidia-ml.so.1."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable, Iterator
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from accelmon.collectors.nvml import NvmlCollector
+from accelmon.core import Exporter, Sampler, render
+
+UUID0 = "GPU-00000000-0000-4000-8000-000000000000"
+UUID1 = "GPU-00000001-0000-4000-8000-000000000000"
+
+
+@pytest.fixture
+def make_collector(fake_nvml) -> Iterator[Callable[..., NvmlCollector]]:
+    made: list[NvmlCollector] = []
+
+    def make(config: str = "", **options) -> NvmlCollector:
+        fake_nvml.configure(config)
+        collector = NvmlCollector(**options)
+        collector.start()
+        made.append(collector)
+        return collector
+
+    yield make
+    fake_nvml.release()
+    for collector in made:
+        collector.stop()
+
+
+class Reading:
+    """One sample of a collector, queried like a registry."""
+
+    def __init__(self, collector: NvmlCollector) -> None:
+        self.text = render(collector.sample()).decode()
+        self.families = list(text_string_to_metric_families(self.text))
+
+    def value(self, metric: str, /, **labels: str) -> float | None:
+        for family in self.families:
+            for sample in family.samples:
+                if sample.name == metric and all(sample.labels.get(k) == v for k, v in labels.items()):
+                    return sample.value
+        return None
+
+    def names(self) -> set[str]:
+        return {sample.name for family in self.families for sample in family.samples}
+
+
+def test_unit_conversions(make_collector):
+    reading = Reading(make_collector("gpus 2\n"))
+    gpu1 = {"gpu": "1", "uuid": UUID1}
+    assert reading.value("accelmon_gpu_utilization_ratio", **gpu1) == pytest.approx(0.20)  # 20 %
+    assert reading.value("accelmon_gpu_memory_utilization_ratio", **gpu1) == pytest.approx(0.10)
+    assert reading.value("accelmon_gpu_power_watts", **gpu1) == pytest.approx(110.5)  # 110500 mW
+    assert reading.value("accelmon_gpu_power_limit_watts", **gpu1) == 700.0
+    assert reading.value("accelmon_gpu_energy_joules_total", **gpu1) == pytest.approx(123456.790)  # mJ
+    assert reading.value("accelmon_gpu_sm_clock_hertz", **gpu1) == 1740e6  # MHz
+    assert reading.value("accelmon_gpu_memory_clock_hertz", **gpu1) == 2619e6
+    assert reading.value("accelmon_gpu_sm_clock_max_hertz", **gpu1) == 1980e6
+    assert reading.value("accelmon_gpu_memory_used_bytes", **gpu1) == 2 * 1024**3
+    assert reading.value("accelmon_gpu_memory_total_bytes", **gpu1) == 80 * 1024**3
+    assert reading.value("accelmon_gpu_memory_reserved_bytes", **gpu1) == 512 * 1024**2
+    assert reading.value("accelmon_gpu_memory_free_bytes", **gpu1) == 80 * 1024**3 - 512 * 1024**2 - 2 * 1024**3
+    assert reading.value("accelmon_gpu_temperature_celsius", **gpu1) == 41
+    assert reading.value("accelmon_gpu_memory_temperature_celsius", **gpu1) == 51
+    assert reading.value("accelmon_gpu_fan_speed_ratio", **gpu1) == pytest.approx(0.31)
+    assert reading.value("accelmon_gpu_decoder_utilization_ratio", **gpu1) == pytest.approx(0.02)
+    assert reading.value("accelmon_gpu_power_violation_seconds_total", **gpu1) == 1.0  # ns
+    assert reading.value("accelmon_gpu_thermal_violation_seconds_total", **gpu1) == 0.5
+    assert reading.value("accelmon_gpu_pcie_transmit_bytes_per_second", **gpu1) == 2000 * 1024  # KiB/s
+    assert reading.value("accelmon_gpu_pcie_receive_bytes_per_second", **gpu1) == 4000 * 1024
+    assert reading.value("accelmon_gpu_ecc_errors_total", type="corrected", scope="aggregate", **gpu1) == 10
+    assert reading.value("accelmon_gpu_ecc_errors_total", type="uncorrected", scope="aggregate", **gpu1) == 1
+    assert reading.value("accelmon_gpu_remapped_rows_total", cause="correctable", **gpu1) == 1
+    assert reading.value("accelmon_gpu_pcie_replays_total", **gpu1) == 2
+    assert reading.value("accelmon_gpu_compute_processes", **gpu1) == 1
+    assert reading.value("accelmon_gpu_performance_state", **gpu1) == 2
+    assert reading.value("accelmon_gpu_clock_event_active", reason="sw_power_cap", **gpu1) == 1
+    assert reading.value("accelmon_gpu_clock_event_active", reason="gpu_idle", **gpu1) == 0
+    assert reading.value("accelmon_gpu_info", name="NVIDIA H100 80GB HBM3", pci_bus_id="00000000:28:00.0", **gpu1) == 1
+
+
+def test_lost_gpu_is_reported_while_others_keep_reporting(make_collector, fake_nvml):
+    collector = make_collector("gpus 3\n")
+    assert Reading(collector).value("accelmon_gpu_up", gpu="1") == 1
+    fake_nvml.set_lost(1)
+    reading = Reading(collector)
+    assert reading.value("accelmon_gpu_up", gpu="1", uuid=UUID1) == 0
+    assert reading.value("accelmon_gpu_power_watts", gpu="1") is None  # no stale values for a lost GPU
+    assert reading.value("accelmon_gpu_up", gpu="0") == 1
+    assert reading.value("accelmon_gpu_up", gpu="2") == 1
+    assert reading.value("accelmon_gpu_power_watts", gpu="2") == pytest.approx(121.0)
+    fake_nvml.set_lost(1, False)
+    assert Reading(collector).value("accelmon_gpu_up", gpu="1") == 1  # it came back
+
+
+def test_gpu_lost_before_start(make_collector):
+    reading = Reading(make_collector("gpus 2\nlost 0\n"))
+    assert reading.value("accelmon_gpu_up", gpu="0") == 0
+    assert reading.value("accelmon_gpu_up", gpu="1", uuid=UUID1) == 1
+
+
+def test_not_supported_is_remembered_and_not_retried(make_collector, fake_nvml):
+    # No XID thread: its waits would count as calls too.
+    collector = make_collector("gpus 1\nunsupported nvmlDeviceGetFanSpeed\nunsupported_field 82\n", xid_events=False)
+    first = Reading(collector)
+    assert first.value("accelmon_gpu_fan_speed_ratio") is None
+    assert first.value("accelmon_gpu_memory_temperature_celsius") is None
+    assert first.value("accelmon_gpu_temperature_celsius") == 40
+    before = fake_nvml.calls()
+    Reading(collector)
+    per_sample = fake_nvml.calls() - before
+    before = fake_nvml.calls()
+    fake_nvml.configure("")  # the fake now supports it, but the collector must not ask again
+    Reading(collector)
+    assert fake_nvml.calls() - before == per_sample
+    assert "fan" in collector.gpus[0].unsupported
+    assert 82 in collector.gpus[0].unsupported_fields
+
+
+def test_older_driver_falls_back_to_older_functions(make_collector):
+    collector = make_collector(
+        "gpus 1\nmissing nvmlDeviceGetTemperatureV\nmissing nvmlDeviceGetCurrentClocksEventReasons\n"
+    )
+    reading = Reading(collector)
+    assert reading.value("accelmon_gpu_temperature_celsius", gpu="0") == 40
+    assert reading.value("accelmon_gpu_clock_event_active", gpu="0", reason="gpu_idle") == 1
+    assert {"temperature_v", "clock_events"} <= collector.gpus[0].unsupported
+
+
+def test_function_missing_everywhere_drops_only_its_series(make_collector):
+    reading = Reading(make_collector("gpus 1\nmissing nvmlDeviceGetBAR1MemoryInfo\n"))
+    assert reading.value("accelmon_gpu_bar1_memory_used_bytes") is None
+    assert reading.value("accelmon_gpu_memory_used_bytes", gpu="0") == 1024**3
+
+
+def test_xid_events_are_counted(make_collector, fake_nvml):
+    collector = make_collector("gpus 2\n")
+    assert Reading(collector).value("accelmon_gpu_xid_events_total", gpu="1") == 0
+    fake_nvml.queue_xid(1, 79)
+    fake_nvml.queue_xid(1, 79)
+    fake_nvml.queue_xid(0, 48)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        reading = Reading(collector)
+        if reading.value("accelmon_gpu_xid_events_total", gpu="1") == 2:
+            break
+        time.sleep(0.05)
+    assert reading.value("accelmon_gpu_xid_errors_total", gpu="1", uuid=UUID1, xid="79") == 2
+    assert reading.value("accelmon_gpu_xid_errors_total", gpu="0", uuid=UUID0, xid="48") == 1
+    assert reading.value("accelmon_gpu_xid_events_total", gpu="1") == 2
+
+
+def test_mig_instances(make_collector):
+    reading = Reading(make_collector("gpus 2\nmig 1 3\n"))
+    assert reading.value("accelmon_gpu_mig_mode_enabled", gpu="0") == 0
+    assert reading.value("accelmon_gpu_mig_mode_enabled", gpu="1") == 1
+    instances = [s for f in reading.families for s in f.samples if s.name == "accelmon_gpu_mig_instance_info"]
+    assert sorted(s.labels["gpu_instance_id"] for s in instances) == ["1", "2", "3"]
+    assert reading.value("accelmon_gpu_mig_memory_used_bytes", gpu="1", gpu_instance_id="2") == 2 * 1024**3
+    assert reading.value("accelmon_gpu_mig_memory_total_bytes", gpu="1", gpu_instance_id="2") == 10 * 1024**3
+
+
+def test_hung_nvml_makes_only_its_own_data_stale(make_collector, fake_nvml):
+    """A GPU call that never returns: the scrape still answers at once, and the collector shows it is stale."""
+    collector = make_collector("gpus 1\n")
+    sampler = Sampler(collector, interval=0.1)
+    exporter = Exporter([sampler], stale_after_intervals=3)
+    sampler.start()
+    deadline = time.monotonic() + 5
+    while sampler.state().samples < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    fake_nvml.configure("gpus 1\nhang nvmlDeviceGetPowerUsage\n")
+    # The hang directive is read at init, so re-init through the library to arm it.
+    import pynvml
+
+    pynvml.nvmlInit()
+    time.sleep(1.5)  # > 3 intervals and > interval + 1 s: the sampler is now stuck inside nvmlDeviceGetPowerUsage
+    started = time.monotonic()
+    text = exporter.exposition().decode()
+    assert time.monotonic() - started < 0.5
+    assert 'accelmon_collector_success{collector="nvml"} 0.0' in text
+    assert "accelmon_gpu_up" in text  # last good data still served until it is dropped
+    fake_nvml.release()
+    pynvml.nvmlShutdown()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and 'success{collector="nvml"} 1.0' not in exporter.exposition().decode():
+        time.sleep(0.05)
+    assert 'accelmon_collector_success{collector="nvml"} 1.0' in exporter.exposition().decode()
+    sampler.stop()
+
+
+def test_collector_can_be_sampled_from_several_threads(make_collector):
+    collector = make_collector("gpus 2\n")
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            for _ in range(20):
+                Reading(collector)
+        except BaseException as error:  # noqa: BLE001
+            errors.append(error)
+
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
