@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from conftest import GOLDEN, ROOT
 from prometheus_client.parser import text_string_to_metric_families
 
 from accelmon.catalogue import catalogues, markdown
+from conftest import GOLDEN, ROOT
 
 
 def test_metrics_doc_is_up_to_date():

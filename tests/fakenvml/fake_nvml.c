@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef int nvmlReturn_t;
@@ -63,6 +64,7 @@ static struct { int gpu; unsigned long long xid; } events[MAX_EVENTS];
 static int n_events;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t released = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t event_queued = PTHREAD_COND_INITIALIZER;
 static int release_generation;
 
 static int listed(char list[][64], int n, const char *name) {
@@ -146,6 +148,7 @@ void fakeNvmlRelease(void) {
 void fakeNvmlQueueXid(int index, unsigned long long xid) {
     pthread_mutex_lock(&lock);
     if (n_events < MAX_EVENTS) { events[n_events].gpu = index; events[n_events++].xid = xid; }
+    pthread_cond_broadcast(&event_queued);
     pthread_mutex_unlock(&lock);
 }
 
@@ -374,17 +377,21 @@ nvmlReturn_t nvmlDeviceRegisterEvents(device_t *d, unsigned long long types, eve
 nvmlReturn_t nvmlEventSetWait_v2(event_set_t *set, event_data_t *data, unsigned int timeout_ms) {
     (void)set;
     ENTER();
+    /* Like the real driver: block up to timeout_ms for an event, costing no CPU while waiting. */
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_sec += timeout_ms / 1000;
+    deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (deadline.tv_nsec >= 1000000000L) { deadline.tv_sec++; deadline.tv_nsec -= 1000000000L; }
     pthread_mutex_lock(&lock);
-    if (n_events > 0) {
-        data->device = &gpus[events[0].gpu];
-        data->eventType = 0x8; /* nvmlEventTypeXidCriticalError */
-        data->eventData = events[0].xid;
-        data->gpuInstanceId = data->computeInstanceId = 0xFFFFFFFF;
-        memmove(events, events + 1, sizeof events[0] * (size_t)(--n_events));
-        pthread_mutex_unlock(&lock);
-        return OK;
-    }
+    while (n_events == 0)
+        if (pthread_cond_timedwait(&event_queued, &lock, &deadline) != 0) break;
+    if (n_events == 0) { pthread_mutex_unlock(&lock); return ERR_TIMEOUT; }
+    data->device = &gpus[events[0].gpu];
+    data->eventType = 0x8; /* nvmlEventTypeXidCriticalError */
+    data->eventData = events[0].xid;
+    data->gpuInstanceId = data->computeInstanceId = 0xFFFFFFFF;
+    memmove(events, events + 1, sizeof events[0] * (size_t)(--n_events));
     pthread_mutex_unlock(&lock);
-    usleep((useconds_t)(timeout_ms > 50 ? 50 : timeout_ms) * 1000);
-    return ERR_TIMEOUT;
+    return OK;
 }

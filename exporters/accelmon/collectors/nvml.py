@@ -21,8 +21,6 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable
 
-from prometheus_client.core import Metric
-
 from accelmon.core import Catalogue, Collector, Samples
 
 log = logging.getLogger("accelmon.nvml")
@@ -318,7 +316,7 @@ class NvmlCollector(Collector):
         return None
 
     # ---- sample ----
-    def sample(self) -> list[Metric]:
+    def sample(self) -> Samples:
         if not self._initialized:
             self._try_init()
         samples = Samples()
@@ -334,7 +332,7 @@ class NvmlCollector(Collector):
                     gpu.lost = True
             samples.add(UP, gpu.labels, 0 if gpu.lost else 1)
             self._add_events(gpu, samples)
-        return samples.families()
+        return samples
 
     def _answers(self, gpu: Gpu) -> bool:
         try:
