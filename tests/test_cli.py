@@ -102,3 +102,17 @@ def test_bad_config_exits_2_with_message(tmp_path, fake_nvml_dir):
 def test_missing_config_file(tmp_path):
     with pytest.raises(ConfigError, match="No such file"):
         settings("--config", str(tmp_path / "absent.yml"))
+
+
+def test_check_config(tmp_path):
+    good, bad = tmp_path / "good.yml", tmp_path / "bad.yml"
+    good.write_text("collectors:\n  nvml:\n    enabled: false\n")
+    bad.write_text("collectors:\n  nvml:\n    enabled: sometimes\n")
+    import subprocess
+    import sys
+
+    run = [sys.executable, "-m", "accelmon", "--check-config", "--config"]
+    assert subprocess.run([*run, str(good)], capture_output=True).returncode == 0
+    refused = subprocess.run([*run, str(bad)], capture_output=True, text=True)
+    assert refused.returncode == 2
+    assert "collectors.nvml.enabled" in refused.stderr

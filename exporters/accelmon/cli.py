@@ -40,6 +40,7 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="sample every enabled collector once, print the exposition and exit; exit status 1 if a collector failed",
     )
+    p.add_argument("--check-config", action="store_true", help="check the settings and exit (0 if valid, 2 if not)")
     p.add_argument("--version", action="version", version=f"accelmon-exporter {__version__}")
     for name, registration in REGISTRY.items():
         p.add_argument(
@@ -129,6 +130,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as error:
         print(f"accelmon-exporter: {error}", file=sys.stderr)
         return 2
+    if args.check_config:
+        print("accelmon-exporter: settings are valid")
+        return 0
     logging.basicConfig(
         level=settings.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

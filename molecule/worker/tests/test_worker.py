@@ -1,0 +1,68 @@
+"""Verify a converged worker: the exporter serves the simulated GPUs, as a hardened, unprivileged service."""
+
+
+import pytest
+
+testinfra_hosts = ["podman://accelmon-worker"]
+
+
+def scrape(host, port):
+    return host.check_output(f"curl -sf http://127.0.0.1:{port}/metrics")
+
+
+def test_exporter_serves_gpu_metrics(host):
+    text = host.check_output(
+        "for i in $(seq 1 30); do curl -sf http://127.0.0.1:19470/metrics | grep -q accelmon_gpu_up && break; "
+        "sleep 1; done; curl -sf http://127.0.0.1:19470/metrics"
+    )
+    up = [line for line in text.splitlines() if line.startswith("accelmon_gpu_up{")]
+    assert len(up) == 8
+    assert sum(line.endswith(" 0") for line in up) == 1  # GPU 5 is lost
+    assert 'accelmon_collector_success{collector="nvml"} 1' in text
+    assert 'accelmon_gpu_power_watts{gpu="1"' in text
+
+
+def test_exporter_runs_hardened_and_unprivileged(host):
+    service = host.service("accelmon-exporter")
+    assert service.is_running
+    assert service.is_enabled
+    show = host.check_output(
+        "systemctl show accelmon-exporter -p User -p NoNewPrivileges -p ProtectSystem -p ProtectHome "
+        "-p PrivateTmp -p Restart -p DevicePolicy -p CapabilityBoundingSet"
+    )
+    props = dict(line.split("=", 1) for line in show.splitlines())
+    assert props["User"] == "accelmon"
+    assert props["NoNewPrivileges"] == "yes"
+    assert props["ProtectSystem"] == "strict"
+    assert props["ProtectHome"] == "yes"
+    assert props["PrivateTmp"] == "yes"
+    assert props["Restart"] == "on-failure"
+    assert props["DevicePolicy"] == "closed"
+    assert props["CapabilityBoundingSet"] == ""
+    pid = host.check_output("systemctl show -p MainPID --value accelmon-exporter")
+    assert host.check_output(f"ps -o user= -p {pid}") == "accelmon"
+
+
+def test_files_are_not_world_writable(host):
+    config = host.file("/etc/accelmon/exporter.yml")
+    assert config.user == "root" and config.group == "accelmon" and config.mode == 0o640
+    assert host.file("/etc/accelmon").mode == 0o750
+    assert host.file("/opt/accelmon/venv").user == "root"
+    world_writable = host.check_output("find /opt/accelmon /etc/accelmon -perm -o+w -not -type l")
+    assert world_writable == ""
+
+
+def test_node_exporter_runs_without_infiniband(host):
+    assert host.service("prometheus-node-exporter").is_running
+    text = host.check_output(
+        "for i in $(seq 1 30); do curl -sf http://127.0.0.1:9100/metrics >/dev/null && break; sleep 1; done; "
+        "curl -sf http://127.0.0.1:9100/metrics"
+    )
+    assert "node_cpu_seconds_total" in text
+    assert 'node_scrape_collector_success{collector="infiniband"}' not in text
+
+
+@pytest.mark.parametrize("flag", ["--check-config", "--version"])
+def test_exporter_command_works_for_operators(host, flag):
+    command = host.run(f"/opt/accelmon/venv/bin/accelmon-exporter {flag} --config /etc/accelmon/exporter.yml")
+    assert command.rc == 0, command.stderr
