@@ -2,6 +2,7 @@
 # Builds the local images the Molecule scenarios run on; no registry is needed (or reachable in CI).
 #   localhost/accelmon-debian-base:bookworm  debootstrap of Debian 12 (cached: built once per machine)
 #   localhost/accelmon-systemd:bookworm      + systemd as PID 1 and python3
+#   localhost/accelmon-master:bookworm       + podman inside, for the master role
 #   localhost/accelmon-prometheus:2.42.0     Prometheus from Debian's package, for the master role
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -25,6 +26,11 @@ fi
 if ! exists localhost/accelmon-systemd:bookworm || [ "$here/Containerfile.systemd" -nt "$here/.systemd.built" ]; then
   podman build -q -t localhost/accelmon-systemd:bookworm -f "$here/Containerfile.systemd" "$here" >/dev/null
   touch "$here/.systemd.built"
+fi
+
+if ! exists localhost/accelmon-master:bookworm || [ "$here/Containerfile.master" -nt "$here/.master.built" ]; then
+  podman build -q -t localhost/accelmon-master:bookworm -f "$here/Containerfile.master" "$here" >/dev/null
+  touch "$here/.master.built"
 fi
 
 if ! exists localhost/accelmon-prometheus:2.42.0 || [ "$here/Containerfile.prometheus" -nt "$here/.prometheus.built" ]; then

@@ -1,0 +1,58 @@
+"""Verify a converged master: Prometheus runs in a container with its config, rules and inventory targets."""
+
+import json
+import os
+import stat
+
+testinfra_hosts = ["podman://accelmon-master"]
+
+
+def api(host, path):
+    return json.loads(host.check_output(f"curl -sf http://127.0.0.1:9090{path}"))
+
+
+def test_prometheus_runs_as_a_container_as_nobody(host):
+    inspect = json.loads(host.check_output("podman inspect accelmon-prometheus"))[0]
+    assert inspect["State"]["Running"]
+    assert inspect["Config"]["User"] == "65534:65534"
+    assert inspect["HostConfig"]["RestartPolicy"]["Name"] == "always"
+    assert inspect["ImageName"].endswith("accelmon-prometheus:2.42.0")
+    args = inspect["Config"]["Cmd"] or inspect["Args"]
+    assert "--storage.tsdb.retention.time=30d" in args
+    assert not any("enable-admin-api" in a for a in args)
+
+
+def test_targets_come_from_the_inventory(host):
+    targets = api(host, "/api/v1/targets")["data"]["activeTargets"]
+    by_job = {(t["labels"]["job"], t["labels"]["instance"]) for t in targets}
+    assert ("accelmon", "127.0.0.1:19470") in by_job
+    assert ("node", "127.0.0.1:9100") in by_job
+    node_labels = [t["labels"].get("node") for t in targets if t["labels"]["job"] == "accelmon"]
+    assert node_labels == ["gpu-node-1"]
+
+
+def test_rules_are_loaded(host):
+    groups = api(host, "/api/v1/rules")["data"]["groups"]
+    names = {rule["name"] for group in groups for rule in group["rules"]}
+    assert {"AccelmonExporterDown", "AccelmonGpuLost", "AccelmonCollectorFailing"} <= names
+
+
+def test_admin_api_is_off(host):
+    code = host.check_output(
+        "curl -s -o /dev/null -w '%{http_code}' -X POST http://127.0.0.1:9090/api/v1/admin/tsdb/snapshot"
+    )
+    assert code != "200"
+
+
+def test_grafana_is_provisioned_from_files_with_a_private_password(host):
+    datasource = host.file("/opt/accelmon-master/grafana/provisioning/datasources/prometheus.yml")
+    assert "uid: accelmon-prometheus" in datasource.content_string
+    assert host.file("/opt/accelmon-master/grafana/provisioning/dashboards/accelmon.yml").exists
+    secret = host.file("/opt/accelmon-master/grafana/admin_password")
+    assert secret.mode == 0o440 and secret.user == "root"
+    on_host = secret.content_string
+    controller_file = os.path.join(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"], "secrets", "grafana-admin-password")
+    with open(controller_file) as stream:
+        assert stream.read().strip() == on_host.strip()
+    assert len(on_host.strip()) >= 20 and on_host.strip().lower() not in {"admin", "password", "azure"}
+    assert stat.S_IMODE(os.stat(controller_file).st_mode) == 0o600
