@@ -7,4 +7,6 @@ export PATH="$PWD/.venv/bin:$PATH"
 ruff check exporters tests bench
 ruff format --check exporters tests bench
 mypy
+yamllint -s .
+ansible-lint -q
 exec python -m pytest "$@"

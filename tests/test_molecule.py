@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from conftest import ROOT
 
 IMAGES = ROOT / "molecule" / "images"

@@ -1,0 +1,67 @@
+"""Static checks of the Ansible roles and the deploy playbook's argument validation (no hosts changed)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT
+
+ROLES = sorted(p.name for p in (ROOT / "ansible" / "roles").iterdir() if (p / "meta" / "argument_specs.yml").exists())
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_defaults_and_argument_specs_have_the_same_keys(role):
+    defaults = yaml.safe_load((ROOT / "ansible" / "roles" / role / "defaults" / "main.yml").read_text())
+    specs = yaml.safe_load((ROOT / "ansible" / "roles" / role / "meta" / "argument_specs.yml").read_text())
+    options = specs["argument_specs"]["main"]["options"]
+    assert set(defaults) == set(options)
+    assert all(name.startswith(role + "_") for name in options), "public variables carry the role's name"
+    assert all(option.get("description") for option in options.values())
+
+
+def deploy(tmp_path: Path, *variables: str) -> subprocess.CompletedProcess[str]:
+    inventory = tmp_path / "host.ini"
+    inventory.write_text(
+        f"[master]\n\n[worker]\nlocalhost ansible_connection=local ansible_python_interpreter={sys.executable}\n"
+    )
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "NO_COLOR": "1"}
+    args = [arg for variable in variables for arg in ("-e", variable)]
+    return subprocess.run(
+        [
+            str(Path(sys.executable).parent / "ansible-playbook"),
+            "-i",
+            str(inventory),
+            "--check",
+            str(ROOT / "ansible" / "deploy.yaml"),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=300,
+    )
+
+
+@pytest.mark.parametrize(
+    ("variable", "message"),
+    [
+        ("accelmon_exporter_nvml=yes", "accelmon_exporter_nvml"),
+        ("accelmon_exporter_log_level=loud", "accelmon_exporter_log_level"),
+        ("accelmon_exporter_listen_address=nowhere", "accelmon_exporter_listen_address=nowhere"),
+        ("accelmon_exporter_nvml_interval_seconds=0", "accelmon_exporter_nvml_interval_seconds"),
+    ],
+)
+def test_bad_variable_fails_in_preflight_naming_it(tmp_path, variable, message):
+    result = deploy(tmp_path, variable)
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert message in output
+    # It failed in the preflight play: no worker play ran.
+    assert "PLAY [Workers]" not in output
