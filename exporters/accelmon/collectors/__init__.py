@@ -40,6 +40,44 @@ def _nvml_catalogue() -> Catalogue:
     return CATALOGUE
 
 
+def _infiniband(options: dict[str, Any], paths: Paths) -> Collector:
+    from accelmon.collectors.infiniband import InfinibandCollector
+
+    return InfinibandCollector(sysfs=paths.sysfs)
+
+
+def _infiniband_catalogue() -> Catalogue:
+    from accelmon.collectors.infiniband import CATALOGUE
+
+    return CATALOGUE
+
+
+def _neuron(options: dict[str, Any], paths: Paths) -> Collector:
+    from accelmon.collectors.neuron import NeuronCollector
+
+    return NeuronCollector(monitor=options["monitor_path"], period_seconds=options["period_seconds"])
+
+
+def _neuron_catalogue() -> Catalogue:
+    from accelmon.collectors.neuron import CATALOGUE
+
+    return CATALOGUE
+
+
+def _has_neuron(paths: Paths) -> bool:
+    from accelmon.collectors.neuron import find_monitor
+
+    devices = [name for name in _listdir(paths.devfs) if name.startswith("neuron")]
+    return bool(devices) or find_monitor("neuron-monitor") is not None
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
 REGISTRY: dict[str, Registration] = {}
 
 
@@ -59,6 +97,24 @@ register(
     )
 )
 
+register(
+    Registration(
+        name="infiniband",
+        help="InfiniBand, RoCE and OmniPath port counters from sysfs",
+        build=_infiniband,
+        enabled_by_default=lambda paths: os.path.isdir(os.path.join(paths.sysfs, "class", "infiniband")),
+        options={"interval_seconds": 5.0},
+        catalogue=_infiniband_catalogue,
+    )
+)
 
-def exists(path: str) -> bool:
-    return os.path.exists(path)
+register(
+    Registration(
+        name="neuron",
+        help="AWS Neuron devices through neuron-monitor, which the exporter runs and supervises",
+        build=_neuron,
+        enabled_by_default=_has_neuron,
+        options={"interval_seconds": 5.0, "period_seconds": 5.0, "monitor_path": "neuron-monitor"},
+        catalogue=_neuron_catalogue,
+    )
+)

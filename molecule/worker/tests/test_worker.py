@@ -20,6 +20,10 @@ def test_exporter_serves_gpu_metrics(host):
     assert sum(line.endswith(" 0") for line in up) == 1  # GPU 5 is lost
     assert 'accelmon_collector_success{collector="nvml"} 1' in text
     assert 'accelmon_gpu_power_watts{gpu="1"' in text
+    # The fixture sysfs tree's HCAs, found by the role's hardware detection.
+    assert 'accelmon_collector_success{collector="infiniband"} 1' in text
+    assert 'accelmon_infiniband_state_id{device="mlx5_0",port="1"} 4' in text
+    assert 'accelmon_infiniband_state_id{device="mlx5_1",port="1"} 1' in text
 
 
 def test_exporter_runs_hardened_and_unprivileged(host):

@@ -1,0 +1,207 @@
+"""InfiniBand (and RoCE, OmniPath) port counters from sysfs, named like node_exporter's infiniband collector.
+
+Example exposition line::
+
+    accelmon_infiniband_port_data_received_bytes_total{device="mlx5_0",port="1"} 4398046511116
+
+Reads `<sysfs>/class/infiniband/<device>/{board_id,fw_ver,hca_type}` and per port `state`, `phys_state`,
+`rate`, `link_layer`, `counters/*`, `counters_ext/*` and `hw_counters/*`. The data counters count 4-octet
+words and are multiplied by 4. Values a port cannot give (`N/A (no PMA)`, unreadable files, a device removed
+while it is read) are left out without dropping the other ports. Beyond node_exporter: the HCA's PCI address
+and NUMA node (GPUDirect RDMA placement), the link layer, and every hw_counters file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from accelmon.core import Catalogue, Collector, Samples
+
+log = logging.getLogger("accelmon.infiniband")
+
+PORT = ("device", "port")
+CATALOGUE = Catalogue("infiniband", "InfiniBand ports (sysfs)")
+C = CATALOGUE
+INFO = C.gauge(
+    "accelmon_infiniband_info",
+    "Identity of an InfiniBand HCA; value is 1.",
+    ["board_id", "device", "firmware_version", "hca_type"],
+)
+PLACEMENT = C.gauge(
+    "accelmon_infiniband_placement_info",
+    "Where an HCA sits: its PCI address and NUMA node (-1 if unknown), to match HCAs with GPUs; value is 1.",
+    ["device", "pci_address", "numa_node"],
+)
+PORT_INFO = C.gauge("accelmon_infiniband_port_info", "Link layer of a port; value is 1.", [*PORT, "link_layer"])
+STATE = C.gauge(
+    "accelmon_infiniband_state_id",
+    "State of the port (0: no change, 1: down, 2: init, 3: armed, 4: active, 5: act defer).",
+    PORT,
+)
+PHYSICAL_STATE = C.gauge(
+    "accelmon_infiniband_physical_state_id",
+    "Physical state of the port (0: no change, 1: sleep, 2: polling, 3: disabled, 4: port configuration training, "
+    "5: link up, 6: link error recovery, 7: phy test).",
+    PORT,
+)
+RATE = C.gauge("accelmon_infiniband_rate_bytes_per_second", "Signalling rate of the port (sysfs: Gb/s).", PORT)
+
+# counters/<file> -> (metric, help, multiplier). The names are node_exporter's, with our prefix.
+COUNTERS: dict[str, tuple[str, str, int]] = {
+    "excessive_buffer_overrun_errors": ("excessive_buffer_overrun_errors_total", "Buffer overruns.", 1),
+    "link_downed": ("link_downed_total", "Times the link failed to recover from an error and went down.", 1),
+    "link_error_recovery": ("link_error_recovery_total", "Times the link recovered from an error.", 1),
+    "local_link_integrity_errors": ("local_link_integrity_errors_total", "Local link integrity errors.", 1),
+    "multicast_rcv_packets": ("multicast_packets_received_total", "Multicast packets received.", 1),
+    "multicast_xmit_packets": ("multicast_packets_transmitted_total", "Multicast packets transmitted.", 1),
+    "port_rcv_constraint_errors": ("port_constraint_errors_received_total", "Packets discarded on receive.", 1),
+    "port_rcv_data": ("port_data_received_bytes_total", "Data octets received (sysfs counts 4-octet words).", 4),
+    "port_rcv_discards": ("port_discards_received_total", "Inbound packets discarded (port down or congested).", 1),
+    "port_rcv_errors": ("port_errors_received_total", "Packets with an error received.", 1),
+    "port_rcv_packets": ("port_packets_received_total", "Packets received on all VLs, errors included.", 1),
+    "port_rcv_remote_physical_errors": (
+        "port_receive_remote_physical_errors_total",
+        "Packets received marked with a remote physical error.",
+        1,
+    ),
+    "port_rcv_switch_relay_errors": (
+        "port_receive_switch_relay_errors_total",
+        "Packets discarded because they could not be relayed.",
+        1,
+    ),
+    "port_xmit_constraint_errors": ("port_constraint_errors_transmitted_total", "Packets not transmitted.", 1),
+    "port_xmit_data": ("port_data_transmitted_bytes_total", "Data octets transmitted (sysfs: 4-octet words).", 4),
+    "port_xmit_discards": ("port_discards_transmitted_total", "Outbound packets discarded.", 1),
+    "port_xmit_packets": ("port_packets_transmitted_total", "Packets transmitted on all VLs, errors included.", 1),
+    "port_xmit_wait": ("port_transmit_wait_total", "Ticks with data to send but none sent.", 1),
+    "symbol_error": ("symbol_error_total", "Minor link errors detected on a physical lane.", 1),
+    "unicast_rcv_packets": ("unicast_packets_received_total", "Unicast packets received.", 1),
+    "unicast_xmit_packets": ("unicast_packets_transmitted_total", "Unicast packets transmitted.", 1),
+    "VL15_dropped": ("vl15_dropped_total", "Subnet management packets dropped (resources).", 1),
+}
+# counters_ext/<file>: the 64-bit counters of kernels before 4.5.
+LEGACY_COUNTERS: dict[str, tuple[str, str, int]] = {
+    "port_multicast_rcv_packets": ("legacy_multicast_packets_received_total", "Multicast packets received.", 1),
+    "port_multicast_xmit_packets": ("legacy_multicast_packets_transmitted_total", "Multicast packets sent.", 1),
+    "port_rcv_data_64": ("legacy_data_received_bytes_total", "Data octets received (64-bit counter).", 4),
+    "port_rcv_packets_64": ("legacy_packets_received_total", "Packets received (64-bit counter).", 1),
+    "port_unicast_rcv_packets": ("legacy_unicast_packets_received_total", "Unicast packets received.", 1),
+    "port_unicast_xmit_packets": ("legacy_unicast_packets_transmitted_total", "Unicast packets transmitted.", 1),
+    "port_xmit_data_64": ("legacy_data_transmitted_bytes_total", "Data octets transmitted (64-bit counter).", 4),
+    "port_xmit_packets_64": ("legacy_packets_transmitted_total", "Packets transmitted (64-bit counter).", 1),
+}
+COUNTER_SPECS = {
+    file: (C.counter(f"accelmon_infiniband_{name}", text, PORT), multiplier)
+    for table in (COUNTERS, LEGACY_COUNTERS)
+    for file, (name, text, multiplier) in table.items()
+}
+HW_COUNTER = C.counter(
+    "accelmon_infiniband_hw_events_total",
+    "A driver's hw_counters file (e.g. out_of_buffer, np_ecn_marked_roce_packets), by file name.",
+    [*PORT, "counter"],
+)
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii", errors="replace") as stream:
+            return stream.read().strip()
+    except OSError:  # absent, unreadable, EINVAL from a counter the firmware does not have, device removed
+        return None
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return []
+
+
+def _state(text: str | None) -> int | None:
+    """'4: ACTIVE' -> 4."""
+    if text is None:
+        return None
+    number, _, _ = text.partition(":")
+    return int(number) if number.strip().isdigit() else None
+
+
+def _rate(text: str | None) -> float | None:
+    """'400 Gb/sec (4X NDR)' -> bytes per second, as node_exporter computes it (Gb/s x 125000000)."""
+    if not text:
+        return None
+    try:
+        return float(text.split()[0]) * 125_000_000
+    except ValueError:
+        return None
+
+
+def _counter(text: str | None) -> int | None:
+    if text is None or not text.isdigit():
+        return None  # "N/A (no PMA)" and friends
+    return int(text)
+
+
+class InfinibandCollector(Collector):
+    name = "infiniband"
+
+    def __init__(self, sysfs: str = "/sys") -> None:
+        self.root = os.path.join(sysfs, "class", "infiniband")
+
+    def sample(self) -> Samples:
+        samples = Samples()
+        for device in _listdir(self.root):
+            self._sample_device(device, samples)
+        return samples
+
+    def _sample_device(self, device: str, out: Samples) -> None:
+        path = os.path.join(self.root, device)
+        firmware = _read(os.path.join(path, "fw_ver"))
+        if firmware is None:
+            return  # gone, or not a device
+        out.add(
+            INFO,
+            [
+                _read(os.path.join(path, "board_id")) or "",
+                device,
+                firmware,
+                _read(os.path.join(path, "hca_type")) or "",
+            ],
+            1,
+        )
+        pci = os.path.realpath(os.path.join(path, "device"))
+        numa = _read(os.path.join(pci, "numa_node"))
+        out.add(PLACEMENT, [device, os.path.basename(pci) if os.path.isdir(pci) else "", numa or "-1"], 1)
+        ports = os.path.join(path, "ports")
+        for port in _listdir(ports):
+            if port.isdigit():
+                self._sample_port(device, port, os.path.join(ports, port), out)
+
+    def _sample_port(self, device: str, port: str, path: str, out: Samples) -> None:
+        labels = (device, port)
+        state = _state(_read(os.path.join(path, "state")))
+        if state is None:
+            return
+        out.add(STATE, labels, state)
+        physical = _state(_read(os.path.join(path, "phys_state")))
+        if physical is not None:
+            out.add(PHYSICAL_STATE, labels, physical)
+        rate = _rate(_read(os.path.join(path, "rate")))
+        if rate is not None:
+            out.add(RATE, labels, rate)
+        link_layer = _read(os.path.join(path, "link_layer"))
+        if link_layer:
+            out.add(PORT_INFO, [*labels, link_layer], 1)
+        for directory in ("counters", "counters_ext"):
+            folder = os.path.join(path, directory)
+            for file in _listdir(folder):
+                known = COUNTER_SPECS.get(file)
+                value = _counter(_read(os.path.join(folder, file))) if known else None
+                if known and value is not None:
+                    spec, multiplier = known
+                    out.add(spec, labels, value * multiplier)
+        folder = os.path.join(path, "hw_counters")
+        for file in _listdir(folder):
+            value = _counter(_read(os.path.join(folder, file)))
+            if value is not None:
+                out.add(HW_COUNTER, [*labels, file], value)

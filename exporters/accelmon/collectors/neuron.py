@@ -1,0 +1,538 @@
+"""AWS Neuron devices through the `neuron-monitor` JSON stream, which this collector runs and supervises.
+
+Example exposition line::
+
+    accelmon_neuroncore_utilization_ratio{runtime_tag="llama-serve",neuroncore="0"} 0.4201
+
+The collector writes a neuron-monitor config with every metric group, starts `neuron-monitor -c CONFIG`
+and reads one JSON report per line. A malformed or truncated line is skipped and counted; if neuron-monitor
+exits, or prints nothing for `stall_seconds`, it is restarted with exponential backoff (counted), never in a
+busy loop. Counts that neuron-monitor reports per period (execution errors and outcomes, ECC events, context
+switches) are accumulated into `_total` counters; a metric group's counts are added once per capture (a
+report that repeats a group with the same `period` is the same capture). Per-runtime series carry the
+runtime tag (NEURON_PROCESS_TAG, else the pid) and vanish with the runtime.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import selectors
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from typing import Any, Callable
+
+from accelmon.core import Catalogue, Collector, Samples
+
+log = logging.getLogger("accelmon.neuron")
+
+CATALOGUE = Catalogue("neuron", "AWS Neuron devices (neuron-monitor)")
+C = CATALOGUE
+RT = ("runtime_tag",)
+# Supervision of neuron-monitor itself.
+MONITOR_UP = C.gauge(
+    "accelmon_neuron_monitor_up", "1 if neuron-monitor runs and its latest report is fresh, else 0.", ()
+)
+RESTARTS = C.counter(
+    "accelmon_neuron_monitor_restarts_total", "Times neuron-monitor was (re)started after exiting or stalling.", ()
+)
+MALFORMED = C.counter(
+    "accelmon_neuron_monitor_malformed_lines_total",
+    "Lines from neuron-monitor that were not a valid report (skipped).",
+    (),
+)
+REPORTS = C.counter("accelmon_neuron_monitor_reports_total", "Valid reports read from neuron-monitor.", ())
+LAST_REPORT = C.gauge(
+    "accelmon_neuron_monitor_last_report_timestamp_seconds", "Unix time of the latest valid report (0 if none).", ()
+)
+GROUP_ERRORS = C.counter(
+    "accelmon_neuron_monitor_group_errors_total",
+    "Reports in which a metric group carried an error string, by group.",
+    ["group"],
+)
+# instance_info and neuron_hardware_info.
+INSTANCE_INFO = C.gauge(
+    "accelmon_neuron_instance_info",
+    "The EC2 instance neuron-monitor runs on; value is 1.",
+    [
+        "instance_name",
+        "instance_id",
+        "instance_type",
+        "availability_zone",
+        "availability_zone_id",
+        "region",
+        "ami_id",
+        "subnet_id",
+    ],
+)
+HARDWARE_INFO = C.gauge(
+    "accelmon_neuron_hardware_info",
+    "Type of the Neuron devices and cores; value is 1.",
+    ["neuron_device_type", "neuroncore_version"],
+)
+DEVICES = C.gauge("accelmon_neuron_devices", "Neuron devices on the instance.", ())
+CORES_PER_DEVICE = C.gauge("accelmon_neuroncores_per_device", "NeuronCores on each Neuron device.", ())
+DEVICE_MEMORY = C.gauge("accelmon_neuron_device_memory_total_bytes", "Memory of each Neuron device.", ())
+# Runtime-level groups.
+RUNTIME_INFO = C.gauge("accelmon_neuron_runtime_info", "A Neuron runtime being monitored; value is 1.", [*RT, "pid"])
+UTILIZATION = C.gauge(
+    "accelmon_neuroncore_utilization_ratio",
+    "NeuronCore utilization over the captured period (0..1).",
+    [*RT, "neuroncore"],
+)
+FLOPS = C.gauge(
+    "accelmon_neuroncore_flops", "Floating point operations per second over the captured period.", [*RT, "neuroncore"]
+)
+EXEC_ERRORS = C.counter(
+    "accelmon_neuron_execution_errors_total",
+    "Execution errors by type (generic, numerical, transient, model, runtime, hardware), accumulated from the "
+    "per-period counts.",
+    [*RT, "error_type"],
+)
+EXEC_STATUS = C.counter(
+    "accelmon_neuron_execution_status_total",
+    "Execution outcomes (completed, completed_with_err, completed_with_num_err, timed_out, incorrect_input, "
+    "failed_to_queue), accumulated from the per-period counts.",
+    [*RT, "status_type"],
+)
+LATENCY = C.gauge(
+    "accelmon_neuron_execution_latency_seconds",
+    "Execution latency percentile over the captured period; latency total (runtime) or device; absent when idle.",
+    [*RT, "latency", "percentile"],
+)
+RUNTIME_MEMORY = C.gauge(
+    "accelmon_neuron_runtime_memory_used_bytes",
+    "Memory used by the runtime, by location (host or neuron_device).",
+    [*RT, "memory_location"],
+)
+HOST_MEMORY = C.gauge(
+    "accelmon_neuron_runtime_host_memory_used_bytes",
+    "Host memory used by the runtime, by category (application_memory, constants, dma_buffers, tensors).",
+    [*RT, "category"],
+)
+CORE_MEMORY = C.gauge(
+    "accelmon_neuroncore_memory_used_bytes",
+    "Device memory used on a NeuronCore, by category (constants, model_code, model_shared_scratchpad, "
+    "runtime_memory, tensors).",
+    [*RT, "neuroncore", "category"],
+)
+LOADED_MODELS = C.gauge("accelmon_neuron_runtime_loaded_models", "Models loaded by the runtime.", RT)
+RUNTIME_VCPU = C.gauge(
+    "accelmon_neuron_runtime_vcpu_usage_ratio",
+    "vCPU time of the runtime over the captured period (user, system).",
+    [*RT, "usage_type"],
+)
+# System-level groups.
+ECC = C.counter(
+    "accelmon_neuron_hw_ecc_events_total",
+    "ECC events on a Neuron device (mem/sram, corrected/uncorrected), accumulated from the per-period counts.",
+    ["neuron_device", "event_type"],
+)
+SYSTEM_VCPU = C.gauge(
+    "accelmon_neuron_system_vcpu_usage_ratio",
+    "Average vCPU usage of the instance over the captured period, by mode.",
+    ["usage_type"],
+)
+SYSTEM_VCPUS = C.gauge("accelmon_neuron_system_vcpus", "vCPUs of the instance.", ())
+CONTEXT_SWITCHES = C.counter(
+    "accelmon_neuron_system_context_switches_total", "vCPU context switches, accumulated from per-period counts.", ()
+)
+SYSTEM_MEMORY = {
+    "memory_total_bytes": C.gauge("accelmon_neuron_system_memory_total_bytes", "Host memory size.", ()),
+    "memory_used_bytes": C.gauge("accelmon_neuron_system_memory_used_bytes", "Host memory in use.", ()),
+    "swap_total_bytes": C.gauge("accelmon_neuron_system_swap_total_bytes", "Swap size.", ()),
+    "swap_used_bytes": C.gauge("accelmon_neuron_system_swap_used_bytes", "Swap in use.", ()),
+}
+
+ALL_GROUPS_CONFIG = {
+    "neuron_runtimes": [
+        {
+            "tag_filter": ".*",
+            "metrics": [
+                {"type": "neuroncore_counters"},
+                {"type": "memory_used"},
+                {"type": "neuron_runtime_vcpu_usage"},
+                {"type": "execution_stats"},
+            ],
+        }
+    ],
+    "system_metrics": [{"type": "vcpu_usage"}, {"type": "memory_info"}, {"type": "neuron_hw_counters"}],
+}
+MAX_LINE_BYTES = 32 * 1024 * 1024  # a report of a big trn instance is far smaller; a longer line is garbage
+SEARCH_PATH = ("/opt/aws/neuron/bin",)
+
+
+def find_monitor(command: str) -> str | None:
+    if os.sep in command:
+        return command if os.access(command, os.X_OK) else None
+    found = shutil.which(command)
+    if found:
+        return found
+    for directory in SEARCH_PATH:
+        candidate = os.path.join(directory, command)
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+class NeuronState:
+    """What the reports say: the latest report, and the per-period counts added up. Thread-safe."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.report: dict[str, Any] | None = None
+        self.report_time = 0.0  # monotonic
+        self.report_wall_time = 0.0
+        self.reports = 0
+        self.malformed = 0
+        self.restarts = 0
+        self.group_errors: dict[str, int] = defaultdict(int)
+        # (runtime tag or "" for system, group) -> period value of the capture last added
+        self._last_capture: dict[tuple[str, str], float] = {}
+        self.exec_errors: dict[tuple[str, str], float] = defaultdict(float)
+        self.exec_status: dict[tuple[str, str], float] = defaultdict(float)
+        self.ecc: dict[tuple[str, str], float] = defaultdict(float)
+        self.context_switches = 0.0
+
+    def add_line(self, line: bytes, now: float, wall: float) -> bool:
+        try:
+            report = json.loads(line)
+            if not isinstance(report, dict):
+                raise ValueError("not an object")
+            self._accumulate(report)
+        except (ValueError, TypeError, AttributeError, KeyError) as error:
+            with self.lock:
+                self.malformed += 1
+            log.warning("skipped a malformed neuron-monitor line (%s): %.80r", error, line)
+            return False
+        with self.lock:
+            self.report, self.report_time, self.report_wall_time = report, now, wall
+            self.reports += 1
+        return True
+
+    def _new_capture(self, runtime: str, group: str, data: dict[str, Any], pending: dict[tuple[str, str], Any]) -> bool:
+        period = data.get("period")
+        key = (runtime, group)
+        if period is not None and self._last_capture.get(key) == period:
+            return False
+        pending[key] = period
+        return True
+
+    def _accumulate(self, report: dict[str, Any]) -> None:
+        """Validate the report's shape and add its per-period counts (all under the lock, all or nothing)."""
+        runtimes = report.get("neuron_runtime_data") or []
+        system = report.get("system_data") or {}
+        if not isinstance(runtimes, list) or not isinstance(system, dict):
+            raise ValueError("unexpected report structure")
+        additions: list[tuple[dict[tuple[str, str], float], tuple[str, str], float]] = []
+        switches = 0.0
+        pending: dict[tuple[str, str], Any] = {}
+        live = set()
+        groups_in_error = []
+        for runtime in runtimes:
+            tag = runtime_tag(runtime)
+            live.add(tag)
+            for group, data in (runtime.get("report") or {}).items():
+                if not isinstance(data, dict):
+                    raise ValueError(f"group {group} is not an object")
+                if data.get("error"):
+                    groups_in_error.append(group)
+                    continue
+                if group == "execution_stats" and self._new_capture(tag, group, data, pending):
+                    for kind, count in (data.get("error_summary") or {}).items():
+                        if _number(count) is not None:
+                            additions.append((self.exec_errors, (tag, kind), float(count)))
+                    for kind, count in (data.get("execution_summary") or {}).items():
+                        if _number(count) is not None:
+                            additions.append((self.exec_status, (tag, kind), float(count)))
+        for group, data in system.items():
+            if not isinstance(data, dict):
+                raise ValueError(f"group {group} is not an object")
+            if data.get("error"):
+                groups_in_error.append(group)
+                continue
+            if group == "neuron_hw_counters" and self._new_capture("", group, data, pending):
+                for device in data.get("neuron_devices") or []:
+                    index = str(device.get("neuron_device_index"))
+                    for event in (
+                        "mem_ecc_corrected",
+                        "mem_ecc_uncorrected",
+                        "sram_ecc_corrected",
+                        "sram_ecc_uncorrected",
+                    ):
+                        if _number(device.get(event)) is not None:
+                            additions.append((self.ecc, (index, event), float(device[event])))
+            if group == "vcpu_usage" and self._new_capture("", group, data, pending):
+                switches += _number(data.get("context_switch_count")) or 0.0
+        with self.lock:
+            self._last_capture.update(pending)
+            for table, key, value in additions:
+                table[key] += value
+            self.context_switches += switches
+            for group in groups_in_error:
+                self.group_errors[group] += 1
+            # Runtimes that are gone take their counters with them: no stale series, no growth as pids churn.
+            for table in (self.exec_errors, self.exec_status):
+                for key in [k for k in table if k[0] not in live]:
+                    del table[key]
+            for key in [k for k in self._last_capture if k[0] and k[0] not in live]:
+                del self._last_capture[key]
+
+
+def runtime_tag(runtime: dict[str, Any]) -> str:
+    tag = runtime.get("neuron_runtime_tag")
+    return str(tag) if tag not in (None, "") else str(runtime.get("pid", ""))
+
+
+class NeuronCollector(Collector):
+    name = "neuron"
+
+    def __init__(
+        self,
+        monitor: str = "neuron-monitor",
+        period_seconds: float = 5.0,
+        stall_seconds: float | None = None,
+        max_backoff_seconds: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.monitor = monitor
+        self.period_seconds = period_seconds
+        self.stall_seconds = stall_seconds if stall_seconds is not None else max(30.0, 3 * period_seconds)
+        self.max_backoff_seconds = max_backoff_seconds
+        self._clock = clock
+        self.state = NeuronState()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._workdir: str | None = None
+        self._running = False
+
+    # ---- supervision ----
+    def start(self) -> None:
+        self._workdir = tempfile.mkdtemp(prefix="accelmon-neuron-")  # mode 0700
+        config = os.path.join(self._workdir, "monitor.json")
+        with open(config, "w", encoding="utf-8") as stream:
+            json.dump({"period": f"{self.period_seconds:g}s", **ALL_GROUPS_CONFIG}, stream)
+        self._thread = threading.Thread(target=self._supervise, args=(config,), name="neuron-monitor", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._kill()
+        if self._thread is not None:
+            self._thread.join(5)
+        if self._workdir:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+
+    def _kill(self) -> None:
+        process = self._process
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(2)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(2)
+
+    def _supervise(self, config: str) -> None:
+        backoff = 1.0
+        first = True
+        while not self._stop.is_set():
+            path = find_monitor(self.monitor)
+            if path is None:
+                log.info(
+                    "neuron-monitor (%s) not found; looking again in %.0f s", self.monitor, self.max_backoff_seconds
+                )
+                self._stop.wait(self.max_backoff_seconds)
+                continue
+            if not first:
+                with self.state.lock:
+                    self.state.restarts += 1
+            first = False
+            started = self._clock()
+            self._run_once(path, config)
+            if self._stop.is_set():
+                break
+            # A run that produced reports for a while resets the backoff; a crash loop backs off to the max.
+            backoff = 1.0 if self._clock() - started > 60 else min(backoff * 2, self.max_backoff_seconds)
+            log.warning("neuron-monitor stopped; restarting in %.0f s", backoff)
+            self._stop.wait(backoff)
+
+    def _run_once(self, path: str, config: str) -> None:
+        try:
+            self._process = subprocess.Popen(
+                [path, "-c", config], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL
+            )
+        except OSError as error:
+            log.warning("cannot start %s: %s", path, error)
+            return
+        self._running = True
+        assert self._process.stdout is not None
+        stream = self._process.stdout
+        selector = selectors.DefaultSelector()
+        selector.register(stream, selectors.EVENT_READ)
+        buffer = b""
+        last_output = self._clock()
+        try:
+            while not self._stop.is_set():
+                if not selector.select(timeout=1.0):
+                    if self._clock() - last_output > self.stall_seconds:
+                        log.warning("neuron-monitor printed nothing for %.0f s; restarting it", self.stall_seconds)
+                        break
+                    continue
+                chunk = os.read(stream.fileno(), 1 << 20)
+                if not chunk:
+                    break  # EOF: it exited (or closed stdout); never spin on a closed pipe
+                last_output = self._clock()
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        self.state.add_line(line, self._clock(), time.time())
+                if len(buffer) > MAX_LINE_BYTES:
+                    with self.state.lock:
+                        self.state.malformed += 1
+                    buffer = b""
+        finally:
+            selector.close()
+            self._running = False
+            if buffer.strip():
+                # A truncated last line (the process died mid-report).
+                with self.state.lock:
+                    self.state.malformed += 1
+            self._kill()
+            stream.close()
+
+    # ---- sample ----
+    def fresh(self) -> bool:
+        with self.state.lock:
+            return self.state.report is not None and self._clock() - self.state.report_time <= self.stall_seconds
+
+    def sample(self) -> Samples:
+        out = Samples()
+        fresh = self.fresh()
+        state = self.state
+        with state.lock:
+            out.add(MONITOR_UP, (), 1 if self._running and fresh else 0)
+            out.add(RESTARTS, (), state.restarts)
+            out.add(MALFORMED, (), state.malformed)
+            out.add(REPORTS, (), state.reports)
+            out.add(LAST_REPORT, (), state.report_wall_time)
+            for group, count in sorted(state.group_errors.items()):
+                out.add(GROUP_ERRORS, (group,), count)
+            report = state.report if fresh else None
+            exec_errors = dict(state.exec_errors)
+            exec_status = dict(state.exec_status)
+            ecc = dict(state.ecc)
+            switches = state.context_switches
+        if report is None:
+            return out  # nothing current to say: a stalled monitor's data is not served as if it were
+        self._add_info(report, out)
+        for runtime in report.get("neuron_runtime_data") or []:
+            self._add_runtime(runtime, out)
+        for (tag, kind), value in sorted(exec_errors.items()):
+            out.add(EXEC_ERRORS, (tag, kind), value)
+        for (tag, kind), value in sorted(exec_status.items()):
+            out.add(EXEC_STATUS, (tag, kind), value)
+        for (device, event), value in sorted(ecc.items()):
+            out.add(ECC, (device, event), value)
+        system = report.get("system_data") or {}
+        vcpu = system.get("vcpu_usage") or {}
+        if not vcpu.get("error") and vcpu:
+            out.add(CONTEXT_SWITCHES, (), switches)
+            for mode, percent in (vcpu.get("average_usage") or {}).items():
+                if _number(percent) is not None:
+                    out.add(SYSTEM_VCPU, (mode,), percent / 100)
+            if isinstance(vcpu.get("usage_data"), dict):
+                out.add(SYSTEM_VCPUS, (), len(vcpu["usage_data"]))
+        memory = system.get("memory_info") or {}
+        if not memory.get("error"):
+            for field, spec in SYSTEM_MEMORY.items():
+                size = _number(memory.get(field))
+                if size is not None:
+                    out.add(spec, (), size)
+        return out
+
+    @staticmethod
+    def _add_info(report: dict[str, Any], out: Samples) -> None:
+        instance = report.get("instance_info") or {}
+        if instance:
+            fields = (
+                "instance_name",
+                "instance_id",
+                "instance_type",
+                "instance_availability_zone",
+                "instance_availability_zone_id",
+                "instance_region",
+                "ami_id",
+                "subnet_id",
+            )
+            out.add(INSTANCE_INFO, [str(instance.get(f) or "") for f in fields], 1)
+        hardware = report.get("neuron_hardware_info") or {}
+        if hardware and not hardware.get("error"):
+            out.add(
+                HARDWARE_INFO,
+                [str(hardware.get("neuron_device_type", "")), str(hardware.get("neuroncore_version", ""))],
+                1,
+            )
+            for field, spec in (
+                ("neuron_device_count", DEVICES),
+                ("neuroncore_per_device_count", CORES_PER_DEVICE),
+                ("neuron_device_memory_size", DEVICE_MEMORY),
+            ):
+                value = _number(hardware.get(field))
+                if value is not None:
+                    out.add(spec, (), value)
+
+    @staticmethod
+    def _add_runtime(runtime: dict[str, Any], out: Samples) -> None:
+        tag = runtime_tag(runtime)
+        out.add(RUNTIME_INFO, (tag, str(runtime.get("pid", ""))), 1)
+        if runtime.get("error"):
+            return
+        groups = runtime.get("report") or {}
+        counters = groups.get("neuroncore_counters") or {}
+        if not counters.get("error"):
+            for core, data in sorted((counters.get("neuroncores_in_use") or {}).items()):
+                if _number(data.get("neuroncore_utilization")) is not None:
+                    out.add(UTILIZATION, (tag, core), data["neuroncore_utilization"] / 100)
+                if _number(data.get("flops")) is not None:
+                    out.add(FLOPS, (tag, core), data["flops"])
+        stats = groups.get("execution_stats") or {}
+        if not stats.get("error"):
+            for latency, name in (("total_latency", "total"), ("device_latency", "device")):
+                for percentile, seconds in ((stats.get("latency_stats") or {}).get(latency) or {}).items():
+                    if _number(seconds) is not None:
+                        out.add(LATENCY, (tag, name, percentile), seconds)
+        memory = groups.get("memory_used") or {}
+        used = memory.get("neuron_runtime_used_bytes") or {}
+        if not memory.get("error") and used:
+            for location in ("host", "neuron_device"):
+                if _number(used.get(location)) is not None:
+                    out.add(RUNTIME_MEMORY, (tag, location), used[location])
+            breakdown = used.get("usage_breakdown") or {}
+            for category, value in sorted((breakdown.get("host") or {}).items()):
+                if _number(value) is not None:
+                    out.add(HOST_MEMORY, (tag, category), value)
+            for core, categories in sorted((breakdown.get("neuroncore_memory_usage") or {}).items()):
+                for category, value in sorted(categories.items()):
+                    if _number(value) is not None:
+                        out.add(CORE_MEMORY, (tag, core, category), value)
+            if isinstance(memory.get("loaded_models"), list):
+                out.add(LOADED_MODELS, (tag,), len(memory["loaded_models"]))
+        vcpu = groups.get("neuron_runtime_vcpu_usage") or {}
+        if not vcpu.get("error"):
+            for mode, percent in sorted((vcpu.get("vcpu_usage") or {}).items()):
+                if _number(percent) is not None:
+                    out.add(RUNTIME_VCPU, (tag, mode), percent / 100)

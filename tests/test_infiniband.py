@@ -1,0 +1,156 @@
+"""The InfiniBand collector: parity with node_exporter on the same sysfs trees, and real-world edge cases."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from accelmon.collectors.infiniband import InfinibandCollector
+from accelmon.core import render
+from conftest import check_golden, exporter_env, promtool_check, run_once
+from ib_fixture import add_device, standard_tree, write
+
+
+def series(text: str, prefix: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith(prefix):
+                found[(sample.name[len(prefix) :], tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+def node_exporter_output(sysfs: Path) -> str:
+    binary = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+    assert binary, "node_exporter not found: install Debian's prometheus-node-exporter (.ci/run does)"
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    process = subprocess.Popen(
+        [
+            binary,
+            "--collector.disable-defaults",
+            "--collector.infiniband",
+            f"--path.sysfs={sysfs}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(100):  # bounded: at most ~10 s
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+                    return response.read().decode()
+            except OSError:
+                time.sleep(0.1)
+        raise AssertionError("node_exporter did not answer")
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def ours(sysfs: Path) -> str:
+    return render(InfinibandCollector(str(sysfs)).sample()).decode()
+
+
+def legacy_and_omnipath_tree(root: Path) -> Path:
+    add_device(root, "mlx4_1", {1: {"base": 3}}, hca_type="MT26428", pci_address="0000:04:00.0", hw_counters=False)
+    ext = root / "devices" / "pci0000:00" / "0000:04:00.0" / "infiniband" / "mlx4_1" / "ports" / "1" / "counters_ext"
+    for index, name in enumerate(
+        [
+            "port_multicast_rcv_packets",
+            "port_multicast_xmit_packets",
+            "port_rcv_data_64",
+            "port_rcv_packets_64",
+            "port_unicast_rcv_packets",
+            "port_unicast_xmit_packets",
+            "port_xmit_data_64",
+            "port_xmit_packets_64",
+        ]
+    ):
+        write(ext / name, str(2**35 + index))
+    add_device(
+        root,
+        "hfi1_0",
+        {
+            1: {
+                "rate": "100 Gb/sec (4X EDR)",
+                "counters": {"VL15_dropped": "N/A (no PMA)", "symbol_error": "N/A (no PMA)"},
+            }
+        },
+        board_id="Intel Omni-Path Host Fabric Interface Adapter 100 Series",
+        fw_ver="1.27.0",
+        hca_type=None,
+        pci_address="0000:81:00.0",
+        numa_node=1,
+        hw_counters=False,
+    )
+    return root
+
+
+@pytest.mark.parametrize("tree", [standard_tree, legacy_and_omnipath_tree])
+def test_values_equal_node_exporters_series_for_series(tmp_path, tree):
+    sysfs = tree(tmp_path / "sys")
+    theirs = series(node_exporter_output(sysfs), "node_infiniband_")
+    mine = series(ours(sysfs), "accelmon_infiniband_")
+    assert theirs, "node_exporter exported no InfiniBand series"
+    names = {name for name, _ in theirs}
+    shared = {key: value for key, value in mine.items() if key[0] in names}
+    assert shared == theirs
+
+
+def test_extras_beyond_node_exporter(tmp_path):
+    text = ours(standard_tree(tmp_path / "sys"))
+    mine = series(text, "accelmon_infiniband_")
+    assert mine[("placement_info", (("device", "mlx5_1"), ("numa_node", "1"), ("pci_address", "0000:b1:00.0")))] == 1
+    assert mine[("port_info", (("device", "mlx4_0"), ("link_layer", "Ethernet"), ("port", "2")))] == 1
+    out_of_buffer = ("hw_events_total", (("counter", "out_of_buffer"), ("device", "mlx5_0"), ("port", "1")))
+    assert mine[out_of_buffer] == 10 + 100 + 6
+    assert not any(k[0] == "hw_events_total" and ("device", "mlx4_0") in k[1] for k in mine)  # no hw_counters dir
+
+
+def test_counters_beyond_32_bits_and_word_multiplier(tmp_path):
+    mine = series(ours(standard_tree(tmp_path / "sys")), "accelmon_infiniband_")
+    port = (("device", "mlx5_0"), ("port", "1"))
+    assert mine[("port_data_received_bytes_total", port)] == (2**40 + 3) * 4
+    assert mine[("port_data_transmitted_bytes_total", port)] == 2**33 * 4
+    assert mine[("state_id", (("device", "mlx5_1"), ("port", "1")))] == 1  # the port that is down
+    assert mine[("rate_bytes_per_second", (("device", "mlx5_1"), ("port", "1")))] == 10 * 125_000_000
+
+
+def test_broken_devices_do_not_drop_the_others(tmp_path):
+    sysfs = standard_tree(tmp_path / "sys")
+    # A device removed between listing and reading: its class link dangles.
+    (sysfs / "class" / "infiniband" / "mlx5_9").symlink_to(tmp_path / "gone")
+    # A port whose rate and counters cannot be read, and a device without ports.
+    add_device(sysfs, "mlx5_2", {1: {}}, pci_address="0000:c1:00.0")
+    port = sysfs / "devices" / "pci0000:00" / "0000:c1:00.0" / "infiniband" / "mlx5_2" / "ports" / "1"
+    (port / "rate").unlink()
+    shutil.rmtree(port / "counters")
+    add_device(sysfs, "mlx5_3", {}, pci_address="0000:c2:00.0")
+    mine = series(ours(sysfs), "accelmon_infiniband_")
+    assert mine[("state_id", (("device", "mlx5_2"), ("port", "1")))] == 4
+    assert ("rate_bytes_per_second", (("device", "mlx5_2"), ("port", "1"))) not in mine
+    assert mine[("state_id", (("device", "mlx5_0"), ("port", "1")))] == 4
+    assert not any(("device", "mlx5_9") in labels for _, labels in mine)
+
+
+def test_no_infiniband_is_no_data(tmp_path):
+    assert InfinibandCollector(str(tmp_path)).sample().rows == {}
+
+
+def test_once_golden_with_promtool(tmp_path):
+    sysfs = standard_tree(tmp_path / "sys")
+    result = run_once(["--no-collector.nvml", f"--path.sysfs={sysfs}"], exporter_env(None, None))
+    assert result.returncode == 0, result.stderr
+    assert 'accelmon_collector_success{collector="infiniband"} 1\n' in result.stdout
+    promtool_check(result.stdout)
+    check_golden("infiniband_standard.prom", result.stdout)

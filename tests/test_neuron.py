@@ -1,0 +1,180 @@
+"""The Neuron collector: reports to metrics, per-period counts accumulated, supervision of neuron-monitor."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from accelmon.collectors.neuron import NeuronCollector
+from accelmon.core import render
+from conftest import ROOT, check_golden, promtool_check
+from neuron_reports import line, report, runtime
+
+FAKE_MONITOR = str(ROOT / "tests" / "fakeneuron" / "neuron-monitor")
+
+
+def feed(collector: NeuronCollector, *lines: str) -> None:
+    for text in lines:
+        collector.state.add_line(text.encode(), time.monotonic(), 1_700_000_000.0)
+
+
+def value(text: str, metric: str, /, **labels: str) -> float | None:
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == metric and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return None
+
+
+def sample(collector: NeuronCollector) -> str:
+    return render(collector.sample()).decode()
+
+
+def test_report_to_metrics_golden():
+    collector = NeuronCollector(monitor="/nonexistent")
+    feed(collector, line(report(1)), line(report(2)), line(report(3, ecc_uncorrected=1)))
+    text = sample(collector)
+    promtool_check(text)
+    check_golden("neuron_trn1.prom", text)
+    assert value(text, "accelmon_neuroncore_utilization_ratio", runtime_tag="llama-serve", neuroncore="1") == 0.875
+    assert value(text, "accelmon_neuroncore_flops", runtime_tag="llama-serve", neuroncore="1") == 2e12
+    assert value(
+        text, "accelmon_neuron_execution_latency_seconds", runtime_tag="llama-serve", latency="device", percentile="p99"
+    ) == pytest.approx(0.0105)
+    # The untagged runtime is named by its pid; it is idle, so its latency is null: no series.
+    assert value(text, "accelmon_neuron_runtime_info", runtime_tag="4242", pid="4242") == 1
+    assert value(text, "accelmon_neuron_execution_latency_seconds", runtime_tag="4242") is None
+    assert (
+        value(text, "accelmon_neuroncore_memory_used_bytes", runtime_tag="4242", neuroncore="1", category="model_code")
+        == 176285056
+    )
+    assert value(text, "accelmon_neuron_hardware_info", neuron_device_type="trainium", neuroncore_version="v2") == 1
+    assert value(text, "accelmon_neuron_devices") == 16
+    assert value(text, "accelmon_neuron_system_vcpu_usage_ratio", usage_type="user") == pytest.approx(0.3277)
+
+
+def test_per_period_counts_accumulate_once_per_capture():
+    collector = NeuronCollector(monitor="/nonexistent")
+    feed(collector, line(report(1)), line(report(2)), line(report(2)), line(report(3, ecc_uncorrected=1)))
+    text = sample(collector)
+    # Errors per period 1, 2, (2 repeated: same capture, not added again), 3.
+    assert value(text, "accelmon_neuron_execution_errors_total", runtime_tag="llama-serve", error_type="generic") == 6
+    assert (
+        value(text, "accelmon_neuron_execution_status_total", runtime_tag="llama-serve", status_type="completed") == 300
+    )
+    assert value(text, "accelmon_neuron_hw_ecc_events_total", neuron_device="0", event_type="mem_ecc_uncorrected") == 1
+    assert value(text, "accelmon_neuron_hw_ecc_events_total", neuron_device="0", event_type="mem_ecc_corrected") == 3
+    assert value(text, "accelmon_neuron_system_context_switches_total") == 3000
+    assert value(text, "accelmon_neuron_monitor_reports_total") == 4
+
+
+def test_malformed_lines_are_skipped_and_counted():
+    collector = NeuronCollector(monitor="/nonexistent")
+    good = line(report(1))
+    feed(collector, good, good[: len(good) // 2], "garbage{", "[1, 2]", '{"neuron_runtime_data": 7}', line(report(2)))
+    text = sample(collector)
+    assert value(text, "accelmon_neuron_monitor_malformed_lines_total") == 4
+    assert value(text, "accelmon_neuron_monitor_reports_total") == 2
+    assert value(text, "accelmon_neuron_execution_errors_total", runtime_tag="llama-serve", error_type="generic") == 3
+
+
+def test_series_of_an_exited_runtime_disappear():
+    collector = NeuronCollector(monitor="/nonexistent")
+    feed(collector, line(report(1)))
+    assert value(sample(collector), "accelmon_neuron_runtime_info", runtime_tag="4242") == 1
+    for capture in range(2, 50):  # pids churn: each report a new short-lived runtime
+        feed(
+            collector,
+            line(report(capture, [runtime("llama-serve", 3101, capture), runtime("", 9000 + capture, capture)])),
+        )
+    text = sample(collector)
+    assert value(text, "accelmon_neuron_runtime_info", runtime_tag="4242") is None
+    assert value(text, "accelmon_neuron_execution_errors_total", runtime_tag="4242") is None
+    tags = {
+        s.labels["runtime_tag"]
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if "runtime_tag" in s.labels
+    }
+    assert tags == {"llama-serve", "9049"}
+    assert len(collector.state.exec_status) == 2 * 6  # two live runtimes, six outcomes each: no growth
+
+
+def test_group_errors_are_counted_not_exported_as_data():
+    broken = report(1)
+    broken["neuron_runtime_data"][0]["report"]["neuroncore_counters"]["error"] = "failed to read counters"
+    collector = NeuronCollector(monitor="/nonexistent")
+    feed(collector, line(broken))
+    text = sample(collector)
+    assert value(text, "accelmon_neuron_monitor_group_errors_total", group="neuroncore_counters") == 1
+    assert value(text, "accelmon_neuroncore_utilization_ratio", runtime_tag="llama-serve") is None
+    assert value(text, "accelmon_neuroncore_utilization_ratio", runtime_tag="4242") == pytest.approx(0.4201)
+
+
+def run_with_fake(tmp_path: Path, monkeypatch, lines: list[str], then: str, **options) -> NeuronCollector:
+    data = tmp_path / "lines.jsonl"
+    data.write_text("\n".join(lines) + "\n")
+    monkeypatch.setenv("FAKE_NEURON_LINES", str(data))
+    monkeypatch.setenv("FAKE_NEURON_THEN", then)
+    monkeypatch.setenv("FAKE_NEURON_STARTS", str(tmp_path / "starts"))
+    collector = NeuronCollector(monitor=FAKE_MONITOR, **options)
+    collector.start()
+    return collector
+
+
+def wait_for(predicate, timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_runs_neuron_monitor_with_its_config_and_reads_reports(tmp_path, monkeypatch):
+    collector = run_with_fake(tmp_path, monkeypatch, [line(report(1)), line(report(2))], "hang", period_seconds=1)
+    try:
+        assert wait_for(lambda: collector.state.reports == 2)
+        text = sample(collector)
+        assert value(text, "accelmon_neuron_monitor_up") == 1
+        config = (tmp_path / "starts").read_text().split()[0]
+        assert '"period": "1s"' in Path(config).read_text()
+    finally:
+        collector.stop()
+    assert not Path(config).exists()  # its private directory is cleaned up
+
+
+def test_exiting_monitor_is_restarted_with_backoff_never_spinning(tmp_path, monkeypatch):
+    collector = run_with_fake(tmp_path, monkeypatch, [line(report(1)), "trunc{"], "exit", max_backoff_seconds=60)
+    try:
+        time.sleep(4.5)  # backoff 2 s then 4 s: at most 3 starts in this time, not hundreds
+        starts = len((tmp_path / "starts").read_text().split())
+        assert 2 <= starts <= 3
+        text = sample(collector)
+        assert value(text, "accelmon_neuron_monitor_restarts_total") == starts - 1
+        assert value(text, "accelmon_neuron_monitor_malformed_lines_total") >= 1
+    finally:
+        collector.stop()
+
+
+def test_a_silent_monitor_is_restarted_and_its_data_not_served(tmp_path, monkeypatch):
+    collector = run_with_fake(tmp_path, monkeypatch, [line(report(1))], "hang", stall_seconds=1.0)
+    try:
+        assert wait_for(lambda: collector.state.restarts >= 1)
+        assert wait_for(lambda: value(sample(collector), "accelmon_neuroncore_utilization_ratio") is None, 5)
+    finally:
+        collector.stop()
+
+
+def test_no_neuron_monitor_is_no_data():
+    collector = NeuronCollector(monitor="/nonexistent/neuron-monitor")
+    collector.start()
+    try:
+        text = sample(collector)
+        assert value(text, "accelmon_neuron_monitor_up") == 0
+        assert "accelmon_neuroncore" not in text
+    finally:
+        collector.stop()
