@@ -52,6 +52,12 @@ def test_every_worker_is_scraped_with_its_gpus(host):
     assert sorted((r["metric"]["node"], r["metric"]["gpu"]) for r in lost) == sorted((w, "5") for w in WORKERS)
     ports = query(host, "/api/v1/query?query=count%20by%20(node)%20(accelmon_infiniband_state_id)")["result"]
     assert {r["metric"]["node"]: r["value"][1] for r in ports} == {w: "4" for w in WORKERS}
+    cores = wait_for(
+        lambda: query(host, "/api/v1/query?query=count%20by%20(node)%20(accelmon_neuroncore_utilization_ratio)")[
+            "result"
+        ]
+    )
+    assert {r["metric"]["node"]: r["value"][1] for r in cores} == {w: "4" for w in WORKERS}  # 2 runtimes x 2 cores
     nodes = query(host, "/api/v1/targets")["activeTargets"]
     assert {t["labels"]["node"] for t in nodes if t["labels"]["job"] == "node" and t["health"] == "up"} == WORKERS
 

@@ -1,6 +1,5 @@
 """Verify a converged worker: the exporter serves the simulated GPUs, as a hardened, unprivileged service."""
 
-
 import pytest
 
 testinfra_hosts = ["podman://accelmon-worker"]
@@ -24,6 +23,17 @@ def test_exporter_serves_gpu_metrics(host):
     assert 'accelmon_collector_success{collector="infiniband"} 1' in text
     assert 'accelmon_infiniband_state_id{device="mlx5_0",port="1"} 4' in text
     assert 'accelmon_infiniband_state_id{device="mlx5_1",port="1"} 1' in text
+    # The fake neuron-monitor, found at the configured path and run by the exporter.
+    assert 'accelmon_collector_success{collector="neuron"} 1' in text
+
+
+def test_neuron_monitor_reports_arrive(host):
+    text = host.check_output(
+        "for i in $(seq 1 30); do curl -sf http://127.0.0.1:19470/metrics | grep -q accelmon_neuroncore_utilization "
+        "&& break; sleep 1; done; curl -sf http://127.0.0.1:19470/metrics"
+    )
+    assert 'accelmon_neuroncore_utilization_ratio{runtime_tag="llama-serve",neuroncore="1"} 0.875' in text
+    assert "accelmon_neuron_monitor_up 1" in text
 
 
 def test_exporter_runs_hardened_and_unprivileged(host):
