@@ -12,6 +12,7 @@ from accelmon.collectors import REGISTRY, Paths
 DEFAULT_PORT = 19470
 DEFAULT_LISTEN_ADDRESS = f":{DEFAULT_PORT}"
 LOG_LEVELS = ("debug", "info", "warning", "error")
+OPTION_CHOICES = {("profiling", "backend"): ("auto", "dcgm", "gpm")}
 
 
 class ConfigError(ValueError):
@@ -62,6 +63,9 @@ def check_option(name: str, key: str, value: Any, default: Any) -> Any:
     if isinstance(default, str):
         if not isinstance(value, str) or not value:
             raise ConfigError(f"{where}: expected a non-empty string, got {value!r}")
+        choices = OPTION_CHOICES.get((name, key))
+        if choices and value not in choices:
+            raise ConfigError(f"{where}: expected one of {', '.join(choices)}, got {value!r}")
         return value
     return value
 

@@ -395,3 +395,62 @@ nvmlReturn_t nvmlEventSetWait_v2(event_set_t *set, event_data_t *data, unsigned 
     pthread_mutex_unlock(&lock);
     return OK;
 }
+
+/* ---- GPM (Hopper and newer): profiling metrics from two samples ---- */
+typedef struct { unsigned int version; unsigned int isSupportedDevice; } gpm_support_t;
+typedef struct { int device; unsigned long long taken; } gpm_sample_t;
+typedef struct { char *shortName, *longName, *unit; } metric_info_t;
+typedef struct { unsigned int metricId; nvmlReturn_t nvmlReturn; double value; metric_info_t metricInfo; } gpm_metric_t;
+#define GPM_METRIC_MAX 477
+typedef struct {
+    unsigned int version, numMetrics;
+    gpm_sample_t *sample1, *sample2;
+    gpm_metric_t metrics[GPM_METRIC_MAX];
+} gpm_metrics_get_t;
+
+nvmlReturn_t nvmlGpmQueryDeviceSupport(device_t *d, gpm_support_t *support) {
+    DEVICE(d);
+    support->isSupportedDevice = (unsigned)gpm_supported[d->index];
+    return OK;
+}
+nvmlReturn_t nvmlGpmSampleAlloc(gpm_sample_t **sample) {
+    ENTER();
+    *sample = calloc(1, sizeof **sample);
+    return *sample ? OK : ERR_UNKNOWN;
+}
+nvmlReturn_t nvmlGpmSampleFree(gpm_sample_t *sample) { ENTER(); free(sample); return OK; }
+nvmlReturn_t nvmlGpmSampleGet(device_t *d, gpm_sample_t *sample) {
+    DEVICE(d);
+    if (!gpm_supported[d->index]) return ERR_NOT_SUPPORTED;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    sample->device = d->index;
+    sample->taken = (unsigned long long)now.tv_sec * 1000000000ULL + (unsigned long long)now.tv_nsec;
+    return OK;
+}
+static int gpm_value(int gpu, unsigned int id, double *value) {
+    switch (id) {
+    case 2: *value = 50.0 + gpu; return 1;      /* SM util % */
+    case 3: *value = 25.0; return 1;            /* SM occupancy % */
+    case 5: *value = 40.0; return 1;            /* any tensor % */
+    case 10: *value = 30.0; return 1;           /* DRAM bandwidth % */
+    case 11: *value = 5.0; return 1;            /* FP64 % */
+    case 12: *value = 20.0; return 1;           /* FP32 % */
+    case 13: *value = 15.0; return 1;           /* FP16 % */
+    case 20: *value = 100.0 * (gpu + 1); return 1;  /* PCIe TX MiB/s */
+    case 21: *value = 200.0 * (gpu + 1); return 1;  /* PCIe RX MiB/s */
+    case 60: *value = 1000.0; return 1;         /* NVLink RX MiB/s */
+    case 61: *value = 2000.0; return 1;         /* NVLink TX MiB/s */
+    default: return 0;
+    }
+}
+nvmlReturn_t nvmlGpmMetricsGet(gpm_metrics_get_t *request) {
+    ENTER();
+    if (!request->sample1 || !request->sample2 || request->numMetrics > GPM_METRIC_MAX) return ERR_INVALID_ARGUMENT;
+    if (request->sample2->taken <= request->sample1->taken) return ERR_INVALID_ARGUMENT;
+    for (unsigned int k = 0; k < request->numMetrics; k++) {
+        gpm_metric_t *m = &request->metrics[k];
+        m->nvmlReturn = gpm_value(request->sample2->device, m->metricId, &m->value) ? OK : ERR_NOT_SUPPORTED;
+    }
+    return OK;
+}

@@ -78,6 +78,24 @@ def _listdir(path: str) -> list[str]:
         return []
 
 
+def _profiling(options: dict[str, Any], paths: Paths) -> Collector:
+    from accelmon.collectors.profiling import ProfilingCollector
+
+    return ProfilingCollector(
+        backend=options["backend"],
+        dcgm_host=options["dcgm_host"],
+        dcgm_bindings_paths=tuple(p for p in options["dcgm_bindings_path"].split(":") if p),
+        interval=options["interval_seconds"],
+    )
+
+
+def _profiling_catalogue() -> Catalogue:
+    from accelmon.collectors.profiling import CATALOGUE
+
+    return CATALOGUE
+
+
+DCGM_BINDINGS = ("/usr/share/datacenter-gpu-manager-4/bindings/python3", "/usr/local/dcgm/bindings/python3")
 REGISTRY: dict[str, Registration] = {}
 
 
@@ -116,5 +134,22 @@ register(
         enabled_by_default=_has_neuron,
         options={"interval_seconds": 5.0, "period_seconds": 5.0, "monitor_path": "neuron-monitor"},
         catalogue=_neuron_catalogue,
+    )
+)
+
+register(
+    Registration(
+        name="profiling",
+        help="GPU profiling counters from DCGM or NVML GPM (off unless asked for: profiling has a cost)",
+        build=_profiling,
+        enabled_by_default=lambda paths: False,
+        options={
+            "interval_seconds": 1.0,
+            "backend": "auto",
+            "dcgm_host": "localhost:5555",
+            # DCGM 4, then DCGM 3: where the bindings that ship with DCGM live.
+            "dcgm_bindings_path": ":".join(DCGM_BINDINGS),
+        },
+        catalogue=_profiling_catalogue,
     )
 )

@@ -1,0 +1,427 @@
+"""GPU profiling counters (SM activity, tensor/FP pipes, DRAM, PCIe and NVLink bytes) from DCGM or NVML GPM.
+
+Example exposition line::
+
+    accelmon_gpu_sm_active_ratio{gpu="0",uuid="GPU-5e1d…"} 0.51
+
+One set of names whichever backend feeds them:
+- `dcgm`: the standalone host engine (`nv-hostengine`, never an embedded one, which would break `dcgmi`), through
+  the DCGM Python bindings that ship with DCGM (not on PyPI) from a configurable directory. Fields are watched by
+  numeric id (1001-1012; DCGM 4.6 renamed the symbols). A blank value is no value.
+- `gpm`: NVML GPM on Hopper and newer, from two samples taken one interval apart.
+- `auto`: DCGM if its host engine answers, else GPM on the GPUs that support it, else nothing; while not on
+  DCGM it tries the host engine again every `dcgm_retry_seconds`, and falls back when it dies.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+import time
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Callable
+
+from accelmon.collectors import DCGM_BINDINGS
+from accelmon.core import Catalogue, Collector, Samples
+
+log = logging.getLogger("accelmon.profiling")
+
+GPU = ("gpu", "uuid")
+CATALOGUE = Catalogue("profiling", "GPU profiling counters (DCGM or NVML GPM)")
+C = CATALOGUE
+BACKEND = C.gauge(
+    "accelmon_gpu_profiling_backend_info",
+    "The backend feeding the profiling metrics (dcgm, gpm or none); value is 1.",
+    ["backend"],
+)
+
+
+@dataclass(frozen=True)
+class Counter:
+    """One profiling metric: its spec, DCGM field id and unit scale, GPM metric id and unit scale."""
+
+    spec: Any
+    dcgm_field: int
+    dcgm_scale: float
+    gpm_metric: int | None
+    gpm_scale: float
+
+
+MIB = 1024.0 * 1024.0
+COUNTERS = [
+    Counter(
+        C.gauge(
+            "accelmon_gpu_sm_active_ratio",
+            "Fraction of time at least one warp was active on an SM, "
+            "averaged over SMs (DCGM 1002 ratio; GPM SM_UTIL %).",
+            GPU,
+        ),
+        1002,
+        1.0,
+        2,
+        0.01,
+    ),
+    Counter(
+        C.gauge(
+            "accelmon_gpu_sm_occupancy_ratio",
+            "Resident warps over the SMs' maximum (DCGM 1003 ratio; GPM SM_OCCUPANCY %).",
+            GPU,
+        ),
+        1003,
+        1.0,
+        3,
+        0.01,
+    ),
+    Counter(
+        C.gauge(
+            "accelmon_gpu_tensor_active_ratio",
+            "Fraction of cycles the tensor pipes were active (DCGM 1004 ratio; GPM ANY_TENSOR_UTIL %).",
+            GPU,
+        ),
+        1004,
+        1.0,
+        5,
+        0.01,
+    ),
+    Counter(
+        C.gauge(
+            "accelmon_gpu_dram_active_ratio",
+            "Fraction of cycles device memory was sending or receiving (DCGM 1005 ratio; GPM DRAM_BW_UTIL %).",
+            GPU,
+        ),
+        1005,
+        1.0,
+        10,
+        0.01,
+    ),
+    Counter(
+        C.gauge(
+            "accelmon_gpu_fp64_active_ratio",
+            "Fraction of cycles the FP64 pipe was active (DCGM 1006; GPM FP64_UTIL %).",
+            GPU,
+        ),
+        1006,
+        1.0,
+        11,
+        0.01,
+    ),
+    Counter(
+        C.gauge(
+            "accelmon_gpu_fp32_active_ratio",
+            "Fraction of cycles the FP32 pipe was active (DCGM 1007; GPM FP32_UTIL %).",
+            GPU,
+        ),
+        1007,
+        1.0,
+        12,
+        0.01,
+    ),
+    Counter(
+        C.gauge(
+            "accelmon_gpu_fp16_active_ratio",
+            "Fraction of cycles the FP16 pipe was active (DCGM 1008; GPM FP16_UTIL %).",
+            GPU,
+        ),
+        1008,
+        1.0,
+        13,
+        0.01,
+    ),
+    Counter(
+        C.gauge(
+            "accelmon_gpu_profiling_pcie_transmit_bytes_per_second",
+            "PCIe bytes sent, headers included "
+            "(DCGM 1009 B/s; GPM PCIE_TX_PER_SEC MiB/s). Unlike accelmon_gpu_pcie_transmit_bytes_per_second "
+            "(NVML, a 20 ms window), averaged over the whole interval.",
+            GPU,
+        ),
+        1009,
+        1.0,
+        20,
+        MIB,
+    ),
+    Counter(
+        C.gauge(
+            "accelmon_gpu_profiling_pcie_receive_bytes_per_second",
+            "PCIe bytes received, headers included (DCGM 1010 B/s; GPM PCIE_RX_PER_SEC MiB/s).",
+            GPU,
+        ),
+        1010,
+        1.0,
+        21,
+        MIB,
+    ),
+    Counter(
+        C.gauge(
+            "accelmon_gpu_profiling_nvlink_transmit_bytes_per_second",
+            "NVLink bytes sent over all links (DCGM 1011 B/s; GPM NVLINK_TOTAL_TX_PER_SEC MiB/s).",
+            GPU,
+        ),
+        1011,
+        1.0,
+        61,
+        MIB,
+    ),
+    Counter(
+        C.gauge(
+            "accelmon_gpu_profiling_nvlink_receive_bytes_per_second",
+            "NVLink bytes received over all links (DCGM 1012 B/s; GPM NVLINK_TOTAL_RX_PER_SEC MiB/s).",
+            GPU,
+        ),
+        1012,
+        1.0,
+        60,
+        MIB,
+    ),
+]
+DCGM_FIELDS = [c.dcgm_field for c in COUNTERS] + [1001]  # 1001 (graphics engine active) keeps the group valid on
+# every DCGM version; it is watched but not exported (accelmon_gpu_utilization_ratio covers it).
+# DCGM's blank sentinels start here (DCGM_FT_FP64_BLANK 140737488355328.0, DCGM_FT_INT64_BLANK 0x7ffffffffffffff0).
+FP64_BLANK = 140737488355328.0
+INT64_BLANK = 0x7FFFFFFFFFFFFFF0
+
+Readings = dict[int, tuple[str, dict[Any, float]]]  # gpu index -> (uuid, {spec: value})
+
+
+class DcgmBackend:
+    """The standalone host engine through DCGM's own Python bindings."""
+
+    name = "dcgm"
+
+    def __init__(self, host: str, bindings_paths: tuple[str, ...], interval: float) -> None:
+        self.host = host
+        self.bindings_paths = bindings_paths
+        self.interval = interval
+        self._handle: Any = None
+        self._group: Any = None
+        self._fields: Any = None
+        self._uuids: dict[int, str] = {}
+
+    def _modules(self) -> tuple[ModuleType, ModuleType] | None:
+        for path in self.bindings_paths:
+            if path not in sys.path:
+                sys.path.append(path)
+        try:
+            return importlib.import_module("pydcgm"), importlib.import_module("dcgm_structs")
+        except ImportError:
+            return None
+
+    def open(self) -> bool:
+        modules = self._modules()
+        if modules is None:
+            log.info("DCGM bindings not found in %s", ", ".join(self.bindings_paths))
+            return False
+        pydcgm, structs = modules
+        try:
+            # An address means "connect to nv-hostengine": never the embedded mode that would lock out dcgmi.
+            self._handle = pydcgm.DcgmHandle(ipAddress=self.host, opMode=structs.DCGM_OPERATION_MODE_AUTO)
+            self._group = pydcgm.DcgmGroup(self._handle, groupName="accelmon", groupType=structs.DCGM_GROUP_DEFAULT)
+            self._fields = pydcgm.DcgmFieldGroup(self._handle, name="accelmon-profiling", fieldIds=DCGM_FIELDS)
+            usec = int(self.interval * 1_000_000)
+            self._group.samples.WatchFields(self._fields, usec, max(30.0, 3 * self.interval), 0)
+            system = self._handle.GetSystem()
+            self._uuids = {
+                gpu: str(system.discovery.GetGpuAttributes(gpu).identifiers.uuid) for gpu in self._group.GetGpuIds()
+            }
+        except Exception as error:  # noqa: BLE001 - the bindings raise their own exception classes
+            log.info("DCGM host engine at %s not usable: %s", self.host, error)
+            self.close()
+            return False
+        log.info("profiling through DCGM at %s, %d GPU(s)", self.host, len(self._uuids))
+        return True
+
+    def read(self) -> Readings:
+        latest = self._group.samples.GetLatest(self._fields).values
+        readings: Readings = {}
+        for gpu, uuid in self._uuids.items():
+            fields = latest.get(gpu, {})
+            values: dict[Any, float] = {}
+            for counter in COUNTERS:
+                series = fields.get(counter.dcgm_field)
+                if not series:
+                    continue
+                value = series[-1]
+                if getattr(value, "isBlank", False) or not isinstance(value.value, (int, float)):
+                    continue
+                if value.value >= FP64_BLANK or (isinstance(value.value, int) and value.value >= INT64_BLANK):
+                    continue
+                values[counter.spec] = float(value.value) * counter.dcgm_scale
+            readings[gpu] = (uuid, values)
+        return readings
+
+    def close(self) -> None:
+        for thing, method in ((self._fields, "Delete"), (self._group, "Delete"), (self._handle, "Shutdown")):
+            if thing is not None:
+                try:
+                    getattr(thing, method)()
+                except Exception:  # noqa: BLE001 - best effort on a connection that may be gone
+                    log.debug("DCGM %s failed", method)
+        self._handle = self._group = self._fields = None
+
+
+class GpmBackend:
+    """NVML GPM: metrics computed by the driver from two samples of the same GPU."""
+
+    name = "gpm"
+
+    def __init__(self, nvml: ModuleType | None = None) -> None:
+        if nvml is None:
+            import pynvml
+
+            nvml = pynvml
+        self.nvml: Any = nvml
+        self._gpus: dict[int, tuple[Any, str]] = {}
+        self._samples: dict[int, list[Any]] = {}
+        self._initialized = False
+
+    def open(self) -> bool:
+        nvml = self.nvml
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError as error:
+            log.info("NVML not available for GPM: %s", error)
+            return False
+        self._initialized = True
+        for index in range(nvml.nvmlDeviceGetCount()):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                if not nvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice:
+                    continue
+                uuid = nvml.nvmlDeviceGetUUID(handle)
+                self._gpus[index] = (handle, uuid if isinstance(uuid, str) else uuid.decode())
+                self._samples[index] = [nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()]
+                nvml.nvmlGpmSampleGet(handle, self._samples[index][0])
+            except nvml.NVMLError as error:
+                log.info("GPU %d: no GPM (%s)", index, error)
+                self._gpus.pop(index, None)
+        if not self._gpus:
+            self.close()
+            return False
+        log.info("profiling through NVML GPM on GPU(s) %s", ", ".join(map(str, sorted(self._gpus))))
+        return True
+
+    def read(self) -> Readings:
+        nvml = self.nvml
+        readings: Readings = {}
+        wanted = [c for c in COUNTERS if c.gpm_metric is not None]
+        for index, (handle, uuid) in self._gpus.items():
+            previous, current = self._samples[index]
+            try:
+                nvml.nvmlGpmSampleGet(handle, current)
+                request = nvml.c_nvmlGpmMetricsGet_t()
+                request.version = nvml.NVML_GPM_METRICS_GET_VERSION
+                request.numMetrics = len(wanted)
+                request.sample1, request.sample2 = previous, current
+                for slot, counter in enumerate(wanted):
+                    request.metrics[slot].metricId = counter.gpm_metric
+                nvml.nvmlGpmMetricsGet(request)
+            except nvml.NVMLError as error:
+                log.debug("GPU %d: GPM read failed: %s", index, error)
+                continue
+            finally:
+                self._samples[index] = [current, previous]  # this sample is the next one's start
+            values = {
+                counter.spec: request.metrics[slot].value * counter.gpm_scale
+                for slot, counter in enumerate(wanted)
+                if request.metrics[slot].nvmlReturn == 0
+            }
+            readings[index] = (uuid, values)
+        return readings
+
+    def close(self) -> None:
+        for samples in self._samples.values():
+            for sample in samples:
+                try:
+                    self.nvml.nvmlGpmSampleFree(sample)
+                except self.nvml.NVMLError:
+                    pass
+        self._samples.clear()
+        self._gpus.clear()
+        if self._initialized:
+            try:
+                self.nvml.nvmlShutdown()
+            except self.nvml.NVMLError:
+                pass
+            self._initialized = False
+
+
+class ProfilingCollector(Collector):
+    name = "profiling"
+
+    def __init__(
+        self,
+        backend: str = "auto",
+        dcgm_host: str = "localhost:5555",
+        dcgm_bindings_paths: tuple[str, ...] = DCGM_BINDINGS,
+        interval: float = 1.0,
+        dcgm_retry_seconds: float = 30.0,
+        nvml: ModuleType | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if backend not in ("auto", "dcgm", "gpm"):
+            raise ValueError(f"profiling backend {backend!r}: expected auto, dcgm or gpm")
+        self.mode = backend
+        self.dcgm = DcgmBackend(dcgm_host, dcgm_bindings_paths, interval)
+        self._nvml = nvml
+        self.gpm: GpmBackend | None = None
+        self.dcgm_retry_seconds = dcgm_retry_seconds
+        self._clock = clock
+        self.active: DcgmBackend | GpmBackend | None = None
+        self._last_dcgm_try: float | None = None
+        self._last_gpm_try: float | None = None
+
+    def _try_dcgm(self) -> bool:
+        now = self._clock()
+        if self._last_dcgm_try is not None and now - self._last_dcgm_try < self.dcgm_retry_seconds:
+            return False
+        self._last_dcgm_try = now
+        return self.dcgm.open()
+
+    def _gpm_due(self) -> bool:
+        now = self._clock()
+        if self._last_gpm_try is not None and now - self._last_gpm_try < self.dcgm_retry_seconds:
+            return False
+        self._last_gpm_try = now
+        return True
+
+    def _choose(self) -> None:
+        if self.mode in ("auto", "dcgm") and self.active is not self.dcgm and self._try_dcgm():
+            if self.active is not None:
+                self.active.close()
+            self.active = self.dcgm
+            return
+        if self.mode in ("auto", "gpm") and self.active is None and self._gpm_due():
+            self.gpm = GpmBackend(self._nvml)
+            if self.gpm.open():
+                self.active = self.gpm
+            elif self._last_dcgm_try is None or self.mode == "gpm":
+                log.info("no profiling backend on this host (mode %s)", self.mode)
+
+    def start(self) -> None:
+        self._choose()
+
+    def sample(self) -> Samples:
+        self._choose()
+        out = Samples()
+        readings: Readings = {}
+        if self.active is not None:
+            try:
+                readings = self.active.read()
+            except Exception as error:  # noqa: BLE001 - e.g. the host engine died; fall back, retry later
+                log.warning("profiling backend %s failed: %s", self.active.name, error)
+                self.active.close()
+                self.active = None
+                self._choose()
+        out.add(BACKEND, (self.active.name if self.active else "none",), 1)
+        for gpu, (uuid, values) in sorted(readings.items()):
+            for counter in COUNTERS:
+                if counter.spec in values:
+                    out.add(counter.spec, (str(gpu), uuid), values[counter.spec])
+        return out
+
+    def stop(self) -> None:
+        if self.active is not None:
+            self.active.close()
+            self.active = None

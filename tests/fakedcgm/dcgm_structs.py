@@ -1,0 +1,12 @@
+"""Fake of the DCGM bindings' dcgm_structs, the part accelmon uses. State: $FAKE_DCGM_STATE (JSON)."""
+
+DCGM_OPERATION_MODE_AUTO = 1
+DCGM_GROUP_DEFAULT = 0
+
+
+class DCGMError(Exception):
+    pass
+
+
+class DCGMError_ConnectionNotValid(DCGMError):
+    pass

@@ -1,0 +1,175 @@
+"""The profiling collector: GPM through the fake libnvidia-ml, DCGM through fake bindings; backend choice."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from accelmon.collectors.profiling import ProfilingCollector
+from accelmon.core import render
+from conftest import ROOT, check_golden, exporter_env, promtool_check, run_once
+
+FAKE_DCGM = str(ROOT / "tests" / "fakedcgm")
+
+
+def value(text: str, metric: str, /, **labels: str) -> float | None:
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == metric and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return None
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def dcgm_state(tmp_path, monkeypatch):
+    state = tmp_path / "dcgm.json"
+
+    def set_state(**values) -> None:
+        state.write_text(json.dumps(values))
+
+    set_state(up=False)
+    monkeypatch.setenv("FAKE_DCGM_STATE", str(state))
+    return set_state
+
+
+def make(clock=None, **options) -> ProfilingCollector:
+    options.setdefault("dcgm_bindings_paths", (FAKE_DCGM,))
+    collector = ProfilingCollector(clock=clock or Clock(), **options)
+    collector.start()
+    return collector
+
+
+def sample(collector: ProfilingCollector) -> str:
+    return render(collector.sample()).decode()
+
+
+def test_dcgm_values_units_and_blanks(dcgm_state, fake_nvml):
+    dcgm_state(up=True, gpus=[0, 1], blank=[1004])
+    collector = make()
+    try:
+        text = sample(collector)
+        assert value(text, "accelmon_gpu_profiling_backend_info", backend="dcgm") == 1
+        assert value(text, "accelmon_gpu_sm_active_ratio", gpu="1") == pytest.approx(0.21)
+        assert value(text, "accelmon_gpu_tensor_active_ratio", gpu="0") is None  # blank is no value
+        assert value(text, "accelmon_gpu_profiling_nvlink_receive_bytes_per_second", gpu="1") == 8_000_000
+        assert value(text, "accelmon_gpu_dram_active_ratio", gpu="0", uuid="GPU-00000000-0000-4000-8000-000000000000")
+        promtool_check(text)
+    finally:
+        collector.stop()
+
+
+def test_gpm_when_no_host_engine(dcgm_state, fake_nvml):
+    fake_nvml.configure("gpus 3\ngpm 0\ngpm 2\n")  # GPU 1 has no GPM (pre-Hopper)
+    collector = make()
+    try:
+        time.sleep(0.11)  # two GPM samples at least 100 ms apart
+        text = sample(collector)
+        assert value(text, "accelmon_gpu_profiling_backend_info", backend="gpm") == 1
+        assert value(text, "accelmon_gpu_sm_active_ratio", gpu="2") == pytest.approx(0.52)
+        assert value(text, "accelmon_gpu_sm_active_ratio", gpu="1") is None
+        assert value(text, "accelmon_gpu_profiling_pcie_receive_bytes_per_second", gpu="2") == 600 * 1024 * 1024
+        assert value(text, "accelmon_gpu_profiling_nvlink_transmit_bytes_per_second", gpu="0") == 2000 * 1024 * 1024
+        promtool_check(text)
+    finally:
+        collector.stop()
+
+
+def test_no_backend_is_no_data_and_no_failure(dcgm_state, fake_nvml):
+    fake_nvml.configure("gpus 2\n")  # no GPM anywhere, no host engine
+    collector = make()
+    try:
+        text = sample(collector)
+        assert value(text, "accelmon_gpu_profiling_backend_info", backend="none") == 1
+        assert "accelmon_gpu_sm_active_ratio" not in text
+    finally:
+        collector.stop()
+
+
+def test_host_engine_coming_up_later_and_dying(dcgm_state, fake_nvml):
+    fake_nvml.configure("gpus 1\ngpm 0\n")
+    clock = Clock()
+    collector = make(clock, dcgm_retry_seconds=30)
+    try:
+        assert value(sample(collector), "accelmon_gpu_profiling_backend_info", backend="gpm") == 1
+        dcgm_state(up=True, gpus=[0])
+        clock.now += 10
+        assert value(sample(collector), "accelmon_gpu_profiling_backend_info", backend="gpm") == 1  # not retried yet
+        clock.now += 30
+        assert value(sample(collector), "accelmon_gpu_profiling_backend_info", backend="dcgm") == 1
+        dcgm_state(up=False)
+        clock.now += 1
+        text = sample(collector)  # the read fails: falls back to GPM at once
+        assert value(text, "accelmon_gpu_profiling_backend_info", backend="gpm") == 1
+    finally:
+        collector.stop()
+
+
+def test_forced_dcgm_with_engine_down_reports_none(dcgm_state, fake_nvml):
+    fake_nvml.configure("gpus 1\ngpm 0\n")
+    collector = make(backend="dcgm")
+    try:
+        assert value(sample(collector), "accelmon_gpu_profiling_backend_info", backend="none") == 1
+    finally:
+        collector.stop()
+
+
+def test_missing_bindings_fall_back(dcgm_state, fake_nvml, tmp_path):
+    fake_nvml.configure("gpus 1\ngpm 0\n")
+    collector = make(dcgm_bindings_paths=(str(tmp_path / "nowhere"),))
+    try:
+        assert value(sample(collector), "accelmon_gpu_profiling_backend_info", backend="gpm") == 1
+    finally:
+        collector.stop()
+
+
+def test_profiling_names_never_collide_with_nvml_collector(fake_nvml_dir, tmp_path, monkeypatch):
+    """Both collectors in one process: one exposition, every family once, promtool clean."""
+    config = tmp_path / "fake.conf"
+    config.write_text("gpus 2\ngpm 0\ngpm 1\n")
+    state = tmp_path / "dcgm.json"
+    state.write_text(json.dumps({"up": False}))
+    env = exporter_env(fake_nvml_dir, config)
+    env["FAKE_DCGM_STATE"] = str(state)
+    settings = tmp_path / "accelmon.yml"
+    settings.write_text(f"collectors:\n  profiling:\n    enabled: true\n    dcgm_bindings_path: {FAKE_DCGM}\n")
+    result = run_once(["--config", str(settings)], env)
+    assert result.returncode == 0, result.stderr
+    promtool_check(result.stdout)
+    names = [line.split()[2] for line in result.stdout.splitlines() if line.startswith("# TYPE")]
+    assert len(names) == len(set(names))
+    assert "accelmon_gpu_pcie_transmit_bytes_per_second" in names
+    assert "accelmon_gpu_profiling_pcie_transmit_bytes_per_second" in names
+    assert 'accelmon_gpu_profiling_backend_info{backend="gpm"} 1' in result.stdout
+    check_golden(
+        "profiling_gpm.prom",
+        "\n".join(
+            line
+            for line in result.stdout.splitlines()
+            if "profiling" in line or "_active_ratio" in line or "sm_occupancy" in line
+        )
+        + "\n",
+    )
+
+
+def test_bad_backend_is_refused(tmp_path):
+    settings = tmp_path / "accelmon.yml"
+    settings.write_text("collectors:\n  profiling:\n    backend: nsight\n")
+    result = run_once(["--config", str(settings)], exporter_env(None, None))
+    assert result.returncode == 2
+    assert "collectors.profiling.backend: expected one of auto, dcgm, gpm" in result.stderr
+
+
+def test_path_of_fake_bindings_exists():
+    assert (Path(FAKE_DCGM) / "pydcgm.py").exists()
