@@ -25,6 +25,9 @@ def test_exporter_serves_gpu_metrics(host):
     assert 'accelmon_infiniband_state_id{device="mlx5_1",port="1"} 1' in text
     # The fake neuron-monitor, found at the configured path and run by the exporter.
     assert 'accelmon_collector_success{collector="neuron"} 1' in text
+    # Profiling is opt-in; this host opted in, and GPUs 0 and 1 have GPM.
+    assert 'accelmon_gpu_profiling_backend_info{backend="gpm"} 1' in text
+    assert 'accelmon_gpu_sm_active_ratio{gpu="1"' in text
 
 
 def test_neuron_monitor_reports_arrive(host):
