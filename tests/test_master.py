@@ -1,0 +1,252 @@
+"""The master bundle: rules and config pass promtool, dashboards are generated and well-formed, and every
+panel query and rule expression returns data from a real Prometheus scraping the exporter over fake devices."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+
+import pytest
+import yaml
+
+from conftest import ROOT, exporter_env
+from ib_fixture import standard_tree
+from neuron_reports import line, report
+
+MASTER = ROOT / "master"
+RULES = sorted((MASTER / "prometheus" / "rules").glob("*.yml"))
+sys.path.insert(0, str(MASTER / "grafana"))
+import generate  # noqa: E402
+
+METRIC = re.compile(r"\b((?:accelmon|node)_[a-zA-Z0-9_]+|(?:node|cluster):[a-z0-9_:]+[a-z0-9_]|up(?=\{))")
+VARIABLES = {"$__rate_interval": "1m", "$node": ".*", "$gpu": ".*", "$device": ".*", "$runtime_tag": ".*"}
+
+
+def promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    binary = shutil.which("promtool")
+    assert binary, "promtool not found: install Debian's prometheus package (.ci/run does)"
+    return subprocess.run([binary, *args], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_rules_pass_promtool_check_and_unit_tests():
+    checked = promtool("check", "rules", *map(str, RULES))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    tested = promtool("test", "rules", str(MASTER / "prometheus" / "tests" / "alerts-test.yml"))
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+
+
+def test_every_alert_has_a_unit_test_a_severity_and_a_runbook():
+    alerts = [r for f in RULES for g in yaml.safe_load(f.read_text())["groups"] for r in g["rules"] if "alert" in r]
+    tests = yaml.safe_load((MASTER / "prometheus" / "tests" / "alerts-test.yml").read_text())["tests"]
+    tested = {case["alertname"] for t in tests for case in t.get("alert_rule_test", []) if case.get("exp_alerts")}
+    for alert in alerts:
+        assert alert["alert"] in tested, f"{alert['alert']} has no firing test"
+        assert alert["labels"]["severity"] in {"critical", "warning", "info"}
+        assert len(alert["annotations"]["description"]) > 40
+
+
+def test_standalone_prometheus_config_passes_promtool():
+    result = promtool("check", "config", "--syntax-only", str(MASTER / "prometheus" / "prometheus.yml"))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_dashboards_are_generated_from_code():
+    result = subprocess.run(
+        [sys.executable, str(MASTER / "grafana" / "generate.py"), "--check"], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout
+
+
+def test_dashboards_are_well_formed():
+    dashboards = [json.loads(p.read_text()) for p in sorted((MASTER / "grafana" / "dashboards").glob("*.json"))]
+    uids = [d["uid"] for d in dashboards]
+    assert len(uids) == len(set(uids)) == 6
+    for dashboard in dashboards:
+        ids = [p["id"] for p in dashboard["panels"]]
+        assert len(ids) == len(set(ids)), dashboard["uid"]
+        assert dashboard["templating"]["list"][0]["type"] == "datasource"
+        for panel in dashboard["panels"]:
+            assert panel["datasource"]["uid"] == "${datasource}", (dashboard["uid"], panel["title"])
+            assert all(t["datasource"]["uid"] == "${datasource}" for t in panel["targets"])
+            assert panel["fieldConfig"]["defaults"].get("unit"), (dashboard["uid"], panel["title"])
+            assert panel["targets"], panel["title"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def get(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.loads(response.read())
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory, fake_nvml_dir):
+    """A real Prometheus scraping accelmon-exporter (8 fake GPUs with a lost one and an XID, GPM profiling,
+    fixture IB ports, a fake neuron-monitor) and node_exporter, every second, with the master's rules."""
+    work = tmp_path_factory.mktemp("contract")
+    nvml = work / "fake-nvml.conf"
+    nvml.write_text("gpus 8\nlost 5\nxid 2 79\n" + "".join(f"gpm {i}\n" for i in range(8)))
+    sysfs = standard_tree(work / "sys")
+    reports = work / "reports.jsonl"
+    reports.write_text("\n".join(line(report(i)) for i in range(1, 4)) + "\n")
+    ports = {name: free_port() for name in ("exporter", "node", "prometheus")}
+    settings = work / "accelmon.yml"
+    settings.write_text(
+        yaml.safe_dump(
+            {
+                "web": {"listen_address": f"127.0.0.1:{ports['exporter']}"},
+                "paths": {"sysfs": str(sysfs)},
+                "collectors": {
+                    "nvml": {"enabled": True, "pcie_interval_seconds": 1},
+                    "infiniband": {"enabled": True, "interval_seconds": 1},
+                    "neuron": {
+                        "enabled": True,
+                        "interval_seconds": 1,
+                        "period_seconds": 1,
+                        "monitor_path": str(ROOT / "tests" / "fakeneuron" / "neuron-monitor"),
+                    },
+                    "profiling": {"enabled": True, "backend": "gpm"},
+                },
+            }
+        )
+    )
+    env = exporter_env(fake_nvml_dir, nvml)
+    env.update(FAKE_NEURON_LINES=str(reports), FAKE_NEURON_THEN="repeat", FAKE_NEURON_DELAY="0.5")
+    config = work / "prometheus.yml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                "rule_files": [str(r) for r in RULES],
+                "scrape_configs": [
+                    {
+                        "job_name": "accelmon",
+                        "static_configs": [
+                            {"targets": [f"127.0.0.1:{ports['exporter']}"], "labels": {"node": "gpu-node-1"}}
+                        ],
+                    },
+                    {
+                        "job_name": "node",
+                        "static_configs": [
+                            {"targets": [f"127.0.0.1:{ports['node']}"], "labels": {"node": "gpu-node-1"}}
+                        ],
+                    },
+                ],
+            }
+        )
+    )
+    node_exporter = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+    prometheus_binary = shutil.which("prometheus")
+    assert node_exporter and prometheus_binary, "install Debian's prometheus and prometheus-node-exporter"
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "accelmon", "--config", str(settings)], env=env, stderr=subprocess.DEVNULL
+        ),
+        subprocess.Popen(
+            [
+                node_exporter,
+                f"--web.listen-address=127.0.0.1:{ports['node']}",
+                "--collector.disable-defaults",
+                "--collector.cpu",
+                "--collector.meminfo",
+                "--collector.filesystem",
+                "--collector.netdev",
+                "--collector.loadavg",
+            ],
+            stderr=subprocess.DEVNULL,
+        ),
+        subprocess.Popen(
+            [
+                prometheus_binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={work / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{ports['prometheus']}",
+            ],
+            stderr=subprocess.DEVNULL,
+        ),
+    ]
+    base = f"http://127.0.0.1:{ports['prometheus']}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # bounded: the rules need two evaluations over scraped data
+            try:
+                ready = get(f"{base}/api/v1/query?query=cluster:accelmon_neuroncore_utilization_ratio:avg")
+                if ready["data"]["result"]:
+                    break
+            except OSError:
+                pass
+            time.sleep(1)
+        time.sleep(4)  # rate() and increase() want a few samples
+        yield base
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.wait(10)
+
+
+def query(base: str, expr: str) -> list:
+    for name, value in VARIABLES.items():
+        expr = expr.replace(name, value)
+    answer = get(f"{base}/api/v1/query?query={urllib.parse.quote(expr)}")
+    assert answer["status"] == "success", expr
+    return answer["data"]["result"]
+
+
+def panels():
+    for dashboard in generate.DASHBOARDS:
+        for panel in dashboard.panels:
+            for expr, _ in panel.queries:
+                yield pytest.param(expr, panel.expect_data, id=f"{dashboard.uid}:{panel.title}:{expr[:40]}")
+
+
+@pytest.mark.parametrize(("expr", "expect_data"), list(panels()))
+def test_every_panel_query_returns_data(prometheus, expr, expect_data):
+    for name in METRIC.findall(expr):
+        assert query(prometheus, f"count({{__name__={name!r}}})".replace("'", '"')), f"{name} is not exported"
+    if expect_data:
+        assert query(prometheus, expr), f"no data for {expr}"
+
+
+def rule_expressions():
+    for path in RULES:
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            for rule in group["rules"]:
+                yield pytest.param(rule, id=rule.get("record") or rule["alert"])
+
+
+@pytest.mark.parametrize("rule", list(rule_expressions()))
+def test_every_rule_names_exported_metrics(prometheus, rule):
+    names = [n for n in METRIC.findall(rule["expr"])]
+    assert names, rule["expr"]
+    for name in names:
+        assert query(prometheus, f'count({{__name__="{name}"}})'), f"{name} in {rule.get('alert', rule.get('record'))}"
+    if "record" in rule:
+        assert query(prometheus, rule["record"]), f"recording rule {rule['record']} has no data"
+
+
+def test_variables_find_values(prometheus):
+    for dashboard in generate.DASHBOARDS:
+        for name, definition in dashboard.variables:
+            metric, label = re.match(r"label_values\((.*), (\w+)\)", definition).groups()
+            values = {r["metric"].get(label) for r in query(prometheus, metric)}
+            assert values - {None}, (dashboard.uid, name)
+
+
+def test_fleet_sees_the_lost_gpu_and_the_xid(prometheus):
+    assert query(prometheus, "cluster:accelmon_gpus_lost:sum")[0]["value"][1] == "1"
+    assert query(prometheus, "cluster:accelmon_gpus_up:sum")[0]["value"][1] == "7"
+    assert query(prometheus, 'accelmon_gpu_xid_errors_total{gpu="2",xid="79"}')
+    firing = {a["labels"]["alertname"] for a in get(f"{prometheus}/api/v1/alerts")["data"]["alerts"]}
+    assert {"AccelmonGpuLost", "AccelmonGpuCriticalXid", "AccelmonInfinibandPortNotActive"} <= firing
