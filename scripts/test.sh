@@ -4,8 +4,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export PATH="$PWD/.venv/bin:$PATH"
-ruff check exporters tests bench
-ruff format --check exporters tests bench
+ruff check exporters tests bench master molecule
+ruff format --check exporters tests bench master molecule
 mypy
 yamllint -s .
 ansible-lint -q

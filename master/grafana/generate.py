@@ -62,27 +62,83 @@ FLEET = Dashboard(
         Panel("GPUs up", "none", [("cluster:accelmon_gpus_up:sum", "up")], "stat", 4, 4),
         Panel("GPUs lost", "none", [("cluster:accelmon_gpus_lost:sum", "lost")], "stat", 4, 4),
         Panel("GPU power", "watt", [("cluster:accelmon_gpu_power_watts:sum", "total")], "stat", 4, 4),
-        Panel("IB ports not active", "none", [("cluster:accelmon_infiniband_ports_not_active:count", "ports")], "stat", 4, 4),
-        Panel("NeuronCores busy", "percentunit", [("cluster:accelmon_neuroncore_utilization_ratio:avg", "avg")], "stat", 4, 4),
-        Panel("GPU utilization (heatmap over GPUs)", "percentunit",
-              [("accelmon_gpu_utilization_ratio", "{{node}} GPU {{gpu}}")], "heatmap", 12, 9),
+        Panel(
+            "IB ports not active",
+            "none",
+            [("cluster:accelmon_infiniband_ports_not_active:count", "ports")],
+            "stat",
+            4,
+            4,
+        ),
+        Panel(
+            "NeuronCores busy",
+            "percentunit",
+            [("cluster:accelmon_neuroncore_utilization_ratio:avg", "avg")],
+            "stat",
+            4,
+            4,
+        ),
+        Panel(
+            "GPU utilization (heatmap over GPUs)",
+            "percentunit",
+            [("accelmon_gpu_utilization_ratio", "{{node}} GPU {{gpu}}")],
+            "heatmap",
+            12,
+            9,
+        ),
         Panel("Power per node", "watt", [("node:accelmon_gpu_power_watts:sum", "{{node}}")], width=12, height=9),
-        Panel("Hottest GPUs", "celsius",
-              [("topk(10, accelmon_gpu_temperature_celsius)", "{{node}} GPU {{gpu}}")], "bargauge", 8),
-        Panel("GPU memory pressure (fullest GPU per node)", "percentunit",
-              [("node:accelmon_gpu_memory_used_ratio:max", "{{node}}")], width=8),
-        Panel("Mean GPU utilization per node", "percentunit",
-              [("node:accelmon_gpu_utilization_ratio:avg", "{{node}}")], width=8),
-        Panel("XID events", "short", [("sum by (node) (increase(accelmon_gpu_xid_events_total[$__rate_interval]))", "{{node}}")], width=8),
-        Panel("Uncorrected ECC errors", "short",
-              [('sum by (node) (increase(accelmon_gpu_ecc_errors_total{type="uncorrected",scope="volatile"}[$__rate_interval]))',
-                "{{node}}")], width=8),
-        Panel("Row remapping (pending or failed GPUs)", "short",
-              [("sum by (node) (accelmon_gpu_remapped_rows_pending + accelmon_gpu_remapped_rows_failure)", "{{node}}")],
-              width=8),
+        Panel(
+            "Hottest GPUs",
+            "celsius",
+            [("topk(10, accelmon_gpu_temperature_celsius)", "{{node}} GPU {{gpu}}")],
+            "bargauge",
+            8,
+        ),
+        Panel(
+            "GPU memory pressure (fullest GPU per node)",
+            "percentunit",
+            [("node:accelmon_gpu_memory_used_ratio:max", "{{node}}")],
+            width=8,
+        ),
+        Panel(
+            "Mean GPU utilization per node",
+            "percentunit",
+            [("node:accelmon_gpu_utilization_ratio:avg", "{{node}}")],
+            width=8,
+        ),
+        Panel(
+            "XID events",
+            "short",
+            [("sum by (node) (increase(accelmon_gpu_xid_events_total[$__rate_interval]))", "{{node}}")],
+            width=8,
+        ),
+        Panel(
+            "Uncorrected ECC errors",
+            "short",
+            [
+                (
+                    "sum by (node) (increase("
+                    'accelmon_gpu_ecc_errors_total{type="uncorrected",scope="volatile"}[$__rate_interval]))',
+                    "{{node}}",
+                )
+            ],
+            width=8,
+        ),
+        Panel(
+            "Row remapping (pending or failed GPUs)",
+            "short",
+            [("sum by (node) (accelmon_gpu_remapped_rows_pending + accelmon_gpu_remapped_rows_failure)", "{{node}}")],
+            width=8,
+        ),
         Panel("Lost GPUs", "short", [("accelmon_gpu_up == 0", "{{node}} GPU {{gpu}} {{uuid}}")], "table", 12),
-        Panel("Failing collectors", "short",
-              [("accelmon_collector_success == 0", "{{node}} {{collector}}")], "table", 12, expect_data=False),
+        Panel(
+            "Failing collectors",
+            "short",
+            [("accelmon_collector_success == 0", "{{node}} {{collector}}")],
+            "table",
+            12,
+            expect_data=False,
+        ),
     ],
 )
 
@@ -91,43 +147,116 @@ GPU = Dashboard(
     "accelmon / GPU device counters",
     "NVML device counters per node and GPU: the equivalent of Moneo's device-counter view, and more.",
     [
-        Panel("GPU utilization", "percentunit", [(f"accelmon_gpu_utilization_ratio{{{G}}}", "{{node}} GPU {{gpu}}")], max=1),
-        Panel("Memory controller utilization", "percentunit",
-              [(f"accelmon_gpu_memory_utilization_ratio{{{G}}}", "{{node}} GPU {{gpu}}")], max=1),
+        Panel(
+            "GPU utilization",
+            "percentunit",
+            [(f"accelmon_gpu_utilization_ratio{{{G}}}", "{{node}} GPU {{gpu}}")],
+            max=1,
+        ),
+        Panel(
+            "Memory controller utilization",
+            "percentunit",
+            [(f"accelmon_gpu_memory_utilization_ratio{{{G}}}", "{{node}} GPU {{gpu}}")],
+            max=1,
+        ),
         Panel("Memory used", "bytes", [(f"accelmon_gpu_memory_used_bytes{{{G}}}", "{{node}} GPU {{gpu}}")]),
-        Panel("Memory used (fraction)", "percentunit",
-              [(f"accelmon_gpu_memory_used_bytes{{{G}}} / accelmon_gpu_memory_total_bytes{{{G}}}", "{{node}} GPU {{gpu}}")],
-              max=1),
-        Panel("SM clock", "hertz", [(f"accelmon_gpu_sm_clock_hertz{{{G}}}", "{{node}} GPU {{gpu}}"),
-                                    (f"max(accelmon_gpu_sm_clock_max_hertz{{{G}}})", "max")]),
+        Panel(
+            "Memory used (fraction)",
+            "percentunit",
+            [
+                (
+                    f"accelmon_gpu_memory_used_bytes{{{G}}} / accelmon_gpu_memory_total_bytes{{{G}}}",
+                    "{{node}} GPU {{gpu}}",
+                )
+            ],
+            max=1,
+        ),
+        Panel(
+            "SM clock",
+            "hertz",
+            [
+                (f"accelmon_gpu_sm_clock_hertz{{{G}}}", "{{node}} GPU {{gpu}}"),
+                (f"max(accelmon_gpu_sm_clock_max_hertz{{{G}}})", "max"),
+            ],
+        ),
         Panel("Memory clock", "hertz", [(f"accelmon_gpu_memory_clock_hertz{{{G}}}", "{{node}} GPU {{gpu}}")]),
         Panel("GPU temperature", "celsius", [(f"accelmon_gpu_temperature_celsius{{{G}}}", "{{node}} GPU {{gpu}}")]),
-        Panel("Memory temperature", "celsius",
-              [(f"accelmon_gpu_memory_temperature_celsius{{{G}}}", "{{node}} GPU {{gpu}}")]),
-        Panel("Power", "watt", [(f"accelmon_gpu_power_watts{{{G}}}", "{{node}} GPU {{gpu}}"),
-                                (f"max(accelmon_gpu_power_limit_watts{{{G}}})", "limit")]),
-        Panel("Energy rate", "watt", [(f"rate(accelmon_gpu_energy_joules_total{{{G}}}[$__rate_interval])",
-                                       "{{node}} GPU {{gpu}}")]),
-        Panel("ECC errors", "short",
-              [(f"increase(accelmon_gpu_ecc_errors_total{{{G},scope=\"volatile\"}}[$__rate_interval])",
-                "{{node}} GPU {{gpu}} {{type}}")]),
-        Panel("XID errors by code", "short",
-              [(f"increase(accelmon_gpu_xid_errors_total{{{G}}}[$__rate_interval])", "{{node}} GPU {{gpu}} XID {{xid}}")]),
-        Panel("Clock event reasons active", "short",
-              [(f"accelmon_gpu_clock_event_active{{{G}}} == 1", "{{node}} GPU {{gpu}} {{reason}}")]),
-        Panel("Power / thermal violation time", "percentunit",
-              [(f"rate(accelmon_gpu_power_violation_seconds_total{{{G}}}[$__rate_interval])", "{{node}} GPU {{gpu}} power"),
-               (f"rate(accelmon_gpu_thermal_violation_seconds_total{{{G}}}[$__rate_interval])",
-                "{{node}} GPU {{gpu}} thermal")]),
-        Panel("PCIe throughput (NVML)", "Bps",
-              [(f"accelmon_gpu_pcie_transmit_bytes_per_second{{{G}}}", "{{node}} GPU {{gpu}} tx"),
-               (f"accelmon_gpu_pcie_receive_bytes_per_second{{{G}}}", "{{node}} GPU {{gpu}} rx")]),
-        Panel("PCIe replays", "short",
-              [(f"increase(accelmon_gpu_pcie_replays_total{{{G}}}[$__rate_interval])", "{{node}} GPU {{gpu}}")]),
-        Panel("Remapped rows", "short", [(f"accelmon_gpu_remapped_rows_total{{{G}}}", "{{node}} GPU {{gpu}} {{cause}}")]),
+        Panel(
+            "Memory temperature",
+            "celsius",
+            [(f"accelmon_gpu_memory_temperature_celsius{{{G}}}", "{{node}} GPU {{gpu}}")],
+        ),
+        Panel(
+            "Power",
+            "watt",
+            [
+                (f"accelmon_gpu_power_watts{{{G}}}", "{{node}} GPU {{gpu}}"),
+                (f"max(accelmon_gpu_power_limit_watts{{{G}}})", "limit"),
+            ],
+        ),
+        Panel(
+            "Energy rate",
+            "watt",
+            [(f"rate(accelmon_gpu_energy_joules_total{{{G}}}[$__rate_interval])", "{{node}} GPU {{gpu}}")],
+        ),
+        Panel(
+            "ECC errors",
+            "short",
+            [
+                (
+                    f'increase(accelmon_gpu_ecc_errors_total{{{G},scope="volatile"}}[$__rate_interval])',
+                    "{{node}} GPU {{gpu}} {{type}}",
+                )
+            ],
+        ),
+        Panel(
+            "XID errors by code",
+            "short",
+            [(f"increase(accelmon_gpu_xid_errors_total{{{G}}}[$__rate_interval])", "{{node}} GPU {{gpu}} XID {{xid}}")],
+        ),
+        Panel(
+            "Clock event reasons active",
+            "short",
+            [(f"accelmon_gpu_clock_event_active{{{G}}} == 1", "{{node}} GPU {{gpu}} {{reason}}")],
+        ),
+        Panel(
+            "Power / thermal violation time",
+            "percentunit",
+            [
+                (
+                    f"rate(accelmon_gpu_power_violation_seconds_total{{{G}}}[$__rate_interval])",
+                    "{{node}} GPU {{gpu}} power",
+                ),
+                (
+                    f"rate(accelmon_gpu_thermal_violation_seconds_total{{{G}}}[$__rate_interval])",
+                    "{{node}} GPU {{gpu}} thermal",
+                ),
+            ],
+        ),
+        Panel(
+            "PCIe throughput (NVML)",
+            "Bps",
+            [
+                (f"accelmon_gpu_pcie_transmit_bytes_per_second{{{G}}}", "{{node}} GPU {{gpu}} tx"),
+                (f"accelmon_gpu_pcie_receive_bytes_per_second{{{G}}}", "{{node}} GPU {{gpu}} rx"),
+            ],
+        ),
+        Panel(
+            "PCIe replays",
+            "short",
+            [(f"increase(accelmon_gpu_pcie_replays_total{{{G}}}[$__rate_interval])", "{{node}} GPU {{gpu}}")],
+        ),
+        Panel(
+            "Remapped rows", "short", [(f"accelmon_gpu_remapped_rows_total{{{G}}}", "{{node}} GPU {{gpu}} {{cause}}")]
+        ),
         Panel("Compute processes", "short", [(f"accelmon_gpu_compute_processes{{{G}}}", "{{node}} GPU {{gpu}}")]),
-        Panel("GPU inventory", "short", [(f"accelmon_gpu_info{{{G}}}", "{{node}} {{gpu}} {{name}} {{pci_bus_id}}")],
-              "table", 24),
+        Panel(
+            "GPU inventory",
+            "short",
+            [(f"accelmon_gpu_info{{{G}}}", "{{node}} {{gpu}} {{name}} {{pci_bus_id}}")],
+            "table",
+            24,
+        ),
     ],
     gpu_vars(),
 )
@@ -138,22 +267,50 @@ PROFILING = Dashboard(
     "DCGM or NVML GPM profiling counters (collector 'profiling', opt-in per host group).",
     [
         Panel("SM active", "percentunit", [(f"accelmon_gpu_sm_active_ratio{{{G}}}", "{{node}} GPU {{gpu}}")], max=1),
-        Panel("SM occupancy", "percentunit", [(f"accelmon_gpu_sm_occupancy_ratio{{{G}}}", "{{node}} GPU {{gpu}}")], max=1),
-        Panel("Tensor pipes active", "percentunit",
-              [(f"accelmon_gpu_tensor_active_ratio{{{G}}}", "{{node}} GPU {{gpu}}")], max=1),
-        Panel("FP64 / FP32 / FP16 pipes active", "percentunit",
-              [(f"accelmon_gpu_fp64_active_ratio{{{G}}}", "{{node}} GPU {{gpu}} fp64"),
-               (f"accelmon_gpu_fp32_active_ratio{{{G}}}", "{{node}} GPU {{gpu}} fp32"),
-               (f"accelmon_gpu_fp16_active_ratio{{{G}}}", "{{node}} GPU {{gpu}} fp16")], max=1),
-        Panel("DRAM active", "percentunit", [(f"accelmon_gpu_dram_active_ratio{{{G}}}", "{{node}} GPU {{gpu}}")], max=1),
-        Panel("NVLink bandwidth", "Bps",
-              [(f"accelmon_gpu_profiling_nvlink_transmit_bytes_per_second{{{G}}}", "{{node}} GPU {{gpu}} tx"),
-               (f"accelmon_gpu_profiling_nvlink_receive_bytes_per_second{{{G}}}", "{{node}} GPU {{gpu}} rx")]),
-        Panel("PCIe bandwidth", "Bps",
-              [(f"accelmon_gpu_profiling_pcie_transmit_bytes_per_second{{{G}}}", "{{node}} GPU {{gpu}} tx"),
-               (f"accelmon_gpu_profiling_pcie_receive_bytes_per_second{{{G}}}", "{{node}} GPU {{gpu}} rx")]),
-        Panel("Profiling backend per node", "short",
-              [(f"accelmon_gpu_profiling_backend_info{{{N}}}", "{{node}} {{backend}}")], "table"),
+        Panel(
+            "SM occupancy", "percentunit", [(f"accelmon_gpu_sm_occupancy_ratio{{{G}}}", "{{node}} GPU {{gpu}}")], max=1
+        ),
+        Panel(
+            "Tensor pipes active",
+            "percentunit",
+            [(f"accelmon_gpu_tensor_active_ratio{{{G}}}", "{{node}} GPU {{gpu}}")],
+            max=1,
+        ),
+        Panel(
+            "FP64 / FP32 / FP16 pipes active",
+            "percentunit",
+            [
+                (f"accelmon_gpu_fp64_active_ratio{{{G}}}", "{{node}} GPU {{gpu}} fp64"),
+                (f"accelmon_gpu_fp32_active_ratio{{{G}}}", "{{node}} GPU {{gpu}} fp32"),
+                (f"accelmon_gpu_fp16_active_ratio{{{G}}}", "{{node}} GPU {{gpu}} fp16"),
+            ],
+            max=1,
+        ),
+        Panel(
+            "DRAM active", "percentunit", [(f"accelmon_gpu_dram_active_ratio{{{G}}}", "{{node}} GPU {{gpu}}")], max=1
+        ),
+        Panel(
+            "NVLink bandwidth",
+            "Bps",
+            [
+                (f"accelmon_gpu_profiling_nvlink_transmit_bytes_per_second{{{G}}}", "{{node}} GPU {{gpu}} tx"),
+                (f"accelmon_gpu_profiling_nvlink_receive_bytes_per_second{{{G}}}", "{{node}} GPU {{gpu}} rx"),
+            ],
+        ),
+        Panel(
+            "PCIe bandwidth",
+            "Bps",
+            [
+                (f"accelmon_gpu_profiling_pcie_transmit_bytes_per_second{{{G}}}", "{{node}} GPU {{gpu}} tx"),
+                (f"accelmon_gpu_profiling_pcie_receive_bytes_per_second{{{G}}}", "{{node}} GPU {{gpu}} rx"),
+            ],
+        ),
+        Panel(
+            "Profiling backend per node",
+            "short",
+            [(f"accelmon_gpu_profiling_backend_info{{{N}}}", "{{node}} {{backend}}")],
+            "table",
+        ),
     ],
     gpu_vars(),
 )
@@ -164,34 +321,100 @@ INFINIBAND = Dashboard(
     "accelmon / InfiniBand",
     "Per-port throughput from counters (rate() here, never in the exporter), errors, link state and HCA placement.",
     [
-        Panel("Receive throughput", "Bps",
-              [(f"rate(accelmon_infiniband_port_data_received_bytes_total{{{P}}}[$__rate_interval])",
-                "{{node}} {{device}}:{{port}}")]),
-        Panel("Transmit throughput", "Bps",
-              [(f"rate(accelmon_infiniband_port_data_transmitted_bytes_total{{{P}}}[$__rate_interval])",
-                "{{node}} {{device}}:{{port}}")]),
-        Panel("Packets", "pps",
-              [(f"rate(accelmon_infiniband_port_packets_received_total{{{P}}}[$__rate_interval])", "{{node}} {{device}}:{{port}} rx"),
-               (f"rate(accelmon_infiniband_port_packets_transmitted_total{{{P}}}[$__rate_interval])",
-                "{{node}} {{device}}:{{port}} tx")]),
-        Panel("Errors and discards", "short",
-              [(f"increase(accelmon_infiniband_port_errors_received_total{{{P}}}[$__rate_interval])",
-                "{{node}} {{device}}:{{port}} rcv errors"),
-               (f"increase(accelmon_infiniband_port_discards_transmitted_total{{{P}}}[$__rate_interval])",
-                "{{node}} {{device}}:{{port}} xmit discards"),
-               (f"increase(accelmon_infiniband_symbol_error_total{{{P}}}[$__rate_interval])",
-                "{{node}} {{device}}:{{port}} symbol errors")]),
-        Panel("Link downed events", "short",
-              [(f"increase(accelmon_infiniband_link_downed_total{{{P}}}[$__rate_interval])", "{{node}} {{device}}:{{port}}")]),
-        Panel("Transmit wait (congestion)", "short",
-              [(f"rate(accelmon_infiniband_port_transmit_wait_total{{{P}}}[$__rate_interval])", "{{node}} {{device}}:{{port}}")]),
-        Panel("Port state (4 = active)", "short", [(f"accelmon_infiniband_state_id{{{P}}}", "{{node}} {{device}}:{{port}}")]),
-        Panel("Link speed", "Bps", [(f"accelmon_infiniband_rate_bytes_per_second{{{P}}}", "{{node}} {{device}}:{{port}}")]),
-        Panel("HCA placement (PCI, NUMA)", "short",
-              [(f"accelmon_infiniband_placement_info{{{P}}}", "{{node}} {{device}} {{pci_address}} numa {{numa_node}}")],
-              "table", 12),
-        Panel("HCA firmware", "short",
-              [(f"accelmon_infiniband_info{{{P}}}", "{{node}} {{device}} {{board_id}} {{firmware_version}}")], "table", 12),
+        Panel(
+            "Receive throughput",
+            "Bps",
+            [
+                (
+                    f"rate(accelmon_infiniband_port_data_received_bytes_total{{{P}}}[$__rate_interval])",
+                    "{{node}} {{device}}:{{port}}",
+                )
+            ],
+        ),
+        Panel(
+            "Transmit throughput",
+            "Bps",
+            [
+                (
+                    f"rate(accelmon_infiniband_port_data_transmitted_bytes_total{{{P}}}[$__rate_interval])",
+                    "{{node}} {{device}}:{{port}}",
+                )
+            ],
+        ),
+        Panel(
+            "Packets",
+            "pps",
+            [
+                (
+                    f"rate(accelmon_infiniband_port_packets_received_total{{{P}}}[$__rate_interval])",
+                    "{{node}} {{device}}:{{port}} rx",
+                ),
+                (
+                    f"rate(accelmon_infiniband_port_packets_transmitted_total{{{P}}}[$__rate_interval])",
+                    "{{node}} {{device}}:{{port}} tx",
+                ),
+            ],
+        ),
+        Panel(
+            "Errors and discards",
+            "short",
+            [
+                (
+                    f"increase(accelmon_infiniband_port_errors_received_total{{{P}}}[$__rate_interval])",
+                    "{{node}} {{device}}:{{port}} rcv errors",
+                ),
+                (
+                    f"increase(accelmon_infiniband_port_discards_transmitted_total{{{P}}}[$__rate_interval])",
+                    "{{node}} {{device}}:{{port}} xmit discards",
+                ),
+                (
+                    f"increase(accelmon_infiniband_symbol_error_total{{{P}}}[$__rate_interval])",
+                    "{{node}} {{device}}:{{port}} symbol errors",
+                ),
+            ],
+        ),
+        Panel(
+            "Link downed events",
+            "short",
+            [
+                (
+                    f"increase(accelmon_infiniband_link_downed_total{{{P}}}[$__rate_interval])",
+                    "{{node}} {{device}}:{{port}}",
+                )
+            ],
+        ),
+        Panel(
+            "Transmit wait (congestion)",
+            "short",
+            [
+                (
+                    f"rate(accelmon_infiniband_port_transmit_wait_total{{{P}}}[$__rate_interval])",
+                    "{{node}} {{device}}:{{port}}",
+                )
+            ],
+        ),
+        Panel(
+            "Port state (4 = active)",
+            "short",
+            [(f"accelmon_infiniband_state_id{{{P}}}", "{{node}} {{device}}:{{port}}")],
+        ),
+        Panel(
+            "Link speed", "Bps", [(f"accelmon_infiniband_rate_bytes_per_second{{{P}}}", "{{node}} {{device}}:{{port}}")]
+        ),
+        Panel(
+            "HCA placement (PCI, NUMA)",
+            "short",
+            [(f"accelmon_infiniband_placement_info{{{P}}}", "{{node}} {{device}} {{pci_address}} numa {{numa_node}}")],
+            "table",
+            12,
+        ),
+        Panel(
+            "HCA firmware",
+            "short",
+            [(f"accelmon_infiniband_info{{{P}}}", "{{node}} {{device}} {{board_id}} {{firmware_version}}")],
+            "table",
+            12,
+        ),
     ],
     [*node_vars(), ("device", 'label_values(accelmon_infiniband_info{node=~"$node"}, device)')],
 )
@@ -202,32 +425,89 @@ NEURON = Dashboard(
     "accelmon / AWS Neuron",
     "NeuronCore utilization, execution latency and outcomes, memory and ECC, per runtime tag.",
     [
-        Panel("NeuronCore utilization", "percentunit",
-              [(f"accelmon_neuroncore_utilization_ratio{{{R}}}", "{{node}} {{runtime_tag}} core {{neuroncore}}")], max=1),
-        Panel("FLOPS", "flops", [(f"sum by (node, runtime_tag) (accelmon_neuroncore_flops{{{R}}})", "{{node}} {{runtime_tag}}")]),
-        Panel("Execution latency", "s",
-              [(f'accelmon_neuron_execution_latency_seconds{{{R},percentile=~"p50|p99"}}',
-                "{{node}} {{runtime_tag}} {{latency}} {{percentile}}")]),
-        Panel("Executions", "ops",
-              [(f"rate(accelmon_neuron_execution_status_total{{{R}}}[$__rate_interval])",
-                "{{node}} {{runtime_tag}} {{status_type}}")]),
-        Panel("Execution errors", "short",
-              [(f"increase(accelmon_neuron_execution_errors_total{{{R}}}[$__rate_interval])",
-                "{{node}} {{runtime_tag}} {{error_type}}")]),
-        Panel("Device memory by category", "bytes",
-              [(f"sum by (node, runtime_tag, category) (accelmon_neuroncore_memory_used_bytes{{{R}}})",
-                "{{node}} {{runtime_tag}} {{category}}")]),
-        Panel("Host memory by category", "bytes",
-              [(f"accelmon_neuron_runtime_host_memory_used_bytes{{{R}}}", "{{node}} {{runtime_tag}} {{category}}")]),
-        Panel("Runtime vCPU", "percentunit",
-              [(f"accelmon_neuron_runtime_vcpu_usage_ratio{{{R}}}", "{{node}} {{runtime_tag}} {{usage_type}}")]),
-        Panel("ECC events", "short",
-              [(f"increase(accelmon_neuron_hw_ecc_events_total{{{N}}}[$__rate_interval])",
-                "{{node}} device {{neuron_device}} {{event_type}}")]),
-        Panel("neuron-monitor health", "short",
-              [(f"accelmon_neuron_monitor_up{{{N}}}", "{{node}} up"),
-               (f"increase(accelmon_neuron_monitor_restarts_total{{{N}}}[$__rate_interval])", "{{node}} restarts"),
-               (f"increase(accelmon_neuron_monitor_malformed_lines_total{{{N}}}[$__rate_interval])", "{{node}} bad lines")]),
+        Panel(
+            "NeuronCore utilization",
+            "percentunit",
+            [(f"accelmon_neuroncore_utilization_ratio{{{R}}}", "{{node}} {{runtime_tag}} core {{neuroncore}}")],
+            max=1,
+        ),
+        Panel(
+            "FLOPS",
+            "flops",
+            [(f"sum by (node, runtime_tag) (accelmon_neuroncore_flops{{{R}}})", "{{node}} {{runtime_tag}}")],
+        ),
+        Panel(
+            "Execution latency",
+            "s",
+            [
+                (
+                    f'accelmon_neuron_execution_latency_seconds{{{R},percentile=~"p50|p99"}}',
+                    "{{node}} {{runtime_tag}} {{latency}} {{percentile}}",
+                )
+            ],
+        ),
+        Panel(
+            "Executions",
+            "ops",
+            [
+                (
+                    f"rate(accelmon_neuron_execution_status_total{{{R}}}[$__rate_interval])",
+                    "{{node}} {{runtime_tag}} {{status_type}}",
+                )
+            ],
+        ),
+        Panel(
+            "Execution errors",
+            "short",
+            [
+                (
+                    f"increase(accelmon_neuron_execution_errors_total{{{R}}}[$__rate_interval])",
+                    "{{node}} {{runtime_tag}} {{error_type}}",
+                )
+            ],
+        ),
+        Panel(
+            "Device memory by category",
+            "bytes",
+            [
+                (
+                    f"sum by (node, runtime_tag, category) (accelmon_neuroncore_memory_used_bytes{{{R}}})",
+                    "{{node}} {{runtime_tag}} {{category}}",
+                )
+            ],
+        ),
+        Panel(
+            "Host memory by category",
+            "bytes",
+            [(f"accelmon_neuron_runtime_host_memory_used_bytes{{{R}}}", "{{node}} {{runtime_tag}} {{category}}")],
+        ),
+        Panel(
+            "Runtime vCPU",
+            "percentunit",
+            [(f"accelmon_neuron_runtime_vcpu_usage_ratio{{{R}}}", "{{node}} {{runtime_tag}} {{usage_type}}")],
+        ),
+        Panel(
+            "ECC events",
+            "short",
+            [
+                (
+                    f"increase(accelmon_neuron_hw_ecc_events_total{{{N}}}[$__rate_interval])",
+                    "{{node}} device {{neuron_device}} {{event_type}}",
+                )
+            ],
+        ),
+        Panel(
+            "neuron-monitor health",
+            "short",
+            [
+                (f"accelmon_neuron_monitor_up{{{N}}}", "{{node}} up"),
+                (f"increase(accelmon_neuron_monitor_restarts_total{{{N}}}[$__rate_interval])", "{{node}} restarts"),
+                (
+                    f"increase(accelmon_neuron_monitor_malformed_lines_total{{{N}}}[$__rate_interval])",
+                    "{{node}} bad lines",
+                ),
+            ],
+        ),
     ],
     [*node_vars(), ("runtime_tag", 'label_values(accelmon_neuron_runtime_info{node=~"$node"}, runtime_tag)')],
 )
@@ -237,17 +517,36 @@ NODE = Dashboard(
     "accelmon / Node",
     "CPU, memory, filesystem and network of the workers, from node_exporter.",
     [
-        Panel("CPU busy", "percentunit",
-              [(f'1 - avg by (node) (rate(node_cpu_seconds_total{{{N},mode="idle"}}[$__rate_interval]))', "{{node}}")], max=1),
+        Panel(
+            "CPU busy",
+            "percentunit",
+            [(f'1 - avg by (node) (rate(node_cpu_seconds_total{{{N},mode="idle"}}[$__rate_interval]))', "{{node}}")],
+            max=1,
+        ),
         Panel("Load (1 min)", "short", [(f"node_load1{{{N}}}", "{{node}}")]),
         Panel("Memory available", "bytes", [(f"node_memory_MemAvailable_bytes{{{N}}}", "{{node}}")]),
-        Panel("Filesystem free", "percentunit",
-              [(f'node_filesystem_avail_bytes{{{N},fstype!~"tmpfs|overlay"}} / node_filesystem_size_bytes{{{N},fstype!~"tmpfs|overlay"}}',
-                "{{node}} {{mountpoint}}")], max=1),
-        Panel("Network receive", "Bps",
-              [(f'rate(node_network_receive_bytes_total{{{N},device!="lo"}}[$__rate_interval])', "{{node}} {{device}}")]),
-        Panel("Network transmit", "Bps",
-              [(f'rate(node_network_transmit_bytes_total{{{N},device!="lo"}}[$__rate_interval])', "{{node}} {{device}}")]),
+        Panel(
+            "Filesystem free",
+            "percentunit",
+            [
+                (
+                    f'node_filesystem_avail_bytes{{{N},fstype!~"tmpfs|overlay"}}'
+                    f' / node_filesystem_size_bytes{{{N},fstype!~"tmpfs|overlay"}}',
+                    "{{node}} {{mountpoint}}",
+                )
+            ],
+            max=1,
+        ),
+        Panel(
+            "Network receive",
+            "Bps",
+            [(f'rate(node_network_receive_bytes_total{{{N},device!="lo"}}[$__rate_interval])', "{{node}} {{device}}")],
+        ),
+        Panel(
+            "Network transmit",
+            "Bps",
+            [(f'rate(node_network_transmit_bytes_total{{{N},device!="lo"}}[$__rate_interval])', "{{node}} {{device}}")],
+        ),
     ],
     node_vars(),
 )
@@ -279,8 +578,11 @@ def panel_json(panel: Panel, panel_id: int, x: int, y: int) -> dict:
             target.update({"format": "table", "instant": True})
     if panel.kind == "heatmap":
         # Grafana buckets the GPUs' values itself: a heatmap of how many GPUs sit at each utilization.
-        result["options"] = {"calculate": True, "calculation": {"yBuckets": {"mode": "count", "value": "10"}},
-                             "yAxis": {"unit": panel.unit}}
+        result["options"] = {
+            "calculate": True,
+            "calculation": {"yBuckets": {"mode": "count", "value": "10"}},
+            "yAxis": {"unit": panel.unit},
+        }
     return result
 
 
@@ -292,16 +594,35 @@ def dashboard_json(dashboard: Dashboard) -> dict:
         panels.append(panel_json(panel, number, x, y))
         x += panel.width
         row_height = max(row_height, panel.height)
-    variables = [{
-        "name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
-        "current": {}, "hide": 0, "refresh": 1,
-    }]
+    variables = [
+        {
+            "name": "datasource",
+            "label": "Data source",
+            "type": "datasource",
+            "query": "prometheus",
+            "current": {},
+            "hide": 0,
+            "refresh": 1,
+        }
+    ]
     for name, query in dashboard.variables:
-        variables.append({
-            "name": name, "label": name, "type": "query", "datasource": DATASOURCE,
-            "query": {"query": query, "refId": f"{name}-var"}, "definition": query, "refresh": 2,
-            "includeAll": True, "multi": True, "allValue": ".*", "current": {}, "sort": 3, "hide": 0,
-        })
+        variables.append(
+            {
+                "name": name,
+                "label": name,
+                "type": "query",
+                "datasource": DATASOURCE,
+                "query": {"query": query, "refId": f"{name}-var"},
+                "definition": query,
+                "refresh": 2,
+                "includeAll": True,
+                "multi": True,
+                "allValue": ".*",
+                "current": {},
+                "sort": 3,
+                "hide": 0,
+            }
+        )
     return {
         "uid": dashboard.uid,
         "title": dashboard.title,
@@ -328,7 +649,9 @@ def render_all() -> dict[str, str]:
 def main(argv: list[str]) -> int:
     rendered = render_all()
     if "--check" in argv:
-        stale = [name for name, text in rendered.items() if not (OUT / name).exists() or (OUT / name).read_text() != text]
+        stale = [
+            name for name, text in rendered.items() if not (OUT / name).exists() or (OUT / name).read_text() != text
+        ]
         extra = [p.name for p in OUT.glob("*.json") if p.name not in rendered]
         if stale or extra:
             print(f"dashboards out of date: {', '.join(stale + extra)}; run python master/grafana/generate.py")
