@@ -10,6 +10,7 @@ import argparse
 import ctypes
 import http.client
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -20,6 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "exporters"))
 from conftest import build_fake_nvml  # noqa: E402
 
 
@@ -104,6 +106,85 @@ class RunningExporter:
         return (cpu_seconds(self.process.pid) - cpu_before) / (time.monotonic() - wall_before)
 
 
+def infiniband_cost(work: Path, devices: int = 8, rounds: int = 200) -> tuple[float, float, int]:
+    """ms per sample, ours and node_exporter's own collector timing, on one tree of `devices` single-port HCAs."""
+    from accelmon.collectors.infiniband import InfinibandCollector
+    from accelmon.core import render
+    from ib_fixture import add_device
+
+    sysfs = work / "ib-sys"
+    for index in range(devices):
+        add_device(sysfs, f"mlx5_{index}", {1: {"base": index}}, pci_address=f"0000:{0x10 + index:02x}:00.0")
+    collector = InfinibandCollector(str(sysfs))
+    started = time.perf_counter()
+    for _ in range(rounds):
+        render(collector.sample())
+    ours = (time.perf_counter() - started) / rounds * 1000
+    binary = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+    theirs = float("nan")
+    if binary:
+        port = free_port()
+        process = subprocess.Popen(
+            [
+                binary,
+                "--collector.disable-defaults",
+                "--collector.infiniband",
+                f"--path.sysfs={sysfs}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            durations = []
+            for _ in range(50):
+                try:
+                    body = scrape(port).decode()
+                except OSError:
+                    time.sleep(0.1)
+                    continue
+                for line in body.splitlines():
+                    if line.startswith('node_scrape_collector_duration_seconds{collector="infiniband"}'):
+                        durations.append(float(line.split()[-1]) * 1000)
+            theirs = statistics.median(durations) if durations else float("nan")
+        finally:
+            process.terminate()
+            process.wait(10)
+    return ours, theirs, devices
+
+
+def neuron_cost(rounds: int = 200) -> float:
+    """ms to parse one neuron-monitor report of a trn1.32xlarge (16 runtimes, 2 cores each) and render it."""
+    from accelmon.collectors.neuron import NeuronCollector
+    from accelmon.core import render
+    from neuron_reports import line, report, runtime
+
+    collector = NeuronCollector(monitor="/nonexistent")
+    text = [
+        line(report(i, [runtime(f"job-{r}", 1000 + r, i, errors=1) for r in range(16)])).encode() for i in range(rounds)
+    ]
+    started = time.perf_counter()
+    for i in range(rounds):
+        collector.state.add_line(text[i], time.monotonic(), time.time())
+        render(collector.sample())
+    return (time.perf_counter() - started) / rounds * 1000
+
+
+def profiling_cost(fake_dir: Path, work: Path, gpus: int) -> float:
+    """CPU ms per profiling sample over GPM for `gpus` GPUs (fake driver, instant calls), in a child process."""
+    config = work / "gpm.conf"
+    config.write_text(f"gpus {gpus}\n" + "".join(f"gpm {i}\n" for i in range(gpus)))
+    code = (
+        "import time\nfrom accelmon.collectors.profiling import ProfilingCollector\nfrom accelmon.core import render\n"
+        "c = ProfilingCollector(backend='gpm'); c.start(); time.sleep(0.11); c.sample()\n"
+        "t = time.process_time()\nfor _ in range(200): render(c.sample())\n"
+        "print((time.process_time() - t) / 200 * 1000)\nc.stop()\n"
+    )
+    env = {**os.environ, "LD_LIBRARY_PATH": str(fake_dir), "FAKE_NVML_CONFIG": str(config)}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return float(result.stdout.strip())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--gpus", type=int, default=8)
@@ -146,6 +227,13 @@ def main() -> None:
     print(f"peak RSS: {rss:.1f} MiB")
     print(f"series per GPU: {series_gpu0}")
     print(f"NVML calls per GPU per sample: {calls:.1f} (plus 2 PCIe throughput calls per GPU every 10 s)")
+    ours, theirs, devices = infiniband_cost(work)
+    print(
+        f"InfiniBand sample of {devices} ports: accelmon {ours:.2f} ms, node_exporter {theirs:.2f} ms "
+        f"(its own collector timing), ratio {ours / theirs:.2f}"
+    )
+    print(f"Neuron report of 16 runtimes x 2 cores, parsed and rendered: {neuron_cost():.2f} ms")
+    print(f"profiling (GPM) per sample of {args.gpus} GPUs: {profiling_cost(fake_dir, work, args.gpus):.2f} ms CPU")
 
 
 if __name__ == "__main__":

@@ -68,7 +68,7 @@ class Samples:
         rows = self.rows.get(spec)
         if rows is None:
             rows = self.rows[spec] = []
-        rows.append((tuple(labels), value))
+        rows.append((labels if isinstance(labels, tuple) else tuple(labels), value))
 
 
 # Rendered label sets, reused across samples: GPUs, ports and cores keep their labels from one sample to the
