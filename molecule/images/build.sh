@@ -4,6 +4,7 @@
 #   localhost/accelmon-systemd:bookworm      + systemd as PID 1 and python3
 #   localhost/accelmon-master:bookworm       + podman inside, for the master role
 #   localhost/accelmon-prometheus:2.42.0     Prometheus from Debian's package, for the master role
+#   localhost/accelmon-alertmanager:0.25.0   Alertmanager from Debian's package, likewise
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 export CONTAINERS_CONF="$here/containers.conf"
@@ -36,5 +37,9 @@ fi
 if ! exists localhost/accelmon-prometheus:2.42.0 || [ "$here/Containerfile.prometheus" -nt "$here/.prometheus.built" ]; then
   podman build -q -t localhost/accelmon-prometheus:2.42.0 -f "$here/Containerfile.prometheus" "$here" >/dev/null
   touch "$here/.prometheus.built"
+fi
+if ! exists localhost/accelmon-alertmanager:0.25.0 || [ "$here/Containerfile.alertmanager" -nt "$here/.alertmanager.built" ]; then
+  podman build -q -t localhost/accelmon-alertmanager:0.25.0 -f "$here/Containerfile.alertmanager" "$here" >/dev/null
+  touch "$here/.alertmanager.built"
 fi
 echo "images ready: $(podman images --format '{{.Repository}}:{{.Tag}}' | grep accelmon | tr '\n' ' ')"

@@ -72,6 +72,9 @@ def test_day_two_keeps_the_metrics(host):
 
     recap = playbook("deploy.yaml", "-e", "skip_worker=true")
     assert "changed=0" in recap.split("PLAY RECAP")[-1]
+    # --check --diff on the deployed cluster: runs through, and would change nothing.
+    recap = playbook("deploy.yaml", "--check", "--diff").split("PLAY RECAP")[-1]
+    assert recap.count("changed=0") == 3 and "failed=0" in recap
 
     playbook("remove.yaml")
     assert host.run("podman container exists accelmon-prometheus").rc != 0

@@ -3,6 +3,7 @@
 import json
 import os
 import stat
+import time
 
 testinfra_hosts = ["podman://accelmon-master"]
 
@@ -56,3 +57,22 @@ def test_grafana_is_provisioned_from_files_with_a_private_password(host):
         assert stream.read().strip() == on_host.strip()
     assert len(on_host.strip()) >= 20 and on_host.strip().lower() not in {"admin", "password", "azure"}
     assert stat.S_IMODE(os.stat(controller_file).st_mode) == 0o600
+
+
+def test_alertmanager_runs_with_receivers_from_variables_and_gets_prometheus_alerts(host):
+    inspect = json.loads(host.check_output("podman inspect accelmon-alertmanager"))[0]
+    assert inspect["State"]["Running"]
+    assert inspect["Config"]["User"] == "65534:65534"
+    config = host.file("/opt/accelmon-master/alertmanager/alertmanager.yml").content_string
+    assert "receiver: oncall" in config and "http://127.0.0.1:9999/accelmon" in config
+    ready = host.check_output(
+        "for i in $(seq 1 30); do curl -sf http://127.0.0.1:9093/-/ready >/dev/null && echo ready && break; "
+        "sleep 1; done"
+    )
+    assert ready == "ready"
+    for _ in range(30):
+        managers = api(host, "/api/v1/alertmanagers")["data"]["activeAlertmanagers"]
+        if managers:
+            break
+        time.sleep(1)
+    assert [m["url"] for m in managers] == ["http://127.0.0.1:9093/api/v2/alerts"]
