@@ -10,7 +10,6 @@ import argparse
 import ctypes
 import http.client
 import os
-import shutil
 import socket
 import statistics
 import subprocess
@@ -110,7 +109,7 @@ def infiniband_cost(work: Path, devices: int = 8, rounds: int = 200) -> tuple[fl
     """ms per sample, ours and node_exporter's own collector timing, on one tree of `devices` single-port HCAs."""
     from accelmon.collectors.infiniband import InfinibandCollector
     from accelmon.core import render
-    from ib_fixture import add_device
+    from ib_fixture import add_device, node_exporter, scrape_node_exporter
 
     sysfs = work / "ib-sys"
     for index in range(devices):
@@ -120,36 +119,13 @@ def infiniband_cost(work: Path, devices: int = 8, rounds: int = 200) -> tuple[fl
     for _ in range(rounds):
         render(collector.sample())
     ours = (time.perf_counter() - started) / rounds * 1000
-    binary = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
-    theirs = float("nan")
-    if binary:
-        port = free_port()
-        process = subprocess.Popen(
-            [
-                binary,
-                "--collector.disable-defaults",
-                "--collector.infiniband",
-                f"--path.sysfs={sysfs}",
-                f"--web.listen-address=127.0.0.1:{port}",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            durations = []
-            for _ in range(50):
-                try:
-                    body = scrape(port).decode()
-                except OSError:
-                    time.sleep(0.1)
-                    continue
-                for line in body.splitlines():
-                    if line.startswith('node_scrape_collector_duration_seconds{collector="infiniband"}'):
-                        durations.append(float(line.split()[-1]) * 1000)
-            theirs = statistics.median(durations) if durations else float("nan")
-        finally:
-            process.terminate()
-            process.wait(10)
+    durations = []
+    with node_exporter(sysfs) as port:
+        for _ in range(50):
+            for line in scrape_node_exporter(port).splitlines():
+                if line.startswith('node_scrape_collector_duration_seconds{collector="infiniband"}'):
+                    durations.append(float(line.split()[-1]) * 1000)
+    theirs = statistics.median(durations)
     return ours, theirs, devices
 
 

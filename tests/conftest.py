@@ -112,6 +112,17 @@ def check_golden(name: str, exposition: str) -> None:
     assert text == path.read_text(), f"exposition differs from {path} (UPDATE_GOLDEN=1 to accept after review)"
 
 
+def sample_value(exposition: str, metric: str, /, **labels: str) -> float | None:
+    """The value of the first sample named `metric` whose labels include `labels`, or None."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            if sample.name == metric and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return None
+
+
 def promtool_check(exposition: str) -> None:
     promtool = shutil.which("promtool")
     assert promtool, "promtool not found: install Debian's prometheus package (.ci/run does)"

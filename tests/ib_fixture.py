@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import socket
+import subprocess
 import sys
 import tarfile
+import time
+import urllib.request
 from pathlib import Path
+from typing import Iterator
 
 COUNTERS = [
     "excessive_buffer_overrun_errors",
@@ -137,6 +144,42 @@ def standard_tree(sys_root: Path) -> Path:
         hw_counters=False,
     )
     return sys_root
+
+
+@contextlib.contextmanager
+def node_exporter(sysfs: Path) -> Iterator[int]:
+    """Debian's node_exporter with only its infiniband collector over `sysfs`, on a loopback port; stopped after."""
+    binary = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+    assert binary, "node_exporter not found: install Debian's prometheus-node-exporter (.ci/run does)"
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    process = subprocess.Popen(
+        [
+            binary,
+            "--collector.disable-defaults",
+            "--collector.infiniband",
+            f"--path.sysfs={sysfs}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        yield port
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def scrape_node_exporter(port: int) -> str:
+    for _ in range(100):  # bounded: at most ~10 s for it to come up
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+                return response.read().decode()
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError("node_exporter did not answer")
 
 
 if __name__ == "__main__":

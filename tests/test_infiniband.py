@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import socket
-import subprocess
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -15,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from accelmon.collectors.infiniband import InfinibandCollector
 from accelmon.core import render
 from conftest import check_golden, exporter_env, promtool_check, run_once
-from ib_fixture import add_device, standard_tree, write
+from ib_fixture import add_device, node_exporter, scrape_node_exporter, standard_tree, write
 
 
 def series(text: str, prefix: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -28,33 +24,8 @@ def series(text: str, prefix: str) -> dict[tuple[str, tuple[tuple[str, str], ...
 
 
 def node_exporter_output(sysfs: Path) -> str:
-    binary = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
-    assert binary, "node_exporter not found: install Debian's prometheus-node-exporter (.ci/run does)"
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    process = subprocess.Popen(
-        [
-            binary,
-            "--collector.disable-defaults",
-            "--collector.infiniband",
-            f"--path.sysfs={sysfs}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        for _ in range(100):  # bounded: at most ~10 s
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
-                    return response.read().decode()
-            except OSError:
-                time.sleep(0.1)
-        raise AssertionError("node_exporter did not answer")
-    finally:
-        process.terminate()
-        process.wait(10)
+    with node_exporter(sysfs) as port:
+        return scrape_node_exporter(port)
 
 
 def ours(sysfs: Path) -> str:

@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from accelmon.collectors.neuron import NeuronCollector
 from accelmon.core import render
 from conftest import ROOT, check_golden, promtool_check
+from conftest import sample_value as value
 from neuron_reports import line, report, runtime
 
 FAKE_MONITOR = str(ROOT / "tests" / "fakeneuron" / "neuron-monitor")
@@ -19,14 +20,6 @@ FAKE_MONITOR = str(ROOT / "tests" / "fakeneuron" / "neuron-monitor")
 def feed(collector: NeuronCollector, *lines: str) -> None:
     for text in lines:
         collector.state.add_line(text.encode(), time.monotonic(), 1_700_000_000.0)
-
-
-def value(text: str, metric: str, /, **labels: str) -> float | None:
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == metric and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return sample.value
-    return None
 
 
 def sample(collector: NeuronCollector) -> str:

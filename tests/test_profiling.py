@@ -7,21 +7,13 @@ import time
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from accelmon.collectors.profiling import ProfilingCollector
 from accelmon.core import render
 from conftest import ROOT, check_golden, exporter_env, promtool_check, run_once
+from conftest import sample_value as value
 
 FAKE_DCGM = str(ROOT / "tests" / "fakedcgm")
-
-
-def value(text: str, metric: str, /, **labels: str) -> float | None:
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == metric and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return sample.value
-    return None
 
 
 class Clock:
