@@ -11,8 +11,14 @@ yamllint -s .
 ansible-lint -q
 # Workers run the exporter on their system Python, 3.9 and newer: where a 3.9 interpreter exists (pyenv on our
 # machines), the exporter's own tests run on it too.
-py39=$(command -v python3.9 || true)
-if [ -n "$py39" ] && "$py39" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 9))' 2>/dev/null; then
+py39=""
+for candidate in python3.9 "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.9*/bin/python3.9; do
+  if "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 9))' 2>/dev/null; then
+    py39=$candidate
+    break
+  fi
+done
+if [ -n "$py39" ]; then
   [ -x .venv39/bin/python ] || "$py39" -m venv .venv39
   .venv39/bin/pip install -q -e '.[test]'
   .venv39/bin/python -m pytest -q -p no:cacheprovider tests \
