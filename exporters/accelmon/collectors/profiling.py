@@ -39,7 +39,7 @@ BACKEND = C.gauge(
 
 
 @dataclass(frozen=True)
-class Counter:
+class ProfilingMetric:
     """One profiling metric: its spec, DCGM field id and unit scale, GPM metric id and unit scale."""
 
     spec: Any
@@ -51,7 +51,7 @@ class Counter:
 
 MIB = 1024.0 * 1024.0
 COUNTERS = [
-    Counter(
+    ProfilingMetric(
         C.gauge(
             "accelmon_gpu_sm_active_ratio",
             "Fraction of time at least one warp was active on an SM, "
@@ -63,7 +63,7 @@ COUNTERS = [
         2,
         0.01,
     ),
-    Counter(
+    ProfilingMetric(
         C.gauge(
             "accelmon_gpu_sm_occupancy_ratio",
             "Resident warps over the SMs' maximum (DCGM 1003 ratio; GPM SM_OCCUPANCY %).",
@@ -74,7 +74,7 @@ COUNTERS = [
         3,
         0.01,
     ),
-    Counter(
+    ProfilingMetric(
         C.gauge(
             "accelmon_gpu_tensor_active_ratio",
             "Fraction of cycles the tensor pipes were active (DCGM 1004 ratio; GPM ANY_TENSOR_UTIL %).",
@@ -85,7 +85,7 @@ COUNTERS = [
         5,
         0.01,
     ),
-    Counter(
+    ProfilingMetric(
         C.gauge(
             "accelmon_gpu_dram_active_ratio",
             "Fraction of cycles device memory was sending or receiving (DCGM 1005 ratio; GPM DRAM_BW_UTIL %).",
@@ -96,7 +96,7 @@ COUNTERS = [
         10,
         0.01,
     ),
-    Counter(
+    ProfilingMetric(
         C.gauge(
             "accelmon_gpu_fp64_active_ratio",
             "Fraction of cycles the FP64 pipe was active (DCGM 1006; GPM FP64_UTIL %).",
@@ -107,7 +107,7 @@ COUNTERS = [
         11,
         0.01,
     ),
-    Counter(
+    ProfilingMetric(
         C.gauge(
             "accelmon_gpu_fp32_active_ratio",
             "Fraction of cycles the FP32 pipe was active (DCGM 1007; GPM FP32_UTIL %).",
@@ -118,7 +118,7 @@ COUNTERS = [
         12,
         0.01,
     ),
-    Counter(
+    ProfilingMetric(
         C.gauge(
             "accelmon_gpu_fp16_active_ratio",
             "Fraction of cycles the FP16 pipe was active (DCGM 1008; GPM FP16_UTIL %).",
@@ -129,7 +129,7 @@ COUNTERS = [
         13,
         0.01,
     ),
-    Counter(
+    ProfilingMetric(
         C.gauge(
             "accelmon_gpu_profiling_pcie_transmit_bytes_per_second",
             "PCIe bytes sent, headers included "
@@ -142,7 +142,7 @@ COUNTERS = [
         20,
         MIB,
     ),
-    Counter(
+    ProfilingMetric(
         C.gauge(
             "accelmon_gpu_profiling_pcie_receive_bytes_per_second",
             "PCIe bytes received, headers included (DCGM 1010 B/s; GPM PCIE_RX_PER_SEC MiB/s).",
@@ -153,7 +153,7 @@ COUNTERS = [
         21,
         MIB,
     ),
-    Counter(
+    ProfilingMetric(
         C.gauge(
             "accelmon_gpu_profiling_nvlink_transmit_bytes_per_second",
             "NVLink bytes sent over all links (DCGM 1011 B/s; GPM NVLINK_TOTAL_TX_PER_SEC MiB/s).",
@@ -164,7 +164,7 @@ COUNTERS = [
         61,
         MIB,
     ),
-    Counter(
+    ProfilingMetric(
         C.gauge(
             "accelmon_gpu_profiling_nvlink_receive_bytes_per_second",
             "NVLink bytes received over all links (DCGM 1012 B/s; GPM NVLINK_TOTAL_RX_PER_SEC MiB/s).",
