@@ -84,6 +84,7 @@ def build_samplers(settings: Settings) -> list[Sampler]:
 class MetricsHandler(BaseHTTPRequestHandler):
     exporter: Exporter
     server_version = f"accelmon-exporter/{__version__}"
+    timeout = 30  # a client that connects and says nothing does not hold a thread for ever
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
