@@ -48,7 +48,7 @@ def parser() -> argparse.ArgumentParser:
             dest=f"collector_{name}",
             action=argparse.BooleanOptionalAction,
             default=None,
-            help=f"{registration.help} (default: on where the hardware is found)",
+            help=registration.help,
         )
     return p
 

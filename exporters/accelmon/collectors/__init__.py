@@ -106,7 +106,7 @@ def register(registration: Registration) -> None:
 register(
     Registration(
         name="nvml",
-        help="NVIDIA GPU device counters through NVML",
+        help="NVIDIA GPU device counters through NVML (default: on; no driver, no data)",
         build=_nvml,
         # On by default: without an NVIDIA driver it exports nothing and costs nothing.
         enabled_by_default=lambda paths: True,
@@ -118,7 +118,7 @@ register(
 register(
     Registration(
         name="infiniband",
-        help="InfiniBand, RoCE and OmniPath port counters from sysfs",
+        help="InfiniBand, RoCE and OmniPath port counters from sysfs (default: on where class/infiniband exists)",
         build=_infiniband,
         enabled_by_default=lambda paths: os.path.isdir(os.path.join(paths.sysfs, "class", "infiniband")),
         options={"interval_seconds": 5.0},
@@ -129,7 +129,8 @@ register(
 register(
     Registration(
         name="neuron",
-        help="AWS Neuron devices through neuron-monitor, which the exporter runs and supervises",
+        help="AWS Neuron devices through neuron-monitor, run and supervised by the exporter (default: on where "
+        "/dev/neuron* or neuron-monitor exists)",
         build=_neuron,
         enabled_by_default=_has_neuron,
         options={"interval_seconds": 5.0, "period_seconds": 5.0, "monitor_path": "neuron-monitor"},
@@ -140,7 +141,7 @@ register(
 register(
     Registration(
         name="profiling",
-        help="GPU profiling counters from DCGM or NVML GPM (off unless asked for: profiling has a cost)",
+        help="GPU profiling counters from DCGM or NVML GPM (default: off: profiling has a cost)",
         build=_profiling,
         enabled_by_default=lambda paths: False,
         options={
