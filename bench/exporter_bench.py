@@ -1,7 +1,13 @@
-"""Exporter benchmark: 8 fake GPUs whose every NVML call takes 2 ms (configurable).
+"""Exporter benchmark over the fake driver, side by side with nvitop-exporter (PyPI) in the same run.
 
-Prints scrape latency p50/p99 over 1000 scrapes, exporter CPU per hour of sampling at 1 s, peak RSS,
-series per GPU and NVML calls per GPU per sample. Run: .venv/bin/python bench/exporter_bench.py
+CPU: the fake driver's cost model burns, on the calling thread, the CPU each NVML call cost on a real H100
+(shared/real-hardware.md), so CPU per GPU per second here stands for what a real driver would cost. Both exporters
+sample every 1 s with nothing scraping them; printed: CPU ms per GPU per second, our ratio to nvitop-exporter's,
+profiling's extra CPU, peak RSS against the floor of Python + prometheus_client + pynvml + the driver library.
+Latency: with every fake call sleeping 2 ms (no CPU), scrape latency p50/p99 over 1000 scrapes.
+Run: .venv/bin/python bench/exporter_bench.py [--gpus 8] [--cpu-seconds 30]
+(nvitop-exporter is installed into .cache/bench-nvitop on first use; --no-peer skips it.)
+For the same measurement on a real GPU, see bench/real_gpu.py.
 """
 
 from __future__ import annotations
@@ -58,32 +64,48 @@ def calls_per_gpu_per_sample(fake_dir: Path, config: Path, gpus: int) -> float:
     sys.path.insert(0, str(ROOT / "exporters"))
     from accelmon.collectors.nvml import NvmlCollector
 
-    collector = NvmlCollector(xid_events=False, pcie_interval=3600)
+    now = [0.0]
+    collector = NvmlCollector(xid_events=False, pcie_interval=3600, clock=lambda: now[0])
     collector.start()
     collector.sample()  # first sample learns what is unsupported
     before = library.fakeNvmlCallCount()
-    for _ in range(5):
+    for _ in range(30):  # one slow interval at the default 1 s / 30 s
+        now[0] += 1.0
         collector.sample()
     calls = library.fakeNvmlCallCount() - before
     collector.stop()
-    return calls / 5 / gpus
+    return calls / 30 / gpus
+
+
+ACCELMON_ONLY_NVML = ["--no-collector.infiniband", "--no-collector.neuron", "--no-collector.profiling"]
 
 
 class RunningExporter:
-    """accelmon-exporter in its own process over the fake driver, on a loopback port; stopped on exit."""
+    """An exporter in its own process over the fake driver, on a loopback port; stopped on exit. accelmon's by
+    default; `command` runs another (nvitop-exporter), `ready` is what its page shows once it has GPUs."""
 
-    def __init__(self, fake_dir: Path, config: Path) -> None:
+    def __init__(
+        self,
+        fake_dir: Path,
+        config: Path,
+        args: list[str] | None = None,
+        command: list[str] | None = None,
+        ready: bytes = b"accelmon_gpu_up",
+    ) -> None:
         self.port = free_port()
+        self.ready = ready
         env = {**os.environ, "LD_LIBRARY_PATH": str(fake_dir), "FAKE_NVML_CONFIG": str(config)}
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "accelmon", f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warning"],
-            env=env,
-        )
+        if command is None:
+            command = [sys.executable, "-m", "accelmon", f"--web.listen-address=127.0.0.1:{self.port}"]
+            command += ["--log.level=warning", *(args if args is not None else ACCELMON_ONLY_NVML)]
+        else:
+            command = [*command, "--port", str(self.port)]
+        self.process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def __enter__(self) -> RunningExporter:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         body = b""
-        while b"accelmon_gpu_up" not in body:
+        while self.ready not in body:
             if time.monotonic() > deadline:
                 raise SystemExit("exporter did not come up")
             time.sleep(0.2)
@@ -91,7 +113,7 @@ class RunningExporter:
                 body = scrape(self.port)
             except OSError:
                 pass
-        time.sleep(2)  # past start-up
+        time.sleep(3)  # past start-up and the first slow reads
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -146,70 +168,106 @@ def neuron_cost(rounds: int = 200) -> float:
     return (time.perf_counter() - started) / rounds * 1000
 
 
-def profiling_cost(fake_dir: Path, work: Path, gpus: int) -> float:
-    """CPU ms per profiling sample over GPM for `gpus` GPUs (fake driver, instant calls), in a child process."""
-    config = work / "gpm.conf"
-    config.write_text(f"gpus {gpus}\n" + "".join(f"gpm {i}\n" for i in range(gpus)))
+def nvitop_exporter() -> list[str] | None:
+    """nvitop-exporter in a venv of its own (it pins its own nvidia-ml-py), made on first use."""
+    venv = ROOT / ".cache" / "bench-nvitop"
+    binary = venv / "bin" / "nvitop-exporter"
+    if not binary.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        installed = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "nvitop-exporter"], check=False)
+        if installed.returncode != 0:
+            return None
+    return [str(binary), "--bind-address", "127.0.0.1", "--interval", "1.0"]
+
+
+def rss_floor_mib(fake_dir: Path, config: Path) -> float:
+    """Peak RSS of Python with prometheus_client, PyYAML and pynvml imported and NVML initialised: the floor
+    under any Python NVML exporter on this machine (on a real GPU the driver library is most of it)."""
     code = (
-        "import time\nfrom accelmon.collectors.profiling import ProfilingCollector\nfrom accelmon.core import render\n"
-        "c = ProfilingCollector(backend='gpm'); c.start(); time.sleep(0.11); c.sample()\n"
-        "t = time.process_time()\nfor _ in range(200): render(c.sample())\n"
-        "print((time.process_time() - t) / 200 * 1000)\nc.stop()\n"
+        "import prometheus_client, yaml, pynvml\npynvml.nvmlInit()\n"
+        "print(next(l for l in open('/proc/self/status') if l.startswith('VmHWM')).split()[1])\n"
     )
     env = {**os.environ, "LD_LIBRARY_PATH": str(fake_dir), "FAKE_NVML_CONFIG": str(config)}
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    return float(result.stdout.strip())
+    return int(result.stdout) / 1024
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--gpus", type=int, default=8)
-    parser.add_argument("--latency-ms", type=float, default=2.0)
+    parser.add_argument("--latency-ms", type=float, default=2.0, help="per-call sleep for the latency run")
     parser.add_argument("--scrapes", type=int, default=1000)
-    parser.add_argument("--cpu-seconds", type=float, default=30.0, help="how long to measure sampling CPU")
+    parser.add_argument("--cpu-seconds", type=float, default=30.0, help="how long to measure each exporter's CPU")
+    parser.add_argument("--no-peer", action="store_true", help="skip nvitop-exporter")
     args = parser.parse_args()
+    gpus = args.gpus
 
     work = Path(tempfile.mkdtemp(prefix="accelmon-bench-"))
     fake_dir = build_fake_nvml(work).parent
-    slow = work / "slow.conf"
-    slow.write_text(f"gpus {args.gpus}\nlatency_us {int(args.latency_ms * 1000)}\nunsupported nvmlDeviceGetFanSpeed\n")
-    fast = work / "fast.conf"
-    fast.write_text(f"gpus {args.gpus}\nunsupported nvmlDeviceGetFanSpeed\n")
+    h100 = work / "h100.conf"
+    h100.write_text(f"gpus {gpus}\nprofile h100\n" + "".join(f"gpm {i}\n" for i in range(gpus)))
+    sleepy = work / "sleepy.conf"
+    sleepy.write_text(f"gpus {gpus}\nlatency_us {int(args.latency_ms * 1000)}\nunsupported nvmlDeviceGetFanSpeed\n")
 
-    with RunningExporter(fake_dir, slow) as exporter:
-        cpu_slow = exporter.cpu_fraction(args.cpu_seconds)
+    def ms_per_gpu_second(fraction: float) -> float:
+        return fraction * 1000 / gpus
+
+    print(f"host: {gpus} fake H100s, each NVML call burning the CPU it cost on a real H100 (driver 580); 1 s samples")
+    with RunningExporter(fake_dir, h100) as exporter:
+        ours = exporter.cpu_fraction(args.cpu_seconds)
+        rss = peak_rss_mib(exporter.process.pid)
+    with RunningExporter(
+        fake_dir, h100, args=["--no-collector.infiniband", "--no-collector.neuron", "--collector.profiling"]
+    ) as exporter:
+        with_profiling = exporter.cpu_fraction(args.cpu_seconds)
+    print(
+        f"accelmon-exporter, NVML at defaults: {ms_per_gpu_second(ours):.3f} ms CPU per GPU per second "
+        f"= {ours * 100 / gpus:.3f} % of a core per GPU (target: at most 1 ms)"
+    )
+    print(
+        f"  + GPM profiling at defaults (5 s): {ms_per_gpu_second(with_profiling - ours):+.3f} ms CPU per GPU per "
+        "second (target: at most +1 ms)"
+    )
+    peer = None if args.no_peer else nvitop_exporter()
+    if peer is None:
+        print("nvitop-exporter: skipped" + ("" if args.no_peer else " (could not be installed)"))
+    else:
+        with RunningExporter(fake_dir, h100, command=peer, ready=b"gpu_utilization") as exporter:
+            theirs = exporter.cpu_fraction(args.cpu_seconds)
+            their_rss = peak_rss_mib(exporter.process.pid)
+        print(
+            f"nvitop-exporter 1 s, same fake: {ms_per_gpu_second(theirs):.3f} ms CPU per GPU per second; "
+            f"accelmon / nvitop-exporter = {ours / theirs:.2f} (target: at most 0.5)"
+        )
+        print(f"  peak RSS: nvitop-exporter {their_rss:.1f} MiB")
+    floor = rss_floor_mib(fake_dir, h100)
+    print(
+        f"peak RSS: accelmon {rss:.1f} MiB; floor (Python + prometheus_client + PyYAML + pynvml + nvmlInit) "
+        f"{floor:.1f} MiB; above the floor: {rss - floor:+.1f} MiB (target: at most +5)"
+    )
+
+    with RunningExporter(fake_dir, sleepy) as exporter:
         latencies = []
         for _ in range(args.scrapes):
             started = time.perf_counter()
             body = scrape(exporter.port)
             latencies.append((time.perf_counter() - started) * 1000)
-        rss = peak_rss_mib(exporter.process.pid)
-    with RunningExporter(fake_dir, fast) as exporter:
-        cpu_fast = exporter.cpu_fraction(args.cpu_seconds)
     text = body.decode()
     series_gpu0 = sum(1 for line in text.splitlines() if 'gpu="0"' in line and not line.startswith("#"))
     quantiles = statistics.quantiles(latencies, n=100)
-    calls = calls_per_gpu_per_sample(fake_dir, fast, args.gpus)
-    print(f"host: {args.gpus} fake GPUs, every NVML call {args.latency_ms} ms, sampling every 1 s")
     print(
-        f"scrape latency over {args.scrapes} scrapes: p50 {quantiles[49]:.2f} ms, p99 {quantiles[98]:.2f} ms, "
-        f"max {max(latencies):.2f} ms ({len(body)} bytes)"
+        f"scrape latency, every NVML call sleeping {args.latency_ms} ms: p50 {quantiles[49]:.2f} ms, "
+        f"p99 {quantiles[98]:.2f} ms, max {max(latencies):.2f} ms over {args.scrapes} scrapes ({len(body)} bytes)"
     )
-    print(f"exporter CPU, fake calls instant: {cpu_fast * 3600:.1f} s per hour = {cpu_fast * 100:.2f} % of one core")
-    print(
-        f"exporter CPU, fake calls {args.latency_ms} ms: {cpu_slow * 3600:.1f} s per hour = {cpu_slow * 100:.2f} % "
-        "(includes the fake driver's own sleeping, which a real driver spends in the kernel instead)"
-    )
-    print(f"peak RSS: {rss:.1f} MiB")
     print(f"series per GPU: {series_gpu0}")
-    print(f"NVML calls per GPU per sample: {calls:.1f} (plus 2 PCIe throughput calls per GPU every 10 s)")
-    ours, theirs, devices = infiniband_cost(work)
+    calls = calls_per_gpu_per_sample(fake_dir, h100, gpus)
+    print(f"NVML calls per GPU per sample (slow and static reads averaged in): {calls:.1f}")
+    ib_ours, ib_theirs, devices = infiniband_cost(work)
     print(
-        f"InfiniBand sample of {devices} ports: accelmon {ours:.2f} ms, node_exporter {theirs:.2f} ms "
-        f"(its own collector timing), ratio {ours / theirs:.2f}"
+        f"InfiniBand sample of {devices} ports: accelmon {ib_ours:.2f} ms, node_exporter {ib_theirs:.2f} ms "
+        f"(its own collector timing), ratio {ib_ours / ib_theirs:.2f}"
     )
     print(f"Neuron report of 16 runtimes x 2 cores, parsed and rendered: {neuron_cost():.2f} ms")
-    print(f"profiling (GPM) per sample of {args.gpus} GPUs: {profiling_cost(fake_dir, work, args.gpus):.2f} ms CPU")
 
 
 if __name__ == "__main__":

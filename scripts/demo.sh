@@ -1,32 +1,61 @@
 #!/usr/bin/env bash
 # Sets up accelmon and runs the stack.
-#   ./scripts/demo.sh                   a local simulated cluster: one master and two workers with 8 fake GPUs
-#                                       each, as podman containers, deployed by ansible/deploy.yaml
+#   ./scripts/demo.sh                   a local simulated cluster: one master and two workers with 8 fake GPUs, 4
+#                                       InfiniBand ports and 2 Neuron runtimes each, as podman containers
+#                                       (accelmon-demo-*), deployed by ansible/deploy.yaml; then checks that every
+#                                       target is up with its data, and exits non-zero saying why if not
 #   ./scripts/demo.sh -i host.ini [...] your own cluster: ansible-playbook -i host.ini ansible/deploy.yaml [...]
-#   ./scripts/demo.sh --down            stop the local simulated cluster
+#   ./scripts/demo.sh --down            remove the local simulated cluster (containers, network, state)
+# The test suite's cluster is accelmon-cluster-*, with state of its own: running the tests leaves the demo up.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-export PATH="$PWD/.venv/bin:$PATH"
+export PATH="$PWD/.venv/bin:$PWD/.tools/usr/bin:$PATH"  # .tools: Prometheus binaries (setup.sh)
 
 if [ "${1:-}" = "-i" ]; then
   exec ansible-playbook "$@" ansible/deploy.yaml
 fi
 
 export CONTAINERS_CONF="$PWD/molecule/images/containers.conf"
+export ACCELMON_CLUSTER=accelmon-demo
+export ACCELMON_CLUSTER_PROMETHEUS_PORT=127.0.0.1:9090:9090
+export MOLECULE_EPHEMERAL_DIRECTORY="$PWD/.cache/demo"
+export ANSIBLE_FORCE_COLOR=0
+
 if [ "${1:-}" = "--down" ]; then
-  exec molecule destroy -s cluster
+  molecule destroy -s cluster
+  rm -rf "$MOLECULE_EPHEMERAL_DIRECTORY"
+  echo "the demo cluster is removed (the images stay, for a quicker next start: podman images | grep accelmon)"
+  exit 0
 fi
+if [ $# -gt 0 ]; then
+  echo "usage: $0 [-i INVENTORY [ansible-playbook options]] | [--down]" >&2
+  exit 2
+fi
+
+# A network left by a run from before the dnsname plugin was installed resolves no names: make it anew.
+if podman network exists "$ACCELMON_CLUSTER" \
+   && [ "$(podman network inspect "$ACCELMON_CLUSTER" --format '{{.DNSEnabled}}')" != "true" ]; then
+  echo "the podman network $ACCELMON_CLUSTER has no name resolution: recreating the demo cluster"
+  molecule destroy -s cluster >/dev/null
+fi
+
 bash molecule/images/build.sh
+started=$(date +%s)
 molecule converge -s cluster
-master_ip=$(podman inspect accelmon-cluster-master \
-  --format '{{ range .NetworkSettings.Networks }}{{ .IPAddress }}{{ end }}')
+if ! python3 scripts/check_cluster.py --url http://127.0.0.1:9090 --timeout 120; then
+  echo "the demo is up but not whole (above: what is down and why); remove it with: $0 --down" >&2
+  exit 1
+fi
 cat <<MSG
 
-accelmon is running on a simulated cluster (containers accelmon-cluster-*):
-  Prometheus   http://${master_ip}:9090   (try: accelmon_gpu_up, accelmon_gpu_power_watts)
-  exporters    http://<worker-ip>:19470/metrics  (podman inspect accelmon-cluster-worker-1)
-  Grafana      not started here: no registry reachable from this machine ships its image; on a real master it
-               answers on :3000 (user admin, password printed by the deploy).
-Stop it with: ./scripts/demo.sh --down
+accelmon is running on a simulated cluster (containers accelmon-demo-master, -worker-1, -worker-2),
+deployed and checked in $(( $(date +%s) - started )) s:
+  Prometheus   http://127.0.0.1:9090   (this host only; from another machine: ssh -L 9090:127.0.0.1:9090 $(id -un)@$(hostname -f 2>/dev/null || hostname)
+               then open http://127.0.0.1:9090 there; try accelmon_gpu_power_watts, accelmon_gpu_up == 0)
+  exporters    podman exec accelmon-demo-master curl -s http://accelmon-demo-worker-1:19470/metrics
+  Grafana      not started here: Grafana runs on a real master (deploy.yaml, port 3000). This machine reaches no
+               container registry that ships Grafana's image, and Debian does not package Grafana, so the
+               dashboards are only checked here against this Prometheus (tests/test_master.py).
+Run it again: changes nothing. Stop it with: $0 --down
 MSG

@@ -1,22 +1,55 @@
 #!/usr/bin/env bash
-# Installs what accelmon's tests and local demo need on a Debian/Ubuntu machine: system packages, then a
-# virtualenv (.venv) with the project and its Python tools. Safe to run again; quick when all is there.
+# Installs what accelmon's tests and local demo need on a Debian/Ubuntu machine, and nothing that runs by itself:
+#   - system packages (apt): a C compiler for the fake NVML driver, Python venv support, podman with runc, the CNI
+#     dnsname plugin (containers of the simulated cluster find each other by name through it), debootstrap;
+#   - Prometheus, promtool and node_exporter binaries, unpacked from Debian's packages into .tools/ rather than
+#     installed: installing the packages would enable and start servers on :9090 and :9100 where systemd runs;
+#   - a virtualenv (.venv) with the project and its Python tools.
+# Safe to run again; quick when all is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(gcc libc6-dev python3-venv python3-dev prometheus prometheus-node-exporter
-          podman runc debootstrap uidmap slirp4netns fuse-overlayfs iproute2 curl)
+packages=(gcc libc6-dev python3-venv python3-dev podman runc golang-github-containernetworking-plugin-dnsname
+          debootstrap uidmap slirp4netns fuse-overlayfs iproute2 curl)
+tool_packages=(prometheus prometheus-node-exporter)
+tools=.tools
+
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
 done
+need_tools=false
+for binary in prometheus promtool prometheus-node-exporter; do
+  [ -x "$tools/usr/bin/$binary" ] || need_tools=true
+done
+
+sudo_cmd=""
+[ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+export DEBIAN_FRONTEND=noninteractive
+if [ "${#missing[@]}" -gt 0 ] || $need_tools; then
+  echo "setup: apt-get update"
+  $sudo_cmd apt-get update -q >/dev/null
+fi
 if [ "${#missing[@]}" -gt 0 ]; then
-  sudo_cmd=""
-  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
-  export DEBIAN_FRONTEND=noninteractive
-  $sudo_cmd apt-get update -q
-  # Debian's prometheus package would start a server on :9090 where systemd runs; we only need its binaries.
-  $sudo_cmd apt-get install -y -q --no-install-recommends "${missing[@]}"
+  echo "setup: installing ${missing[*]}"
+  $sudo_cmd apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+fi
+if $need_tools; then
+  echo "setup: unpacking ${tool_packages[*]} into $tools/ (binaries only, no service)"
+  downloads=$(mktemp -d)
+  chmod 0755 "$downloads"  # apt fetches as _apt, which must reach the folder
+  (cd "$downloads" && apt-get download -q "${tool_packages[@]}" >/dev/null)
+  for deb in "$downloads"/*.deb; do
+    dpkg-deb -x "$deb" "$tools"
+  done
+  rm -rf "$downloads"
+fi
+
+# Name resolution between the simulated cluster's containers comes from this plugin; without it every scrape
+# target is down with "no such host" (podman adds it to a network only if it is there when the network is made).
+if [ ! -x /usr/lib/cni/dnsname ]; then
+  echo "setup: /usr/lib/cni/dnsname is missing: the simulated cluster's containers could not find each other" >&2
+  exit 1
 fi
 
 if [ ! -x .venv/bin/python ]; then
@@ -24,6 +57,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.accelmon-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo "setup: installing the Python environment in .venv"
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q -e '.[test,deploy]'
   touch "$stamp"

@@ -3,9 +3,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-export PATH="$PWD/.venv/bin:$PATH"
-ruff check exporters tests bench master molecule
-ruff format --check exporters tests bench master molecule
+export PATH="$PWD/.venv/bin:$PWD/.tools/usr/bin:$PATH"  # .tools: Prometheus binaries (setup.sh)
+ruff check exporters tests bench master molecule scripts
+ruff format --check exporters tests bench master molecule scripts
 mypy
 yamllint -s .
 ansible-lint -q

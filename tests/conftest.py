@@ -52,6 +52,8 @@ class FakeNvml:
         self.library = library
         self.config = config
         library.fakeNvmlCallCount.restype = ctypes.c_ulonglong
+        library.fakeNvmlCallsOf.restype = ctypes.c_ulonglong
+        library.fakeNvmlCallsOf.argtypes = [ctypes.c_char_p]
 
     def configure(self, text: str) -> None:
         """Directives for the next nvmlInit (see fake_nvml.c)."""
@@ -59,6 +61,10 @@ class FakeNvml:
 
     def calls(self) -> int:
         return int(self.library.fakeNvmlCallCount())
+
+    def calls_of(self, function: str) -> int:
+        """How often the NVML entry point `function` (its C name) was called since the library was loaded."""
+        return int(self.library.fakeNvmlCallsOf(function.encode()))
 
     def set_lost(self, index: int, lost: bool = True) -> None:
         self.library.fakeNvmlSetLost(index, int(lost))

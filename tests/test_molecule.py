@@ -18,6 +18,9 @@ SCENARIOS = sorted(p.parent.name for p in (ROOT / "molecule").glob("*/molecule.y
 
 def molecule_env() -> dict[str, str]:
     env = dict(os.environ)
+    # The demo's names and state (scripts/demo.sh) never leak into the suite's own cluster.
+    for name in ("ACCELMON_CLUSTER", "ACCELMON_CLUSTER_PROMETHEUS_PORT", "MOLECULE_EPHEMERAL_DIRECTORY"):
+        env.pop(name, None)
     env["CONTAINERS_CONF"] = str(IMAGES / "containers.conf")
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["ANSIBLE_FORCE_COLOR"] = "0"

@@ -214,3 +214,54 @@ def test_collector_can_be_sampled_from_several_threads(make_collector):
     for thread in threads:
         thread.join()
     assert not errors
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_values_are_read_on_their_schedule(make_collector, fake_nvml):
+    """Cheap values every sample; counters and slow values (energy: 4 ms of CPU on an H100) every slow interval,
+    served from the last read in between; maximum clocks once."""
+    clock = Clock()
+    collector = make_collector("gpus 1\n", slow_interval=30.0, clock=clock, xid_events=False)
+    slow_calls = ("nvmlDeviceGetViolationStatus", "nvmlDeviceGetBAR1MemoryInfo", "nvmlDeviceGetMigMode")
+    before = {name: fake_nvml.calls_of(name) for name in (*slow_calls, "nvmlDeviceGetPowerUsage")}
+    max_clock_reads = fake_nvml.calls_of("nvmlDeviceGetMaxClockInfo")
+
+    def calls_since() -> dict[str, int]:
+        return {name: fake_nvml.calls_of(name) - count for name, count in before.items()}
+
+    readings = []
+    for elapsed in (0, 1, 29):
+        clock.now = 1000.0 + elapsed
+        readings.append(Reading(collector))
+    assert calls_since() == {
+        "nvmlDeviceGetViolationStatus": 2,  # power and thermal, once
+        "nvmlDeviceGetBAR1MemoryInfo": 1,
+        "nvmlDeviceGetMigMode": 1,
+        "nvmlDeviceGetPowerUsage": 3,  # every sample
+    }
+    for reading in readings:  # the counters are served from cache between reads, never missing
+        assert reading.value("accelmon_gpu_energy_joules_total", gpu="0") == pytest.approx(123456.789)
+        assert reading.value("accelmon_gpu_bar1_memory_total_bytes", gpu="0") == 128 * 2**30
+        assert reading.value("accelmon_gpu_sm_clock_max_hertz", gpu="0") == 1980e6
+    clock.now = 1030.0
+    Reading(collector)
+    assert calls_since()["nvmlDeviceGetViolationStatus"] == 4  # due again
+    assert fake_nvml.calls_of("nvmlDeviceGetMaxClockInfo") == max_clock_reads  # read at start only
+
+
+def test_gpu_lost_at_start_gets_its_identity_when_it_answers(make_collector, fake_nvml):
+    """It had an empty uuid and no info or maximum clocks forever, even after it came back."""
+    collector = make_collector("gpus 2\nlost 0\n", xid_events=False)
+    assert Reading(collector).value("accelmon_gpu_up", gpu="0", uuid="") == 0
+    fake_nvml.set_lost(0, False)
+    reading = Reading(collector)
+    assert reading.value("accelmon_gpu_up", gpu="0", uuid=UUID0) == 1
+    assert reading.value("accelmon_gpu_info", gpu="0", uuid=UUID0, name="NVIDIA H100 80GB HBM3") == 1
+    assert reading.value("accelmon_gpu_sm_clock_max_hertz", gpu="0") == 1980e6

@@ -64,9 +64,11 @@ def test_dcgm_values_units_and_blanks(dcgm_state, fake_nvml):
 
 def test_gpm_when_no_host_engine(dcgm_state, fake_nvml):
     fake_nvml.configure("gpus 3\ngpm 0\ngpm 2\n")  # GPU 1 has no GPM (pre-Hopper)
-    collector = make()
+    clock = Clock()
+    collector = make(clock, interval=0.2)
     try:
-        time.sleep(0.11)  # two GPM samples at least 100 ms apart
+        time.sleep(0.11)  # the driver's own clock: two GPM samples more than 100 ms apart
+        clock.now += 0.2  # the collector's: one full window
         text = sample(collector)
         assert value(text, "accelmon_gpu_profiling_backend_info", backend="gpm") == 1
         assert value(text, "accelmon_gpu_sm_active_ratio", gpu="2") == pytest.approx(0.52)
@@ -135,7 +137,10 @@ def test_profiling_names_never_collide_with_nvml_collector(fake_nvml_dir, tmp_pa
     env = exporter_env(fake_nvml_dir, config)
     env["FAKE_DCGM_STATE"] = str(state)
     settings = tmp_path / "accelmon.yml"
-    settings.write_text(f"collectors:\n  profiling:\n    enabled: true\n    dcgm_bindings_path: {FAKE_DCGM}\n")
+    settings.write_text(
+        "collectors:\n  profiling:\n    enabled: true\n    interval_seconds: 0.3\n"
+        f"    dcgm_bindings_path: {FAKE_DCGM}\n"
+    )
     result = run_once(["--config", str(settings)], env)
     assert result.returncode == 0, result.stderr
     promtool_check(result.stdout)
@@ -165,3 +170,84 @@ def test_bad_backend_is_refused(tmp_path):
 
 def test_path_of_fake_bindings_exists():
     assert (Path(FAKE_DCGM) / "pydcgm.py").exists()
+
+
+def test_gpm_never_publishes_a_short_window(dcgm_state, fake_nvml):
+    """A real H100 answers GPM samples closer than 100 ms with SUCCESS, zeros and a NaN DRAM value; the fake does
+    the same. The collector publishes nothing from such a window (no zeros, no NaN), lets the window grow until
+    it is full, then publishes the real values."""
+    fake_nvml.configure("gpus 1\ngpm 0\n")
+    clock = Clock()
+    collector = make(clock, interval=1.0)
+    try:
+        text = sample(collector)  # microseconds after the first sample, as --once did
+        assert value(text, "accelmon_gpu_profiling_backend_info", backend="gpm") == 1
+        assert "accelmon_gpu_sm_active_ratio{" not in text and "NaN" not in text
+        clock.now += 0.5  # half a window: still nothing
+        assert "accelmon_gpu_sm_active_ratio{" not in sample(collector)
+        time.sleep(0.11)
+        clock.now += 0.5  # now a full window, measured from the first sample
+        text = sample(collector)
+        assert value(text, "accelmon_gpu_sm_active_ratio", gpu="0") == pytest.approx(0.50)
+        assert value(text, "accelmon_gpu_dram_active_ratio", gpu="0") == pytest.approx(0.30)
+    finally:
+        collector.stop()
+
+
+def test_fake_gpm_answers_close_samples_like_the_h100(fake_nvml):
+    """Calibration of the fake against shared/real-hardware.md: samples 0 ms apart give SUCCESS, 0 and NaN."""
+    import math
+
+    import pynvml
+
+    fake_nvml.configure("gpus 1\ngpm 0\n")
+    pynvml.nvmlInit()
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        first, second = pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc()
+        pynvml.nvmlGpmSampleGet(handle, first)
+        pynvml.nvmlGpmSampleGet(handle, second)
+        request = pynvml.c_nvmlGpmMetricsGet_t()
+        request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = 2
+        request.sample1, request.sample2 = first, second
+        request.metrics[0].metricId = pynvml.NVML_GPM_METRIC_SM_UTIL
+        request.metrics[1].metricId = pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL
+        pynvml.nvmlGpmMetricsGet(request)
+        assert request.metrics[0].nvmlReturn == 0 and request.metrics[0].value == 0.0
+        assert request.metrics[1].nvmlReturn == 0 and math.isnan(request.metrics[1].value)
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def test_gpm_window_after_a_gap_is_dropped(dcgm_state, fake_nvml):
+    """The sampler was held up (a hung call, a suspended process): the long window is not this interval's value."""
+    fake_nvml.configure("gpus 1\ngpm 0\n")
+    clock = Clock()
+    collector = make(clock, interval=1.0)
+    try:
+        time.sleep(0.11)
+        clock.now += 60
+        assert "accelmon_gpu_sm_active_ratio{" not in sample(collector)
+        time.sleep(0.11)
+        clock.now += 1
+        assert value(sample(collector), "accelmon_gpu_sm_active_ratio", gpu="0") == pytest.approx(0.50)
+    finally:
+        collector.stop()
+
+
+def test_once_waits_for_a_full_gpm_window(fake_nvml_dir, tmp_path):
+    """`--once --collector.profiling` under load printed zeros and NaN on the H100; now it waits one window."""
+    config = tmp_path / "fake.conf"
+    config.write_text("gpus 1\ngpm 0\n")
+    settings = tmp_path / "accelmon.yml"
+    settings.write_text(
+        "collectors:\n  profiling:\n    enabled: true\n    backend: gpm\n    interval_seconds: 0.5\n"
+        "  infiniband:\n    enabled: false\n  neuron:\n    enabled: false\n"
+    )
+    started = time.monotonic()
+    result = run_once(["--config", str(settings)], exporter_env(fake_nvml_dir, config))
+    assert result.returncode == 0, result.stderr
+    assert time.monotonic() - started >= 0.5
+    assert value(result.stdout, "accelmon_gpu_sm_active_ratio", gpu="0") == pytest.approx(0.50)
+    assert "NaN" not in result.stdout

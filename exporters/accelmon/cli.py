@@ -38,7 +38,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--once",
         action="store_true",
-        help="sample every enabled collector once, print the exposition and exit; exit status 1 if a collector failed",
+        help="sample every enabled collector once, print the exposition and exit; exit status 1 if a collector failed. "
+        "Waits first for values computed over a window: with GPM profiling on, one profiling interval (5 s by "
+        "default), since GPM needs two samples that far apart",
     )
     p.add_argument("--check-config", action="store_true", help="check the settings and exit (0 if valid, 2 if not)")
     p.add_argument("--version", action="version", version=f"accelmon-exporter {__version__}")

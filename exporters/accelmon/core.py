@@ -30,6 +30,7 @@ class MetricSpec:
     kind: str  # "gauge" or "counter"
     help: str
     labels: tuple[str, ...]
+    read: str = "every interval"  # how often the collector reads it from the hardware (the catalogue shows it)
 
     def header(self) -> str:
         text = self.help.replace("\\", "\\\\").replace("\n", "\\n")
@@ -44,18 +45,18 @@ class Catalogue:
         self.title = title
         self.specs: list[MetricSpec] = []
 
-    def _add(self, kind: str, name: str, text: str, labels: Iterable[str]) -> MetricSpec:
-        spec = MetricSpec(name, kind, text, tuple(labels))
+    def _add(self, kind: str, name: str, text: str, labels: Iterable[str], read: str) -> MetricSpec:
+        spec = MetricSpec(name, kind, text, tuple(labels), read)
         self.specs.append(spec)
         return spec
 
-    def gauge(self, name: str, text: str, labels: Iterable[str] = ()) -> MetricSpec:
-        return self._add("gauge", name, text, labels)
+    def gauge(self, name: str, text: str, labels: Iterable[str] = (), read: str = MetricSpec.read) -> MetricSpec:
+        return self._add("gauge", name, text, labels, read)
 
-    def counter(self, name: str, text: str, labels: Iterable[str] = ()) -> MetricSpec:
+    def counter(self, name: str, text: str, labels: Iterable[str] = (), read: str = MetricSpec.read) -> MetricSpec:
         if not name.endswith("_total"):
             raise ValueError(f"counter {name} must end in _total")
-        return self._add("counter", name, text, labels)
+        return self._add("counter", name, text, labels, read)
 
 
 class Samples:
@@ -65,6 +66,10 @@ class Samples:
         self.rows: dict[MetricSpec, list[tuple[tuple[str, ...], float]]] = {}
 
     def add(self, spec: MetricSpec, labels: Iterable[str], value: float) -> None:
+        if value != value:
+            # NaN is "no value" (GPM answers it for too short a window): the series is absent for this sample,
+            # never a NaN that dashboards and alerts would have to filter.
+            return
         rows = self.rows.get(spec)
         if rows is None:
             rows = self.rows[spec] = []
@@ -124,7 +129,9 @@ class Collector:
     """
 
     name = ""
-    default_interval = 1.0
+    # Seconds after start() before a sample has all its values (a value computed over a window needs one full
+    # window): --once waits this long before its single sample.
+    first_sample_delay = 0.0
 
     def start(self) -> None:
         """Prepare the hardware connection; called once on the sampler thread before the first sample."""
@@ -177,12 +184,7 @@ class Sampler:
 
     def sample_once(self) -> bool:
         """Take one sample now, on the calling thread. Returns whether it succeeded."""
-        if not self._started:
-            self._started = True
-            try:
-                self.collector.start()
-            except Exception:
-                log.exception("collector %s failed to start", self.name)
+        self.start_collector()
         begin = self._clock()
         try:
             text = render(self.collector.sample())
@@ -203,6 +205,15 @@ class Sampler:
             else:
                 state.errors += 1
         return ok
+
+    def start_collector(self) -> None:
+        """Start the collector (once): open devices, start its helper threads."""
+        if not self._started:
+            self._started = True
+            try:
+                self.collector.start()
+            except Exception:
+                log.exception("collector %s failed to start", self.name)
 
     def _run(self) -> None:
         next_due = self._clock()
@@ -307,6 +318,13 @@ class Exporter:
         return b"".join(parts)
 
     def collect_once(self) -> tuple[bytes, list[str]]:
-        """Sample every collector once on this thread; returns the exposition and the failed collectors."""
+        """Sample every collector once on this thread, after the longest first-sample delay of any of them;
+        returns the exposition and the failed collectors."""
+        for sampler in self.samplers:
+            sampler.start_collector()
+        delay = max((sampler.collector.first_sample_delay for sampler in self.samplers), default=0.0)
+        if delay > 0:
+            log.info("waiting %.1f s for one full sample window", delay)
+            time.sleep(delay)
         failed = [sampler.name for sampler in self.samplers if not sampler.sample_once()]
         return self.exposition(), failed

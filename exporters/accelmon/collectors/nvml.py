@@ -26,12 +26,21 @@ from accelmon.core import Catalogue, Collector, Samples
 log = logging.getLogger("accelmon.nvml")
 
 GPU = ("gpu", "uuid")
+# How often each value is read, by what it costs and how fast it moves (CPU per call measured on an H100,
+# shared/real-hardware.md). Cheap, fast-moving values every interval; counters and rarely changing values on the
+# slow schedule (the energy counter alone costs 4 ms of CPU; a slower read of a counter only coarsens rate(),
+# it loses nothing); identity and maximum clocks once per GPU.
+SLOW = "every slow interval"
+ONCE = "once per GPU"
+PCIE = "every PCIe interval, own thread"
+EVENT = "as events arrive, own thread"
 CATALOGUE = Catalogue("nvml", "NVIDIA GPU device counters (NVML)")
 C = CATALOGUE
 INFO = C.gauge(
     "accelmon_gpu_info",
     "Identity of a GPU; value is 1.",
     [*GPU, "name", "pci_bus_id", "serial", "vbios_version", "driver_version", "cuda_compute_capability"],
+    read=ONCE,
 )
 UP = C.gauge("accelmon_gpu_up", "1 if the GPU answers NVML, 0 once it is lost (GpuIsLost or Unknown).", GPU)
 UTILIZATION = C.gauge("accelmon_gpu_utilization_ratio", "Fraction of the last sample period a kernel ran (0..1).", GPU)
@@ -46,19 +55,22 @@ MEMORY_TOTAL = C.gauge("accelmon_gpu_memory_total_bytes", "Device memory install
 MEMORY_RESERVED = C.gauge(
     "accelmon_gpu_memory_reserved_bytes", "Device memory reserved by the driver and firmware.", GPU
 )
-BAR1_USED = C.gauge("accelmon_gpu_bar1_memory_used_bytes", "BAR1 memory in use.", GPU)
-BAR1_TOTAL = C.gauge("accelmon_gpu_bar1_memory_total_bytes", "BAR1 memory size.", GPU)
+BAR1_USED = C.gauge("accelmon_gpu_bar1_memory_used_bytes", "BAR1 memory in use.", GPU, read=SLOW)
+BAR1_TOTAL = C.gauge("accelmon_gpu_bar1_memory_total_bytes", "BAR1 memory size.", GPU, read=SLOW)
 TEMPERATURE = C.gauge("accelmon_gpu_temperature_celsius", "GPU die temperature.", GPU)
 MEMORY_TEMPERATURE = C.gauge("accelmon_gpu_memory_temperature_celsius", "HBM temperature.", GPU)
 POWER = C.gauge("accelmon_gpu_power_watts", "Power draw (NVML reports milliwatts).", GPU)
 POWER_LIMIT = C.gauge("accelmon_gpu_power_limit_watts", "Enforced power limit.", GPU)
 ENERGY = C.counter(
-    "accelmon_gpu_energy_joules_total", "Energy used since the driver was loaded (NVML reports millijoules).", GPU
+    "accelmon_gpu_energy_joules_total",
+    "Energy used since the driver was loaded (NVML reports millijoules).",
+    GPU,
+    read=SLOW,
 )
 SM_CLOCK = C.gauge("accelmon_gpu_sm_clock_hertz", "Current SM clock (NVML reports MHz).", GPU)
 MEMORY_CLOCK = C.gauge("accelmon_gpu_memory_clock_hertz", "Current memory clock.", GPU)
-SM_CLOCK_MAX = C.gauge("accelmon_gpu_sm_clock_max_hertz", "Maximum SM clock.", GPU)
-MEMORY_CLOCK_MAX = C.gauge("accelmon_gpu_memory_clock_max_hertz", "Maximum memory clock.", GPU)
+SM_CLOCK_MAX = C.gauge("accelmon_gpu_sm_clock_max_hertz", "Maximum SM clock.", GPU, read=ONCE)
+MEMORY_CLOCK_MAX = C.gauge("accelmon_gpu_memory_clock_max_hertz", "Maximum memory clock.", GPU, read=ONCE)
 PSTATE = C.gauge("accelmon_gpu_performance_state", "Performance state: 0 (P0, maximum) to 15 (P15, minimum).", GPU)
 FAN = C.gauge("accelmon_gpu_fan_speed_ratio", "Fan speed as a fraction of its maximum (only GPUs with fans).", GPU)
 ENCODER = C.gauge("accelmon_gpu_encoder_utilization_ratio", "Video encoder utilization (0..1).", GPU)
@@ -68,56 +80,80 @@ ECC = C.counter(
     "accelmon_gpu_ecc_errors_total",
     "ECC errors; scope volatile counts since the driver loaded, aggregate over the GPU's life.",
     [*GPU, "type", "scope"],
+    read=SLOW,
 )
 RETIRED_PAGES = C.counter(
-    "accelmon_gpu_retired_pages_total", "Memory pages retired, by cause (single_bit or double_bit).", [*GPU, "cause"]
+    "accelmon_gpu_retired_pages_total",
+    "Memory pages retired, by cause (single_bit or double_bit).",
+    [*GPU, "cause"],
+    read=SLOW,
 )
 RETIRED_PENDING = C.gauge(
-    "accelmon_gpu_retired_pages_pending", "1 if pages are waiting to be retired at next reset.", GPU
+    "accelmon_gpu_retired_pages_pending", "1 if pages are waiting to be retired at next reset.", GPU, read=SLOW
 )
 REMAPPED_ROWS = C.counter(
     "accelmon_gpu_remapped_rows_total",
     "Memory rows remapped, by cause (correctable or uncorrectable).",
     [*GPU, "cause"],
+    read=SLOW,
 )
-REMAP_PENDING = C.gauge("accelmon_gpu_remapped_rows_pending", "1 if a row remapping waits for a GPU reset.", GPU)
-REMAP_FAILURE = C.gauge("accelmon_gpu_remapped_rows_failure", "1 if a row remapping failed (GPU needs service).", GPU)
-PCIE_REPLAYS = C.counter("accelmon_gpu_pcie_replays_total", "PCIe replay events (link retransmissions).", GPU)
+REMAP_PENDING = C.gauge(
+    "accelmon_gpu_remapped_rows_pending", "1 if a row remapping waits for a GPU reset.", GPU, read=SLOW
+)
+REMAP_FAILURE = C.gauge(
+    "accelmon_gpu_remapped_rows_failure", "1 if a row remapping failed (GPU needs service).", GPU, read=SLOW
+)
+PCIE_REPLAYS = C.counter(
+    "accelmon_gpu_pcie_replays_total", "PCIe replay events (link retransmissions).", GPU, read=SLOW
+)
 PCIE_TX = C.gauge(
     "accelmon_gpu_pcie_transmit_bytes_per_second",
     "PCIe bytes sent per second over NVML's 20 ms window (NVML reports KiB/s); sampled at the PCIe interval.",
     GPU,
+    read=PCIE,
 )
-PCIE_RX = C.gauge("accelmon_gpu_pcie_receive_bytes_per_second", "PCIe bytes received per second (see transmit).", GPU)
+PCIE_RX = C.gauge(
+    "accelmon_gpu_pcie_receive_bytes_per_second", "PCIe bytes received per second (see transmit).", GPU, read=PCIE
+)
 CLOCK_EVENT = C.gauge(
     "accelmon_gpu_clock_event_active",
     "1 if the clock-event (throttle) reason is active now, else 0.",
     [*GPU, "reason"],
 )
 POWER_VIOLATION = C.counter(
-    "accelmon_gpu_power_violation_seconds_total", "Time clocks were held down by the power limit (NVML: ns).", GPU
+    "accelmon_gpu_power_violation_seconds_total",
+    "Time clocks were held down by the power limit (NVML: ns).",
+    GPU,
+    read=SLOW,
 )
 THERMAL_VIOLATION = C.counter(
-    "accelmon_gpu_thermal_violation_seconds_total", "Time clocks were held down by the thermal limit.", GPU
+    "accelmon_gpu_thermal_violation_seconds_total", "Time clocks were held down by the thermal limit.", GPU, read=SLOW
 )
 XID_ERRORS = C.counter(
     "accelmon_gpu_xid_errors_total",
     "XID critical error events seen since the exporter started, by XID code.",
     [*GPU, "xid"],
+    read=EVENT,
 )
 XID_EVENTS = C.counter(
     "accelmon_gpu_xid_events_total",
     "XID critical error events of any code since the exporter started (present from 0 so increase() sees the first).",
     GPU,
+    read=EVENT,
 )
-MIG_MODE = C.gauge("accelmon_gpu_mig_mode_enabled", "1 if MIG mode is on.", GPU)
+MIG_MODE = C.gauge("accelmon_gpu_mig_mode_enabled", "1 if MIG mode is on.", GPU, read=SLOW)
 MIG_INFO = C.gauge(
-    "accelmon_gpu_mig_instance_info", "A MIG device of the GPU; value is 1.", [*GPU, "gpu_instance_id", "mig_uuid"]
+    "accelmon_gpu_mig_instance_info",
+    "A MIG device of the GPU; value is 1.",
+    [*GPU, "gpu_instance_id", "mig_uuid"],
+    read=SLOW,
 )
 MIG_MEMORY_USED = C.gauge(
-    "accelmon_gpu_mig_memory_used_bytes", "Memory used in a MIG device.", [*GPU, "gpu_instance_id"]
+    "accelmon_gpu_mig_memory_used_bytes", "Memory used in a MIG device.", [*GPU, "gpu_instance_id"], read=SLOW
 )
-MIG_MEMORY_TOTAL = C.gauge("accelmon_gpu_mig_memory_total_bytes", "Memory of a MIG device.", [*GPU, "gpu_instance_id"])
+MIG_MEMORY_TOTAL = C.gauge(
+    "accelmon_gpu_mig_memory_total_bytes", "Memory of a MIG device.", [*GPU, "gpu_instance_id"], read=SLOW
+)
 
 CLOCK_EVENT_REASONS = {
     "gpu_idle": 0x1,
@@ -131,10 +167,12 @@ CLOCK_EVENT_REASONS = {
     "display_clock_setting": 0x100,
 }
 
-# Read together in one nvmlDeviceGetFieldValues call: (field id, spec, extra label values, scale).
+# Read with nvmlDeviceGetFieldValues: (field id, spec, extra label values, scale). Memory temperature every
+# interval on its own; the counters together, on the slow schedule (field 83, energy, costs 4 ms of CPU).
+Field = tuple[int, Any, tuple[str, ...], float]
 FIELD_MEMORY_TEMP = 82
-FIELDS: list[tuple[int, Any, tuple[str, ...], float]] = [
-    (FIELD_MEMORY_TEMP, MEMORY_TEMPERATURE, (), 1.0),
+FAST_FIELDS: list[Field] = [(FIELD_MEMORY_TEMP, MEMORY_TEMPERATURE, (), 1.0)]
+SLOW_FIELDS: list[Field] = [
     (83, ENERGY, (), 1e-3),  # NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, mJ
     (3, ECC, ("corrected", "volatile"), 1.0),  # NVML_FI_DEV_ECC_SBE_VOL_TOTAL
     (4, ECC, ("uncorrected", "volatile"), 1.0),
@@ -171,6 +209,8 @@ class Gpu:
     lost: bool = False
     unsupported: set[str] = field(default_factory=set)
     unsupported_fields: set[int] = field(default_factory=set)
+    slow_rows: list[tuple[Any, tuple[str, ...], float]] = field(default_factory=list)  # latest slow read, replayed
+    slow_due: float = 0.0  # monotonic time of the next slow read; 0 = at the next sample
 
     @property
     def labels(self) -> tuple[str, str]:
@@ -183,7 +223,8 @@ class NvmlCollector(Collector):
     def __init__(
         self,
         nvml: ModuleType | None = None,
-        pcie_interval: float = 10.0,
+        slow_interval: float = 30.0,
+        pcie_interval: float = 30.0,
         xid_events: bool = True,
         retry_init_seconds: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
@@ -193,11 +234,13 @@ class NvmlCollector(Collector):
 
             nvml = pynvml
         self.nvml: Any = nvml
+        self.slow_interval = slow_interval
         self.pcie_interval = pcie_interval
         self.xid_events = xid_events
         self.retry_init_seconds = retry_init_seconds
         self._clock = clock
         self.gpus: list[Gpu] = []
+        self._driver = ""
         self._initialized = False
         self._last_init_attempt: float | None = None
         self._stop = threading.Event()
@@ -254,12 +297,20 @@ class NvmlCollector(Collector):
 
     def _discover(self, index: int, driver: str) -> Gpu:
         nvml = self.nvml
+        self._driver = driver
         try:
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
         except nvml.NVMLError as error:
             log.warning("GPU %d: no handle (%s); reported as lost", index, error)
             return Gpu(index, None, lost=True)
         gpu = Gpu(index, handle)
+        self._read_identity(gpu)
+        return gpu
+
+    def _read_identity(self, gpu: Gpu) -> None:
+        """What never changes, read once: names, PCI address, maximum clocks. A GPU lost at start has it read
+        when it answers again."""
+        nvml, driver = self.nvml, self._driver
         try:
             gpu.uuid = self._call(gpu, "uuid", nvml.nvmlDeviceGetUUID) or ""
             pci = self._call(gpu, "pci", nvml.nvmlDeviceGetPciInfo)
@@ -275,9 +326,8 @@ class NvmlCollector(Collector):
             gpu.max_sm_clock = _scaled(self._call(gpu, "max_sm_clock", nvml.nvmlDeviceGetMaxClockInfo, 1), MHZ)
             gpu.max_memory_clock = _scaled(self._call(gpu, "max_mem_clock", nvml.nvmlDeviceGetMaxClockInfo, 2), MHZ)
         except GpuLostError:
-            log.warning("GPU %d is lost", index)
+            log.warning("GPU %d is lost", gpu.index)
             gpu.lost = True
-        return gpu
 
     def stop(self) -> None:
         self._stop.set()
@@ -321,8 +371,8 @@ class NvmlCollector(Collector):
             self._try_init()
         samples = Samples()
         for gpu in self.gpus:
-            if gpu.lost and gpu.handle is not None:
-                gpu.lost = not self._answers(gpu)
+            if gpu.lost:
+                gpu.lost = not self._answers_again(gpu)
             samples.add(INFO, [*gpu.labels, *(gpu.info.get(k, "") for k in INFO.labels[2:])], 1)
             if not gpu.lost:
                 try:
@@ -330,17 +380,24 @@ class NvmlCollector(Collector):
                 except GpuLostError as error:
                     log.warning("GPU %d lost: %s", gpu.index, error)
                     gpu.lost = True
+                    gpu.slow_rows, gpu.slow_due = [], 0.0  # nothing stale once it answers again
             samples.add(UP, gpu.labels, 0 if gpu.lost else 1)
             self._add_events(gpu, samples)
         return samples
 
-    def _answers(self, gpu: Gpu) -> bool:
+    def _answers_again(self, gpu: Gpu) -> bool:
+        nvml = self.nvml
         try:
-            self.nvml.nvmlDeviceGetUUID(gpu.handle)
-        except self.nvml.NVMLError:
+            if gpu.handle is None:
+                gpu.handle = nvml.nvmlDeviceGetHandleByIndex(gpu.index)
+            nvml.nvmlDeviceGetUUID(gpu.handle)
+        except nvml.NVMLError:
             return False
         log.info("GPU %d answers again", gpu.index)
-        return True
+        gpu.lost = False
+        if not gpu.uuid:  # lost since start: its identity was never read
+            self._read_identity(gpu)  # sets lost again if the GPU drops out meanwhile
+        return not gpu.lost
 
     def _sample_gpu(self, gpu: Gpu, out: Samples) -> None:
         nvml = self.nvml
@@ -367,10 +424,6 @@ class NvmlCollector(Collector):
             put(MEMORY_FREE, memory.free)
             put(MEMORY_TOTAL, memory.total)
             put(MEMORY_RESERVED, getattr(memory, "reserved", None))
-        bar1 = self._call(gpu, "bar1", nvml.nvmlDeviceGetBAR1MemoryInfo)
-        if bar1 is not None:
-            put(BAR1_USED, bar1.bar1Used)
-            put(BAR1_TOTAL, bar1.bar1Total)
         temperature = self._first(
             gpu,
             [
@@ -393,6 +446,7 @@ class NvmlCollector(Collector):
         put(DECODER, decoder[0] if decoder else None, 0.01)
         processes = self._call(gpu, "processes", nvml.nvmlDeviceGetComputeRunningProcesses)
         put(PROCESSES, len(processes) if processes is not None else None)
+        self._sample_fields(gpu, FAST_FIELDS, put)
         reasons = self._first(
             gpu,
             [
@@ -403,21 +457,44 @@ class NvmlCollector(Collector):
         if reasons is not None:
             for reason, bit in CLOCK_EVENT_REASONS.items():
                 put(CLOCK_EVENT, 1 if reasons & bit else 0, extra=(reason,))
+        with self._lock:
+            transmit, receive = self._pcie.get(gpu.index, (None, None))
+        put(PCIE_TX, transmit)
+        put(PCIE_RX, receive)
+        now = self._clock()
+        if now >= gpu.slow_due:
+            slow = Samples()
+            self._sample_slow(gpu, slow)
+            gpu.slow_rows = [(spec, values, value) for spec, rows in slow.rows.items() for values, value in rows]
+            gpu.slow_due = now + self.slow_interval
+        for spec, values, value in gpu.slow_rows:
+            out.add(spec, values, value)
+
+    def _sample_slow(self, gpu: Gpu, out: Samples) -> None:
+        """Counters and rarely changing values, read every slow interval and served from cache in between."""
+        nvml = self.nvml
+        labels = gpu.labels
+
+        def put(spec: Any, value: float | None, scale: float = 1.0, extra: tuple[str, ...] = ()) -> None:
+            scaled = _scaled(value, scale)
+            if scaled is not None:
+                out.add(spec, [*labels, *extra], scaled)
+
+        bar1 = self._call(gpu, "bar1", nvml.nvmlDeviceGetBAR1MemoryInfo)
+        if bar1 is not None:
+            put(BAR1_USED, bar1.bar1Used)
+            put(BAR1_TOTAL, bar1.bar1Total)
         for key, policy, spec in (
             ("power_violation", nvml.NVML_PERF_POLICY_POWER, POWER_VIOLATION),
             ("thermal_violation", nvml.NVML_PERF_POLICY_THERMAL, THERMAL_VIOLATION),
         ):
             violation = self._call(gpu, key, nvml.nvmlDeviceGetViolationStatus, policy)
             put(spec, violation.violationTime if violation is not None else None, 1e-9)
-        self._sample_fields(gpu, put)
+        self._sample_fields(gpu, SLOW_FIELDS, put)
         self._sample_mig(gpu, out)
-        with self._lock:
-            transmit, receive = self._pcie.get(gpu.index, (None, None))
-        put(PCIE_TX, transmit)
-        put(PCIE_RX, receive)
 
-    def _sample_fields(self, gpu: Gpu, put: Callable[..., None]) -> None:
-        wanted = [f for f in FIELDS if f[0] not in gpu.unsupported_fields]
+    def _sample_fields(self, gpu: Gpu, fields: list[Field], put: Callable[..., None]) -> None:
+        wanted = [f for f in fields if f[0] not in gpu.unsupported_fields]
         if not wanted:
             return
         values = self._call(gpu, "fields", self.nvml.nvmlDeviceGetFieldValues, [f[0] for f in wanted])

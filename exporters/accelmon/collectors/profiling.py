@@ -8,7 +8,11 @@ One set of names whichever backend feeds them:
 - `dcgm`: the standalone host engine (`nv-hostengine`, never an embedded one, which would break `dcgmi`), through
   the DCGM Python bindings that ship with DCGM (not on PyPI) from a configurable directory. Fields are watched by
   numeric id (1001-1012; DCGM 4.6 renamed the symbols). A blank value is no value.
-- `gpm`: NVML GPM on Hopper and newer, from two samples taken one interval apart.
+- `gpm`: NVML GPM on Hopper and newer, from two samples taken one interval apart. Only a full window is
+  published: samples closer than 100 ms make a real H100 answer SUCCESS with zeros and a NaN (nvml.h wants more
+  than 100 ms), so a shorter window is never used, and a window much longer than the interval (the sampler was
+  held up) is dropped and started again. One read of one GPU costs ~2.3 ms of CPU on an H100 (0.35 ms for the
+  sample, 0.18 ms per metric computed), hence the 5 s default interval: 0.5 ms of CPU per GPU per second.
 - `auto`: DCGM if its host engine answers, else GPM on the GPUs that support it, else nothing; while not on
   DCGM it tries the host engine again every `dcgm_retry_seconds`, and falls back when it dies.
 """
@@ -50,6 +54,7 @@ class ProfilingMetric:
 
 
 MIB = 1024.0 * 1024.0
+MIN_GPM_WINDOW_SECONDS = 0.1  # nvml.h: the two samples must be more than 100 ms apart
 COUNTERS = [
     ProfilingMetric(
         C.gauge(
@@ -266,14 +271,23 @@ class GpmBackend:
 
     name = "gpm"
 
-    def __init__(self, nvml: ModuleType | None = None) -> None:
+    def __init__(
+        self, nvml: ModuleType | None = None, interval: float = 5.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         if nvml is None:
             import pynvml
 
             nvml = pynvml
         self.nvml: Any = nvml
+        # A window is the time between the two samples a value is computed from. Shorter than 90 % of the
+        # interval (sampler jitter aside) or than NVML's 100 ms: not a full window, wait for a longer one. Longer
+        # than 3 intervals: the sampler was held up; an average over that gap is not this interval's value.
+        self.min_window = max(MIN_GPM_WINDOW_SECONDS, 0.9 * interval)
+        self.max_window = 3.0 * interval + 1.0
+        self._clock = clock
         self._gpus: dict[int, tuple[Any, str]] = {}
         self._samples: dict[int, list[Any]] = {}
+        self._window_start: dict[int, float] = {}  # gpu index -> monotonic time its first sample was taken
         self._initialized = False
 
     def open(self) -> bool:
@@ -293,6 +307,7 @@ class GpmBackend:
                 self._gpus[index] = (handle, uuid if isinstance(uuid, str) else uuid.decode())
                 self._samples[index] = [nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()]
                 nvml.nvmlGpmSampleGet(handle, self._samples[index][0])
+                self._window_start[index] = self._clock()
             except nvml.NVMLError as error:
                 log.info("GPU %d: no GPM (%s)", index, error)
                 self._gpus.pop(index, None)
@@ -310,6 +325,19 @@ class GpmBackend:
             previous, current = self._samples[index]
             try:
                 nvml.nvmlGpmSampleGet(handle, current)
+            except nvml.NVMLError as error:
+                log.debug("GPU %d: GPM sample failed: %s", index, error)
+                continue
+            now = self._clock()
+            window = now - self._window_start[index]
+            if window < self.min_window:
+                continue  # keep the older first sample: the window grows until it is full
+            self._samples[index] = [current, previous]  # this sample starts the next window
+            self._window_start[index] = now
+            if window > self.max_window:
+                log.debug("GPU %d: GPM window of %.1f s after a gap dropped", index, window)
+                continue
+            try:
                 request = nvml.c_nvmlGpmMetricsGet_t()
                 request.version = nvml.NVML_GPM_METRICS_GET_VERSION
                 request.numMetrics = len(wanted)
@@ -320,8 +348,6 @@ class GpmBackend:
             except nvml.NVMLError as error:
                 log.debug("GPU %d: GPM read failed: %s", index, error)
                 continue
-            finally:
-                self._samples[index] = [current, previous]  # this sample is the next one's start
             values = {
                 counter.spec: request.metrics[slot].value * counter.gpm_scale
                 for slot, counter in enumerate(wanted)
@@ -363,9 +389,10 @@ class ProfilingCollector(Collector):
         if backend not in ("auto", "dcgm", "gpm"):
             raise ValueError(f"profiling backend {backend!r}: expected auto, dcgm or gpm")
         self.mode = backend
+        self.interval = interval
+        self.first_sample_delay = interval if backend in ("auto", "gpm") else 0.0  # GPM needs one full window
         self.dcgm = DcgmBackend(dcgm_host, dcgm_bindings_paths, interval)
         self._nvml = nvml
-        self.gpm: GpmBackend | None = None
         self.dcgm_retry_seconds = dcgm_retry_seconds
         self._clock = clock
         self.active: DcgmBackend | GpmBackend | None = None
@@ -393,9 +420,9 @@ class ProfilingCollector(Collector):
             self.active = self.dcgm
             return
         if self.mode in ("auto", "gpm") and self.active is None and self._gpm_due():
-            self.gpm = GpmBackend(self._nvml)
-            if self.gpm.open():
-                self.active = self.gpm
+            gpm = GpmBackend(self._nvml, self.interval, self._clock)
+            if gpm.open():
+                self.active = gpm
             elif self._last_dcgm_try is None or self.mode == "gpm":
                 log.info("no profiling backend on this host (mode %s)", self.mode)
 
