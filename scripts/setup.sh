@@ -37,11 +37,13 @@ fi
 if $need_tools; then
   echo "setup: unpacking ${tool_packages[*]} into $tools/ (binaries only, no service)"
   downloads=$(mktemp -d)
-  chmod 0755 "$downloads"  # apt fetches as _apt, which must reach the folder
+  chown _apt "$downloads" 2>/dev/null || true  # apt fetches as its _apt user, which must write there
   (cd "$downloads" && apt-get download -q "${tool_packages[@]}" >/dev/null)
   for deb in "$downloads"/*.deb; do
-    dpkg-deb -x "$deb" "$tools"
+    dpkg-deb -x "$deb" "$downloads/root"
   done
+  mkdir -p "$tools/usr/bin"
+  cp "$downloads"/root/usr/bin/* "$tools/usr/bin/"  # the binaries alone: no configs, units or examples
   rm -rf "$downloads"
 fi
 

@@ -25,6 +25,13 @@ def test_defaults_and_argument_specs_have_the_same_keys(role):
     assert all(option.get("description") for option in options.values())
 
 
+@pytest.mark.parametrize("role", ROLES)
+def test_readme_lists_every_variable_with_its_default(role):
+    """README's variable blocks are the roles' defaults, verbatim: a new or changed default shows up there."""
+    defaults = (ROOT / "ansible" / "roles" / role / "defaults" / "main.yml").read_text().removeprefix("---\n")
+    assert f"```yaml\n{defaults}```" in (ROOT / "README.md").read_text(), f"README.md: update {role}'s block"
+
+
 def deploy(tmp_path: Path, *variables: str) -> subprocess.CompletedProcess[str]:
     inventory = tmp_path / "host.ini"
     inventory.write_text(
