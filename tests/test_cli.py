@@ -84,11 +84,22 @@ def test_config_file_and_flags(tmp_path):
         ("log_level: loud\n", "log_level: expected one of"),
         ("- a list\n", "expected a mapping"),
         ("web: [\n", "not valid YAML"),
+        # Each of these was accepted, or crashed with a traceback (issue 12):
+        ("collectors:\n  nvml:\n    interval_seconds: .inf\n", "interval_seconds: expected a positive number"),
+        ("collectors:\n  nvml:\n    interval_seconds: .nan\n", "interval_seconds: expected a positive number"),
+        ("collectors:\n  nvml:\n    interval_seconds: 1.0e-9\n", "interval_seconds: expected at least 0.1 seconds"),
+        ("collectors:\n  nvml:\n    interval_seconds: 1" + "0" * 400 + "\n", "expected a positive number"),
+        ("paths:\n  sysfs: null\n", "paths.sysfs: expected a directory path, got None"),
+        ("paths:\n  sysfs: [a]\n", "paths.sysfs: expected a directory path, got ['a']"),
+        ("web:\n  listen_address: ':\uff11\uff19\uff14\uff17\uff10'\n", "listen address"),
+        ("web:\n  listen_address: ':0'\n", "listen address ':0'"),
+        ("log_level: info\nlog_level: debug\n", "key 'log_level' given twice"),
+        (b"log_level: \xff\xfe\n", "not UTF-8 text"),
     ],
 )
 def test_bad_config_is_refused_with_the_setting_named(tmp_path, text, message):
     config = tmp_path / "bad.yml"
-    config.write_text(text)
+    config.write_bytes(text if isinstance(text, bytes) else text.encode())
     with pytest.raises(ConfigError, match=None) as error:
         settings("--config", str(config))
     assert message in str(error.value)

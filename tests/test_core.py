@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 import urllib.request
@@ -138,6 +139,16 @@ def test_http_endpoint_on_loopback():
             assert response.status == 200
             assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
             assert b'test_value{source="steady"}' in response.read()
+        head = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", method="HEAD")
+        with urllib.request.urlopen(head, timeout=5) as response:  # it answered 501
+            assert response.status == 200 and int(response.headers["Content-Length"]) > 0
+            assert response.read() == b""
+        # The kernel's listen backlog of this socket (ss shows it as Send-Q): Python's default of 5 overflowed
+        # under 50 concurrent scrapers.
+        listening = subprocess.run(
+            ["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True, check=True
+        ).stdout.split()
+        assert listening[2] == "128", listening
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/nope", timeout=5)
         except urllib.error.HTTPError as error:

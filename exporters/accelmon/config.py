@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,10 +14,25 @@ DEFAULT_PORT = 19470
 DEFAULT_LISTEN_ADDRESS = f":{DEFAULT_PORT}"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 OPTION_CHOICES = {("profiling", "backend"): ("auto", "dcgm", "gpm")}
+# No option in seconds below this: 1e-9 made a sampler spin a whole core.
+MIN_SECONDS = 0.1
 
 
 class ConfigError(ValueError):
     """A setting is wrong; the message names it."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (it silently kept the last one)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} given twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 @dataclass
@@ -57,9 +73,12 @@ def check_option(name: str, key: str, value: Any, default: Any) -> Any:
             raise ConfigError(f"{where}: expected true or false, got {value!r}")
         return value
     if isinstance(default, (int, float)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        number = _finite(value)
+        if number is None or number <= 0:
             raise ConfigError(f"{where}: expected a positive number, got {value!r}")
-        return float(value)
+        if key.endswith("_seconds") and number < MIN_SECONDS:
+            raise ConfigError(f"{where}: expected at least {MIN_SECONDS} seconds, got {value!r}")
+        return number
     if isinstance(default, str):
         if not isinstance(value, str) or not value:
             raise ConfigError(f"{where}: expected a non-empty string, got {value!r}")
@@ -70,9 +89,23 @@ def check_option(name: str, key: str, value: Any, default: Any) -> Any:
     return value
 
 
-def check_listen_address(address: str) -> tuple[str, int]:
+def _finite(value: Any) -> float | None:
+    """value as a finite float, or None: .inf killed a sampler thread, .nan made it spin, 10**400 overflowed."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def check_listen_address(address: str, any_port: bool = False) -> tuple[str, int]:
+    """(host, port) of HOST:PORT; port 0 (any free port) only where `any_port` says a caller wants one."""
     host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+    # ASCII digits only (full-width digits pass str.isdigit), and a real port: 0 would listen on a random one.
+    lowest = 0 if any_port else 1
+    if not sep or not (port.isascii() and port.isdigit()) or not lowest <= int(port) < 65536:
         raise ConfigError(f"listen address {address!r}: expected HOST:PORT, :PORT or [IPv6]:PORT")
     return host.strip("[]"), int(port)
 
@@ -83,9 +116,11 @@ def load(path: str | None) -> Settings:
         return settings
     try:
         with open(path, encoding="utf-8") as stream:
-            data = yaml.safe_load(stream)
+            data = yaml.load(stream, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
     except OSError as error:
         raise ConfigError(f"config file {path}: {error.strerror}") from error
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"config file {path}: not UTF-8 text ({error.reason} at byte {error.start})") from error
     except yaml.YAMLError as error:
         raise ConfigError(f"config file {path}: not valid YAML: {error}") from error
     data = _expect_mapping(data, path)
@@ -101,7 +136,10 @@ def load(path: str | None) -> Settings:
         settings.log_level = data["log_level"]
     paths = _expect_mapping(data.get("paths"), "paths")
     _unknown(paths, {"sysfs", "procfs", "devfs"}, "paths")
-    settings.paths = Paths(**{**vars(settings.paths), **{k: str(v) for k, v in paths.items()}})
+    for key, value in paths.items():
+        if not isinstance(value, str) or not value:  # null and lists became the paths "None" and "['a']"
+            raise ConfigError(f"paths.{key}: expected a directory path, got {value!r}")
+    settings.paths = Paths(**{**vars(settings.paths), **paths})
     collectors = _expect_mapping(data.get("collectors"), "collectors")
     _unknown(collectors, set(REGISTRY), "collectors")
     for name, raw in collectors.items():
