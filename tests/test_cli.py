@@ -6,7 +6,7 @@ import pytest
 
 from accelmon.cli import build_samplers, parser, settings_from
 from accelmon.config import ConfigError
-from conftest import check_golden, exporter_env, promtool_check, run_once
+from conftest import check_golden, exporter_env, promtool_check, run_once, sample_value
 
 SCENARIOS = {
     # Eight H100s, one lost, one whose driver lacks the newer calls, MIG on one: what a busy node looks like.
@@ -130,3 +130,37 @@ def test_check_config(tmp_path):
     refused = subprocess.run([*run, str(bad)], capture_output=True, text=True)
     assert refused.returncode == 2
     assert "collectors.nvml.enabled" in refused.stderr
+
+
+def hardware(exposition: str, collector: str) -> tuple[float | None, float | None]:
+    return (
+        sample_value(exposition, "accelmon_collector_hardware_expected", collector=collector),
+        sample_value(exposition, "accelmon_collector_hardware_answering", collector=collector),
+    )
+
+
+def test_a_broken_nvidia_driver_is_visible(tmp_path, fake_nvml_dir):
+    """The kernel module is loaded (procfs has its version) but NVML does not answer: expected 1, answering 0.
+    Before, nothing said so: success stayed 1 and no alert could fire."""
+    procfs = tmp_path / "proc"
+    (procfs / "driver" / "nvidia").mkdir(parents=True)
+    (procfs / "driver" / "nvidia" / "version").write_text("NVRM version: NVIDIA UNIX Kernel Module  580.159.04\n")
+    only_nvml = ["--no-collector.infiniband", "--no-collector.neuron"]
+    broken = run_once([f"--path.procfs={procfs}", *only_nvml], exporter_env(None, None))  # no libnvidia-ml
+    assert hardware(broken.stdout, "nvml") == (1, 0)
+    promtool_check(broken.stdout)
+    config = tmp_path / "fake.conf"
+    config.write_text("gpus 1\n")
+    working = run_once([f"--path.procfs={procfs}", *only_nvml], exporter_env(fake_nvml_dir, config))
+    assert hardware(working.stdout, "nvml") == (1, 1)
+    no_gpu_host = run_once([f"--path.procfs={tmp_path / 'empty'}", *only_nvml], exporter_env(None, None))
+    assert hardware(no_gpu_host.stdout, "nvml") == (0, 0)  # no driver, no GPU: nothing wrong
+
+
+def test_infiniband_enabled_without_devices_is_visible(tmp_path):
+    result = run_once(
+        ["--collector.infiniband", f"--path.sysfs={tmp_path}", "--no-collector.nvml", "--no-collector.neuron"],
+        exporter_env(None, None),
+    )
+    assert result.returncode == 0, result.stderr
+    assert hardware(result.stdout, "infiniband") == (1, 0)

@@ -79,7 +79,9 @@ def build_samplers(settings: Settings) -> list[Sampler]:
         if not enabled:
             continue
         options = {**registration.options, **chosen.options}
-        samplers.append(Sampler(registration.build(options, settings.paths), float(options["interval_seconds"])))
+        expected = chosen.enabled is True or registration.hardware_present(settings.paths)
+        collector = registration.build(options, settings.paths)
+        samplers.append(Sampler(collector, float(options["interval_seconds"]), hardware_expected=expected))
     return samplers
 
 

@@ -133,6 +133,10 @@ class Collector:
     # window): --once waits this long before its single sample.
     first_sample_delay = 0.0
 
+    def hardware_answering(self) -> bool | None:
+        """Whether the hardware (or the tool) this collector reads answers now; None where that means nothing."""
+        return None
+
     def start(self) -> None:
         """Prepare the hardware connection; called once on the sampler thread before the first sample."""
 
@@ -163,9 +167,13 @@ class Sampler:
         interval: float,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        hardware_expected: bool = False,
     ) -> None:
         self.collector = collector
         self.interval = interval
+        # The collector was enabled on purpose, or the host shows the hardware (a driver, a device class): then
+        # hardware that does not answer is a fault, not a host without it.
+        self.hardware_expected = hardware_expected
         self._clock = clock
         self._wall_clock = wall_clock
         self._state = SampleState()
@@ -261,6 +269,18 @@ INTERVAL = SELF.gauge(
 ERRORS = SELF.counter(
     "accelmon_collector_errors_total", "Samples of the collector that failed since the exporter started.", ["collector"]
 )
+HARDWARE_EXPECTED = SELF.gauge(
+    "accelmon_collector_hardware_expected",
+    "1 if this host should have the collector's hardware (enabled explicitly, or a driver or device class is "
+    "present), else 0.",
+    ["collector"],
+)
+HARDWARE_ANSWERING = SELF.gauge(
+    "accelmon_collector_hardware_answering",
+    "1 if the collector's hardware answers (NVML initialised, InfiniBand devices in sysfs, neuron-monitor reporting), "
+    "else 0. Expected but not answering is a broken driver or tool.",
+    ["collector"],
+)
 
 
 class Exporter:
@@ -296,6 +316,10 @@ class Exporter:
             samples.add(LAST_SAMPLE, [sampler.name], state.last_sample_timestamp)
             samples.add(INTERVAL, [sampler.name], sampler.interval)
             samples.add(ERRORS, [sampler.name], state.errors)
+            answering = sampler.collector.hardware_answering()
+            if answering is not None:
+                samples.add(HARDWARE_EXPECTED, [sampler.name], 1 if sampler.hardware_expected else 0)
+                samples.add(HARDWARE_ANSWERING, [sampler.name], 1 if answering else 0)
         return samples
 
     @staticmethod

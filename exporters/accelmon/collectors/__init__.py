@@ -24,6 +24,9 @@ class Registration:
     help: str
     build: Callable[[dict[str, Any], Paths], Collector]
     enabled_by_default: Callable[[Paths], bool]
+    # Whether the host shows this collector's hardware (a loaded driver, a device class): if so, hardware that
+    # does not answer is a fault (accelmon_collector_hardware_expected).
+    hardware_present: Callable[[Paths], bool]
     options: dict[str, Any]  # option name -> default value (and so its type)
     catalogue: Callable[[], Catalogue]
 
@@ -114,6 +117,8 @@ register(
         build=_nvml,
         # On by default: without an NVIDIA driver it exports nothing and costs nothing.
         enabled_by_default=lambda paths: True,
+        # The kernel module is loaded: NVML should answer (a broken library or driver otherwise).
+        hardware_present=lambda paths: os.path.exists(os.path.join(paths.procfs, "driver", "nvidia", "version")),
         # Cheap values every second; counters and slow values (energy alone: 4 ms CPU per read on an H100) every
         # 30 s, as dcgm-exporter collects by default; PCIe throughput (0.7 ms CPU per direction) every 30 s.
         options={
@@ -132,6 +137,7 @@ register(
         help="InfiniBand, RoCE and OmniPath port counters from sysfs (default: on where class/infiniband exists)",
         build=_infiniband,
         enabled_by_default=lambda paths: os.path.isdir(os.path.join(paths.sysfs, "class", "infiniband")),
+        hardware_present=lambda paths: os.path.isdir(os.path.join(paths.sysfs, "class", "infiniband")),
         options={"interval_seconds": 5.0},
         catalogue=_infiniband_catalogue,
     )
@@ -144,6 +150,7 @@ register(
         "/dev/neuron* or neuron-monitor exists)",
         build=_neuron,
         enabled_by_default=_has_neuron,
+        hardware_present=lambda paths: any(name.startswith("neuron") for name in _listdir(paths.devfs)),
         options={"interval_seconds": 5.0, "period_seconds": 5.0, "monitor_path": "neuron-monitor"},
         catalogue=_neuron_catalogue,
     )
@@ -155,6 +162,7 @@ register(
         help="GPU profiling counters from DCGM or NVML GPM (default: off: profiling has a cost)",
         build=_profiling,
         enabled_by_default=lambda paths: False,
+        hardware_present=lambda paths: False,  # no backend is a choice, not a fault: the backend_info says which
         options={
             # One GPM read of one GPU costs ~2.3 ms of CPU on an H100: 5 s keeps it under 0.5 ms per GPU per second.
             "interval_seconds": 5.0,

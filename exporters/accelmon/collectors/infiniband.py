@@ -151,11 +151,16 @@ class InfinibandCollector(Collector):
 
     def __init__(self, sysfs: str = "/sys") -> None:
         self.root = os.path.join(sysfs, "class", "infiniband")
+        self._devices_found = False
+
+    def hardware_answering(self) -> bool:
+        return self._devices_found
 
     def sample(self) -> Samples:
         samples = Samples()
         for device in _listdir(self.root):
             self._sample_device(device, samples)
+        self._devices_found = INFO in samples.rows
         return samples
 
     def _sample_device(self, device: str, out: Samples) -> None:

@@ -415,6 +415,9 @@ class NeuronCollector(Collector):
             stream.close()
 
     # ---- sample ----
+    def hardware_answering(self) -> bool:
+        return self._running and self.fresh()
+
     def fresh(self) -> bool:
         with self.state.lock:
             return self.state.report is not None and self._clock() - self.state.report_time <= self.stall_seconds

@@ -257,6 +257,9 @@ class NvmlCollector(Collector):
         )
         self._lost_errors = (self.nvml.NVMLError_GpuIsLost, self.nvml.NVMLError_Unknown)
 
+    def hardware_answering(self) -> bool:
+        return self._initialized
+
     # ---- setup ----
     def start(self) -> None:
         self._try_init()
