@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable
 
+import pynvml
+
 from accelmon.core import Catalogue, Collector, Samples
 
 log = logging.getLogger("accelmon.nvml")
@@ -156,39 +158,46 @@ MIG_MEMORY_TOTAL = C.gauge(
 )
 
 CLOCK_EVENT_REASONS = {
-    "gpu_idle": 0x1,
-    "applications_clocks_setting": 0x2,
-    "sw_power_cap": 0x4,
-    "hw_slowdown": 0x8,
-    "sync_boost": 0x10,
-    "sw_thermal_slowdown": 0x20,
-    "hw_thermal_slowdown": 0x40,
-    "hw_power_brake_slowdown": 0x80,
-    "display_clock_setting": 0x100,
+    "gpu_idle": pynvml.nvmlClocksEventReasonGpuIdle,
+    "applications_clocks_setting": pynvml.nvmlClocksEventReasonApplicationsClocksSetting,
+    "sw_power_cap": pynvml.nvmlClocksEventReasonSwPowerCap,
+    "hw_slowdown": pynvml.nvmlClocksEventReasonHwSlowdown,
+    "sync_boost": pynvml.nvmlClocksEventReasonSyncBoost,
+    "sw_thermal_slowdown": pynvml.nvmlClocksEventReasonSwThermalSlowdown,
+    "hw_thermal_slowdown": pynvml.nvmlClocksEventReasonHwThermalSlowdown,
+    "hw_power_brake_slowdown": pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown,
+    "display_clock_setting": pynvml.nvmlClocksEventReasonDisplayClockSetting,
 }
 
 # Read with nvmlDeviceGetFieldValues: (field id, spec, extra label values, scale). Memory temperature every
 # interval on its own; the counters together, on the slow schedule (field 83, energy, costs 4 ms of CPU).
 Field = tuple[int, Any, tuple[str, ...], float]
-FIELD_MEMORY_TEMP = 82
-FAST_FIELDS: list[Field] = [(FIELD_MEMORY_TEMP, MEMORY_TEMPERATURE, (), 1.0)]
+FAST_FIELDS: list[Field] = [(pynvml.NVML_FI_DEV_MEMORY_TEMP, MEMORY_TEMPERATURE, (), 1.0)]
 SLOW_FIELDS: list[Field] = [
-    (83, ENERGY, (), 1e-3),  # NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, mJ
-    (3, ECC, ("corrected", "volatile"), 1.0),  # NVML_FI_DEV_ECC_SBE_VOL_TOTAL
-    (4, ECC, ("uncorrected", "volatile"), 1.0),
-    (5, ECC, ("corrected", "aggregate"), 1.0),
-    (6, ECC, ("uncorrected", "aggregate"), 1.0),
-    (29, RETIRED_PAGES, ("single_bit",), 1.0),  # NVML_FI_DEV_RETIRED_SBE
-    (30, RETIRED_PAGES, ("double_bit",), 1.0),
-    (31, RETIRED_PENDING, (), 1.0),
-    (94, PCIE_REPLAYS, (), 1.0),  # NVML_FI_DEV_PCIE_REPLAY_COUNTER
-    (142, REMAPPED_ROWS, ("correctable",), 1.0),  # NVML_FI_DEV_REMAPPED_COR
-    (143, REMAPPED_ROWS, ("uncorrectable",), 1.0),
-    (144, REMAP_PENDING, (), 1.0),
-    (145, REMAP_FAILURE, (), 1.0),
+    (pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, ENERGY, (), 1e-3),  # mJ
+    (pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL, ECC, ("corrected", "volatile"), 1.0),
+    (pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL, ECC, ("uncorrected", "volatile"), 1.0),
+    (pynvml.NVML_FI_DEV_ECC_SBE_AGG_TOTAL, ECC, ("corrected", "aggregate"), 1.0),
+    (pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL, ECC, ("uncorrected", "aggregate"), 1.0),
+    (pynvml.NVML_FI_DEV_RETIRED_SBE, RETIRED_PAGES, ("single_bit",), 1.0),
+    (pynvml.NVML_FI_DEV_RETIRED_DBE, RETIRED_PAGES, ("double_bit",), 1.0),
+    (pynvml.NVML_FI_DEV_RETIRED_PENDING, RETIRED_PENDING, (), 1.0),
+    (pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER, PCIE_REPLAYS, (), 1.0),
+    (pynvml.NVML_FI_DEV_REMAPPED_COR, REMAPPED_ROWS, ("correctable",), 1.0),
+    (pynvml.NVML_FI_DEV_REMAPPED_UNC, REMAPPED_ROWS, ("uncorrectable",), 1.0),
+    (pynvml.NVML_FI_DEV_REMAPPED_PENDING, REMAP_PENDING, (), 1.0),
+    (pynvml.NVML_FI_DEV_REMAPPED_FAILURE, REMAP_FAILURE, (), 1.0),
 ]
 # nvmlValueType_t -> member of the c_nvmlValue_t union
-VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+VALUE_MEMBERS = {
+    pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+    6: "usVal",  # NVML_VALUE_TYPE_UNSIGNED_SHORT, by number: a binding without the name still imports
+}
 
 MHZ = 1e6
 KIB = 1024.0
@@ -229,11 +238,7 @@ class NvmlCollector(Collector):
         retry_init_seconds: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if nvml is None:
-            import pynvml
-
-            nvml = pynvml
-        self.nvml: Any = nvml
+        self.nvml: Any = nvml if nvml is not None else pynvml
         self.slow_interval = slow_interval
         self.pcie_interval = pcie_interval
         self.xid_events = xid_events

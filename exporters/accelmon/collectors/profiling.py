@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable
 
+import pynvml
+
 from accelmon.collectors import DCGM_BINDINGS
 from accelmon.core import Catalogue, Collector, Samples
 
@@ -65,7 +67,7 @@ COUNTERS = [
         ),
         1002,
         1.0,
-        2,
+        pynvml.NVML_GPM_METRIC_SM_UTIL,
         0.01,
     ),
     ProfilingMetric(
@@ -76,7 +78,7 @@ COUNTERS = [
         ),
         1003,
         1.0,
-        3,
+        pynvml.NVML_GPM_METRIC_SM_OCCUPANCY,
         0.01,
     ),
     ProfilingMetric(
@@ -87,7 +89,7 @@ COUNTERS = [
         ),
         1004,
         1.0,
-        5,
+        pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
         0.01,
     ),
     ProfilingMetric(
@@ -98,7 +100,7 @@ COUNTERS = [
         ),
         1005,
         1.0,
-        10,
+        pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL,
         0.01,
     ),
     ProfilingMetric(
@@ -109,7 +111,7 @@ COUNTERS = [
         ),
         1006,
         1.0,
-        11,
+        pynvml.NVML_GPM_METRIC_FP64_UTIL,
         0.01,
     ),
     ProfilingMetric(
@@ -120,7 +122,7 @@ COUNTERS = [
         ),
         1007,
         1.0,
-        12,
+        pynvml.NVML_GPM_METRIC_FP32_UTIL,
         0.01,
     ),
     ProfilingMetric(
@@ -131,7 +133,7 @@ COUNTERS = [
         ),
         1008,
         1.0,
-        13,
+        pynvml.NVML_GPM_METRIC_FP16_UTIL,
         0.01,
     ),
     ProfilingMetric(
@@ -144,7 +146,7 @@ COUNTERS = [
         ),
         1009,
         1.0,
-        20,
+        pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC,
         MIB,
     ),
     ProfilingMetric(
@@ -155,7 +157,7 @@ COUNTERS = [
         ),
         1010,
         1.0,
-        21,
+        pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC,
         MIB,
     ),
     ProfilingMetric(
@@ -166,7 +168,7 @@ COUNTERS = [
         ),
         1011,
         1.0,
-        61,
+        pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC,
         MIB,
     ),
     ProfilingMetric(
@@ -177,7 +179,7 @@ COUNTERS = [
         ),
         1012,
         1.0,
-        60,
+        pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC,
         MIB,
     ),
 ]
@@ -274,11 +276,7 @@ class GpmBackend:
     def __init__(
         self, nvml: ModuleType | None = None, interval: float = 5.0, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        if nvml is None:
-            import pynvml
-
-            nvml = pynvml
-        self.nvml: Any = nvml
+        self.nvml: Any = nvml if nvml is not None else pynvml
         # A window is the time between the two samples a value is computed from. Shorter than 90 % of the
         # interval (sampler jitter aside) or than NVML's 100 ms: not a full window, wait for a longer one. Longer
         # than 3 intervals: the sampler was held up; an average over that gap is not this interval's value.
