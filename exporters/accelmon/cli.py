@@ -5,16 +5,15 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
-import socket
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Sequence
 
 from accelmon import __version__
 from accelmon.collectors import REGISTRY, Paths
 from accelmon.config import LOG_LEVELS, ConfigError, Settings, check_listen_address, load
 from accelmon.core import Exporter, Sampler
+from accelmon.server import MetricsServer
 
 log = logging.getLogger("accelmon")
 
@@ -85,62 +84,10 @@ def build_samplers(settings: Settings) -> list[Sampler]:
     return samplers
 
 
-class MetricsHandler(BaseHTTPRequestHandler):
-    exporter: Exporter
-    server_version = f"accelmon-exporter/{__version__}"
-    timeout = 30  # a client that connects and says nothing does not hold a thread for ever
-
-    def do_HEAD(self) -> None:
-        self.do_GET()
-
-    def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0]
-        if path == "/metrics":
-            body = self.exporter.exposition()
-            self._reply(200, "text/plain; version=0.0.4; charset=utf-8", body)
-        elif path == "/":
-            page = b"<html><head><title>accelmon</title></head><body><a href='/metrics'>Metrics</a></body></html>"
-            self._reply(200, "text/html; charset=utf-8", page)
-        else:
-            self._reply(404, "text/plain; charset=utf-8", b"not found\n")
-
-    def _reply(self, status: int, content_type: str, body: bytes) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - signature of the base class
-        log.debug("http: " + format, *args)
-
-
-class MetricsServer(ThreadingHTTPServer):
-    daemon_threads = True
-    # Python's default listen backlog is 5: 50 concurrent scrapers overflowed it (3,257 listen-queue overflows in
-    # 60 s, p99 1 s); with 128 none failed.
-    request_queue_size = 128
-
-    def handle_error(self, request: object, client_address: object) -> None:
-        """A client that went away mid-reply is its own business: one debug line, not a traceback on stderr."""
-        error = sys.exc_info()[1]
-        if isinstance(error, (BrokenPipeError, ConnectionResetError, TimeoutError)):
-            log.debug("http: client %s went away: %s", client_address, error)
-        else:
-            log.exception("http: error serving %s", client_address)
-
-
-class MetricsServer6(MetricsServer):
-    address_family = socket.AF_INET6
-
-
 def make_server(exporter: Exporter, address: str) -> MetricsServer:
+    """The /metrics server for `address` (HOST:PORT; port 0 for any free port), not yet started."""
     host, port = check_listen_address(address, any_port=True)  # tests and benchmarks bind a free port
-    handler = type("BoundMetricsHandler", (MetricsHandler,), {"exporter": exporter})
-    if ":" in host:
-        return MetricsServer6((host, port), handler)
-    return MetricsServer((host, port), handler)
+    return MetricsServer(exporter.exposition, host.strip("[]"), port, f"accelmon-exporter/{__version__}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -174,20 +121,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     stopping = threading.Event()
 
     def shut_down(signum: int, frame: object) -> None:
-        if not stopping.is_set():
-            stopping.set()
-            threading.Thread(target=server.shutdown, daemon=True).start()
+        stopping.set()
 
     signal.signal(signal.SIGTERM, shut_down)
     signal.signal(signal.SIGINT, shut_down)
     exporter.start()
+    server.start()
     log.info(
         "accelmon-exporter %s listening on %s with collectors: %s",
         __version__,
         settings.listen_address,
         ", ".join(s.name for s in exporter.samplers) or "none",
     )
-    server.serve_forever()
-    server.server_close()
+    stopping.wait()
+    server.stop()
     exporter.stop()
     return 0

@@ -1,0 +1,146 @@
+"""The /metrics endpoint: one asyncio event loop on its own thread, with every resource a client can hold bounded.
+
+The thread-per-connection server it replaces let one client grow the exporter to gigabytes: no limit on
+connections, up to 100 headers of 64 KiB buffered each, and a timeout per read, so a header every 29 s held a
+thread for most of an hour. Here a connection costs a coroutine and at most MAX_HEAD_BYTES of buffer; there are at
+most MAX_CONNECTIONS of them (more are closed at once); a request's head must arrive whole within HEAD_SECONDS of
+its first byte; an idle keep-alive connection is closed after IDLE_SECONDS. A scrape never waits on hardware: the
+body is the exporter's cached text, gzip-compressed when the client accepts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import logging
+import socket
+import threading
+from typing import Callable
+
+log = logging.getLogger("accelmon.http")
+
+MAX_HEAD_BYTES = 8192  # request line and headers; Prometheus sends about 300 bytes
+MAX_CONNECTIONS = 256
+HEAD_SECONDS = 5.0
+IDLE_SECONDS = 60.0  # Prometheus keeps its connection open between scrapes (15 s by default)
+WRITE_SECONDS = 10.0  # a client that does not read its reply does not hold it for longer
+BACKLOG = 128  # Python's default of 5 overflowed under 50 concurrent scrapers
+INDEX = b"<html><head><title>accelmon</title></head><body><a href='/metrics'>Metrics</a></body></html>"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
+
+
+class MetricsServer:
+    """Serves `exposition()` on `host:port` (port 0: any free port) from a loop on a thread of its own."""
+
+    def __init__(self, exposition: Callable[[], bytes], host: str, port: int, server_header: str) -> None:
+        self.exposition = exposition
+        self.server_header = server_header
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._socket = socket.socket(family, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind((host or ("::" if family == socket.AF_INET6 else "0.0.0.0"), port))
+        self.server_address = self._socket.getsockname()[:2]
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="http", daemon=True)
+        self._server: asyncio.base_events.Server | None = None
+        self.open_connections = 0
+
+    def start(self) -> None:
+        self._thread.start()
+        started = asyncio.run_coroutine_threadsafe(self._listen(), self._loop)
+        self._server = started.result(10)
+
+    async def _listen(self) -> asyncio.base_events.Server:
+        return await asyncio.start_server(self._serve, sock=self._socket, backlog=BACKLOG, limit=MAX_HEAD_BYTES)
+
+    def stop(self) -> None:
+        async def close() -> None:
+            if self._server is not None:
+                self._server.close()
+            for task in asyncio.all_tasks():
+                if task is not asyncio.current_task():
+                    task.cancel()
+
+        if self._thread.is_alive():
+            asyncio.run_coroutine_threadsafe(close(), self._loop).result(5)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5)
+        self._socket.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        if self.open_connections >= MAX_CONNECTIONS:
+            log.debug("http: %s refused: %d connections open", peer, self.open_connections)
+            writer.close()
+            return
+        self.open_connections += 1
+        try:
+            while await self._one_request(reader, writer):
+                pass
+        except (ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError) as error:
+            log.debug("http: client %s went away: %r", peer, error)
+        except asyncio.LimitOverrunError:
+            log.debug("http: client %s sent a head over %d bytes", peer, MAX_HEAD_BYTES)
+            await self._reply(writer, 400, "text/plain; charset=utf-8", b"request head too large\n", close=True)
+        finally:
+            self.open_connections -= 1
+            writer.close()
+
+    async def _one_request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """Reads and answers one request; False when the connection is done."""
+        first = await asyncio.wait_for(reader.read(1), IDLE_SECONDS)
+        if not first:
+            return False
+        # The whole head within HEAD_SECONDS, in at most MAX_HEAD_BYTES (the reader's limit raises beyond).
+        rest = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_SECONDS)
+        lines = (first + rest).decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ")
+        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+            await self._reply(writer, 400, "text/plain; charset=utf-8", b"bad request\n", close=True)
+            return False
+        method, target, version = parts
+        headers = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        close = version == "HTTP/1.0" or headers.get("connection", "").lower() == "close"
+        path = target.split("?", 1)[0]
+        if method not in ("GET", "HEAD"):
+            await self._reply(writer, 405, "text/plain; charset=utf-8", b"only GET and HEAD\n", close, head=False)
+        elif path == "/metrics":
+            body = self.exposition()
+            gzipped = "gzip" in headers.get("accept-encoding", "")
+            if gzipped:
+                body = gzip.compress(body, compresslevel=6)
+            await self._reply(writer, 200, CONTENT_TYPE, body, close, head=method == "HEAD", gzipped=gzipped)
+        elif path == "/":
+            await self._reply(writer, 200, "text/html; charset=utf-8", INDEX, close, head=method == "HEAD")
+        else:
+            await self._reply(writer, 404, "text/plain; charset=utf-8", b"not found\n", close, head=method == "HEAD")
+        return not close
+
+    async def _reply(
+        self,
+        writer: asyncio.StreamWriter,
+        status: int,
+        content_type: str,
+        body: bytes,
+        close: bool,
+        head: bool = False,
+        gzipped: bool = False,
+    ) -> None:
+        lines = [
+            f"HTTP/1.1 {status} {REASONS[status]}",
+            f"Server: {self.server_header}",
+            f"Content-Type: {content_type}",
+            f"Content-Length: {len(body)}",
+        ]
+        if gzipped:
+            lines.append("Content-Encoding: gzip")
+        if status == 405:
+            lines.append("Allow: GET, HEAD")
+        if close:
+            lines.append("Connection: close")
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (b"" if head else body))
+        await asyncio.wait_for(writer.drain(), WRITE_SECONDS)
