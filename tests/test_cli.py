@@ -164,3 +164,52 @@ def test_infiniband_enabled_without_devices_is_visible(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert hardware(result.stdout, "infiniband") == (1, 0)
+
+
+def test_sigterm_during_a_hung_nvml_call_exits_promptly(tmp_path, fake_nvml_dir):
+    """It took 38 s, with nvmlShutdown racing the sampler that was inside the hung call."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    config = tmp_path / "fake.conf"
+    config.write_text("gpus 1\nhang nvmlDeviceGetPowerUsage\n")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "accelmon",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--no-collector.infiniband",
+            "--no-collector.neuron",
+        ],
+        env=exporter_env(fake_nvml_dir, config),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # up and serving, its NVML sampler hung in nvmlDeviceGetPowerUsage
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the exporter did not come up"
+                time.sleep(0.2)
+        time.sleep(0.5)
+        stopped = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(15) == 0
+        assert time.monotonic() - stopped < 6
+        stderr = process.stderr.read()
+        assert "stuck in a hardware call" in stderr and "Traceback" not in stderr, stderr
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

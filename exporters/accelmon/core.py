@@ -238,10 +238,18 @@ class Sampler:
         self._thread = threading.Thread(target=self._run, name=f"sampler-{self.name}", daemon=True)
         self._thread.start()
 
+    def request_stop(self) -> None:
+        self._stop.set()
+
     def stop(self, timeout: float = 2.0) -> None:
+        """Stop sampling and release the hardware, unless the sampler is still inside a call after `timeout`:
+        releasing a library (nvmlShutdown) under a thread that is using it is a race; the process exits anyway."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.warning("collector %s is stuck in a hardware call: left as it is", self.name)
+                return
         try:
             self.collector.stop()
         except Exception:
@@ -302,9 +310,13 @@ class Exporter:
         for sampler in self.samplers:
             sampler.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 3.0) -> None:
+        """Stop every sampler within `timeout` in all (a hung one does not add its wait to the others')."""
         for sampler in self.samplers:
-            sampler.stop()
+            sampler.request_stop()
+        deadline = time.monotonic() + timeout
+        for sampler in self.samplers:
+            sampler.stop(max(0.0, deadline - time.monotonic()))
 
     def _self_metrics(self, states: list[tuple[Sampler, SampleState]], now: float) -> Samples:
         samples = Samples()

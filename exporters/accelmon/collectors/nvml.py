@@ -340,7 +340,10 @@ class NvmlCollector(Collector):
     def stop(self) -> None:
         self._stop.set()
         for thread in self._threads:
-            thread.join(2.0)
+            thread.join(1.0)
+        if any(thread.is_alive() for thread in self._threads):
+            log.warning("an NVML helper thread is stuck in a call: NVML left initialised")
+            return
         if self._initialized:
             try:
                 self.nvml.nvmlShutdown()
