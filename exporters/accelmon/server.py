@@ -45,6 +45,7 @@ class MetricsServer:
         self._thread = threading.Thread(target=self._loop.run_forever, name="http", daemon=True)
         self._server: asyncio.base_events.Server | None = None
         self.open_connections = 0
+        self._gzipped: tuple[bytes, bytes] = (b"", gzip.compress(b""))  # (exposition, its gzip): one per sample
 
     def start(self) -> None:
         self._thread.start()
@@ -112,13 +113,21 @@ class MetricsServer:
             body = self.exposition()
             gzipped = "gzip" in headers.get("accept-encoding", "")
             if gzipped:
-                body = gzip.compress(body, compresslevel=6)
+                body = self._compressed(body)
             await self._reply(writer, 200, CONTENT_TYPE, body, close, head=method == "HEAD", gzipped=gzipped)
         elif path == "/":
             await self._reply(writer, 200, "text/html; charset=utf-8", INDEX, close, head=method == "HEAD")
         else:
             await self._reply(writer, 404, "text/plain; charset=utf-8", b"not found\n", close, head=method == "HEAD")
         return not close
+
+    def _compressed(self, body: bytes) -> bytes:
+        """gzip of the exposition, compressed once per change: scrapers between two samples share it."""
+        plain, compressed = self._gzipped
+        if body != plain:
+            compressed = gzip.compress(body, compresslevel=6)
+            self._gzipped = (body, compressed)
+        return compressed
 
     async def _reply(
         self,
