@@ -171,3 +171,57 @@ def test_no_neuron_monitor_is_no_data():
         assert "accelmon_neuroncore" not in text
     finally:
         collector.stop()
+
+
+def test_malformed_lines_are_counted_but_logged_once_a_minute(caplog):
+    """Garbage from the monitor wrote 75 MB of warnings a minute: one warning per line."""
+    state = NeuronCollector(monitor="/nonexistent").state
+    with caplog.at_level("WARNING", logger="accelmon.neuron"):
+        for half_second in range(200):  # 100 s of garbage, two lines a second
+            state.add_line(b"not json", now=1000.0 + half_second * 0.5, wall=0.0)
+    assert state.malformed == 200
+    warnings = [r.getMessage() for r in caplog.records if "malformed" in r.getMessage()]
+    assert len(warnings) == 2  # the first, then one a minute later with the count in between
+    assert "119 more since the last warning" in warnings[1]
+
+
+def test_an_over_long_line_is_one_malformed_line_and_reading_goes_on(tmp_path, monkeypatch):
+    """A 100 MB line took 14.8 s of CPU in quadratic copying and counted as 4 malformed lines."""
+    from accelmon.collectors import neuron
+
+    monkeypatch.setattr(neuron, "MAX_LINE_BYTES", 1 << 20)
+    huge = "x" * (5 << 20)  # five times the limit
+    collector = run_with_fake(tmp_path, monkeypatch, [huge, line(report(1))], "hang", period_seconds=1)
+    try:
+        assert wait_for(lambda: collector.state.reports == 1)
+        assert collector.state.malformed == 1
+    finally:
+        collector.stop()
+
+
+def test_a_monitor_that_never_ends_a_line_is_restarted(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_NEURON_DELAY", "0.05")
+    collector = run_with_fake(tmp_path, monkeypatch, [line(report(1))], "dribble", stall_seconds=1.0)
+    try:
+        assert wait_for(lambda: collector.state.restarts >= 1, 10)
+    finally:
+        collector.stop()
+
+
+def test_a_restart_leaves_no_child_of_the_monitor_behind(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_NEURON_CHILD", str(tmp_path / "child.pid"))
+    collector = run_with_fake(tmp_path, monkeypatch, [line(report(1))], "hang", period_seconds=1)
+    try:
+        assert wait_for(lambda: (tmp_path / "child.pid").exists() and collector.state.reports == 1)
+        child = int((tmp_path / "child.pid").read_text())
+    finally:
+        collector.stop()
+
+    def gone() -> bool:
+        try:
+            state = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return True
+        return state == "Z"  # killed, waiting for its parent (here: whoever reaps orphans) to reap it
+
+    assert wait_for(gone, 5), "the monitor's child outlived it, holding the pipe"

@@ -20,6 +20,7 @@ import logging
 import os
 import selectors
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -164,6 +165,9 @@ ALL_GROUPS_CONFIG = {
     "system_metrics": [{"type": "vcpu_usage"}, {"type": "memory_info"}, {"type": "neuron_hw_counters"}],
 }
 MAX_LINE_BYTES = 32 * 1024 * 1024  # a report of a big trn instance is far smaller; a longer line is garbage
+# One warning for a malformed line, then at most one a minute with the count since: garbage from the monitor
+# wrote 75 MB of log a minute when every line was a warning.
+MALFORMED_LOG_SECONDS = 60.0
 SEARCH_PATH = ("/opt/aws/neuron/bin",)
 
 
@@ -204,6 +208,19 @@ class NeuronState:
         self.exec_status: dict[tuple[str, str], float] = defaultdict(float)
         self.ecc: dict[tuple[str, str], float] = defaultdict(float)
         self.context_switches = 0.0
+        self._malformed_logged_at = -MALFORMED_LOG_SECONDS
+        self._malformed_unlogged = 0
+
+    def add_malformed(self, now: float, why: str, line: bytes) -> None:
+        """Count a skipped line; log it unless one was logged less than MALFORMED_LOG_SECONDS ago."""
+        with self.lock:
+            self.malformed += 1
+            if now - self._malformed_logged_at < MALFORMED_LOG_SECONDS:
+                self._malformed_unlogged += 1
+                return
+            self._malformed_logged_at, unlogged, self._malformed_unlogged = now, self._malformed_unlogged, 0
+        more = f"; {unlogged} more since the last warning" if unlogged else ""
+        log.warning("skipped a malformed neuron-monitor line (%s%s): %.80r", why, more, line)
 
     def add_line(self, line: bytes, now: float, wall: float) -> bool:
         try:
@@ -212,9 +229,7 @@ class NeuronState:
                 raise ValueError("not an object")
             self._accumulate(report)
         except (ValueError, TypeError, AttributeError, KeyError) as error:
-            with self.lock:
-                self.malformed += 1
-            log.warning("skipped a malformed neuron-monitor line (%s): %.80r", error, line)
+            self.add_malformed(now, str(error), line)
             return False
         with self.lock:
             self.report, self.report_time, self.report_wall_time = report, now, wall
@@ -336,14 +351,24 @@ class NeuronCollector(Collector):
             shutil.rmtree(self._workdir, ignore_errors=True)
 
     def _kill(self) -> None:
+        """Stop the monitor and everything it started: it runs in a process group of its own, so no child of
+        it is left holding the pipe (orphans did, after restarts)."""
         process = self._process
-        if process is not None and process.poll() is None:
-            process.terminate()
+        if process is None:
+            return
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
             try:
                 process.wait(2)
             except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(2)
+                pass
+            os.killpg(process.pid, signal.SIGKILL)  # what is left of the group, children that outlived it too
+        except ProcessLookupError:
+            pass  # the whole group is gone
+        try:
+            process.wait(2)
+        except subprocess.TimeoutExpired:
+            log.warning("neuron-monitor (pid %d) did not exit after SIGKILL", process.pid)
 
     def _supervise(self, config: str) -> None:
         backoff = 1.0
@@ -372,7 +397,11 @@ class NeuronCollector(Collector):
     def _run_once(self, path: str, config: str) -> None:
         try:
             self._process = subprocess.Popen(
-                [path, "-c", config], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL
+                [path, "-c", config],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # its own process group, killed whole (see _kill)
             )
         except OSError as error:
             log.warning("cannot start %s: %s", path, error)
@@ -382,35 +411,45 @@ class NeuronCollector(Collector):
         stream = self._process.stdout
         selector = selectors.DefaultSelector()
         selector.register(stream, selectors.EVENT_READ)
-        buffer = b""
-        last_output = self._clock()
+        buffer = bytearray()
+        discarding = False  # inside a line already counted as malformed for being too long
+        last_line = self._clock()
         try:
             while not self._stop.is_set():
-                if not selector.select(timeout=1.0):
-                    if self._clock() - last_output > self.stall_seconds:
-                        log.warning("neuron-monitor printed nothing for %.0f s; restarting it", self.stall_seconds)
-                        break
+                ready = selector.select(timeout=1.0)
+                # Stalled: no complete line for stall_seconds, whether it prints nothing or never ends a line.
+                if self._clock() - last_line > self.stall_seconds:
+                    log.warning("neuron-monitor ended no line for %.0f s; restarting it", self.stall_seconds)
+                    break
+                if not ready:
                     continue
                 chunk = os.read(stream.fileno(), 1 << 20)
                 if not chunk:
                     break  # EOF: it exited (or closed stdout); never spin on a closed pipe
-                last_output = self._clock()
-                buffer += chunk
-                *lines, buffer = buffer.split(b"\n")
-                for line in lines:
-                    if line.strip():
-                        self.state.add_line(line, self._clock(), time.time())
-                if len(buffer) > MAX_LINE_BYTES:
-                    with self.state.lock:
-                        self.state.malformed += 1
-                    buffer = b""
+                # Only the new chunk is searched and appended: a 100 MB line cost 14.8 s of quadratic copying.
+                start = 0
+                while (end := chunk.find(b"\n", start)) >= 0:
+                    if not discarding:
+                        buffer += chunk[start:end]
+                        if buffer.strip():
+                            self.state.add_line(bytes(buffer), self._clock(), time.time())
+                    discarding = False
+                    buffer.clear()
+                    last_line = self._clock()
+                    start = end + 1
+                if not discarding:
+                    buffer += chunk[start:]
+                    if len(buffer) > MAX_LINE_BYTES:
+                        self.state.add_malformed(
+                            self._clock(), f"a line over {MAX_LINE_BYTES} bytes", bytes(buffer[:80])
+                        )
+                        buffer.clear()
+                        discarding = True
         finally:
             selector.close()
             self._running = False
-            if buffer.strip():
-                # A truncated last line (the process died mid-report).
-                with self.state.lock:
-                    self.state.malformed += 1
+            if buffer.strip() and not discarding:
+                self.state.add_malformed(self._clock(), "a truncated last line", bytes(buffer[:80]))
             self._kill()
             stream.close()
 
