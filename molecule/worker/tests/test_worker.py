@@ -3,6 +3,7 @@
 import pytest
 
 testinfra_hosts = ["podman://accelmon-worker"]
+MAX_EXPOSURE = 1.5  # measured with these directives; 3.2 without them (issue 12)
 
 
 def scrape(host, port):
@@ -58,6 +59,32 @@ def test_exporter_runs_hardened_and_unprivileged(host):
     assert props["CapabilityBoundingSet"] == ""
     pid = host.check_output("systemctl show -p MainPID --value accelmon-exporter")
     assert host.check_output(f"ps -o user= -p {pid}") == "accelmon"
+
+
+def test_unit_hardening_and_its_exposure_score(host):
+    """systemd-analyze security's exposure (0 safest, 10 unsafe). The directives issue 12 found missing are set,
+    and the score is at most what was measured with them (MAX_EXPOSURE)."""
+    show = host.check_output(
+        "systemctl show accelmon-exporter -p SystemCallFilter -p ProtectProc -p PrivateMounts "
+        "-p MemoryDenyWriteExecute -p MemoryMax -p TasksMax -p RestrictAddressFamilies"
+    )
+    props = dict(line.split("=", 1) for line in show.splitlines())
+    assert props["SystemCallFilter"]  # a seccomp allow-list
+    assert props["ProtectProc"] == "invisible" and props["PrivateMounts"] == "yes"
+    assert props["MemoryDenyWriteExecute"] == "yes"
+    assert props["MemoryMax"] == str(256 * 1024 * 1024) and props["TasksMax"] == "64"
+    assert "AF_NETLINK" not in props["RestrictAddressFamilies"]
+    report = host.check_output("systemd-analyze security --no-pager accelmon-exporter.service")
+    overall = next(line for line in report.splitlines() if "Overall exposure level" in line)
+    score = float(overall.split(":", 1)[1].split()[0])
+    assert score <= MAX_EXPOSURE, overall
+
+
+def test_environment_values_reach_the_service_unchanged(host):
+    """Values with quotes, backslashes and % went into the unit unescaped."""
+    pid = host.check_output("systemctl show -p MainPID --value accelmon-exporter")
+    environ = host.check_output(f"tr '\\0' '\\n' < /proc/{pid}/environ")
+    assert 'ACCELMON_TEST_QUOTING=a "b" 100% c\\d' in environ.splitlines()
 
 
 def test_files_are_not_world_writable(host):
