@@ -76,3 +76,19 @@ def test_alertmanager_runs_with_receivers_from_variables_and_gets_prometheus_ale
             break
         time.sleep(1)
     assert [m["url"] for m in managers] == ["http://127.0.0.1:9093/api/v2/alerts"]
+
+
+def test_secrets_and_containers_are_locked_down(host):
+    """Alertmanager's config can hold webhook tokens and SMTP passwords: it was 0644. The containers ran with a
+    writable root, every capability and no no-new-privileges, published on every interface."""
+    config = host.file("/opt/accelmon-master/alertmanager/alertmanager.yml")
+    assert config.mode == 0o640 and config.user == "root" and config.gid == 65534
+    for name in ("accelmon-prometheus", "accelmon-alertmanager"):
+        settings = json.loads(host.check_output(f"podman inspect {name}"))[0]["HostConfig"]
+        assert settings["ReadonlyRootfs"] is True, name
+        assert any(cap.upper() in ("ALL", "CAP_ALL") for cap in settings["CapDrop"]) or len(settings["CapDrop"]) > 10
+        assert any("no-new-privileges" in option for option in settings["SecurityOpt"]), name
+    listening = host.check_output("ss -ltnH")
+    for port in (9090, 9093):  # this host only, by default (the master uses the host's network here)
+        assert f"127.0.0.1:{port} " in listening, listening
+        assert f"*:{port} " not in listening and f"0.0.0.0:{port} " not in listening, listening
