@@ -104,6 +104,21 @@ def run_once(args: list[str], env: dict[str, str]) -> subprocess.CompletedProces
     )
 
 
+def wait_until_serving(port: int, timeout: float = 30.0) -> None:
+    """Until an exporter started in another process answers /metrics on the loopback port."""
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read()
+            return
+        except OSError:
+            assert time.monotonic() < deadline, "the exporter did not come up"
+            time.sleep(0.2)
+
+
 def stable_lines(exposition: str) -> str:
     return "".join(line + "\n" for line in exposition.splitlines() if not line.startswith(VOLATILE))
 

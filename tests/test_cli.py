@@ -6,7 +6,7 @@ import pytest
 
 from accelmon.cli import build_samplers, parser, settings_from
 from accelmon.config import ConfigError
-from conftest import check_golden, exporter_env, promtool_check, run_once, sample_value
+from conftest import check_golden, exporter_env, promtool_check, run_once, sample_value, wait_until_serving
 
 SCENARIOS = {
     # Eight H100s, one lost, one whose driver lacks the newer calls, MIG on one: what a busy node looks like.
@@ -173,7 +173,6 @@ def test_sigterm_during_a_hung_nvml_call_exits_promptly(tmp_path, fake_nvml_dir)
     import subprocess
     import sys
     import time
-    import urllib.request
 
     config = tmp_path / "fake.conf"
     config.write_text("gpus 1\nhang nvmlDeviceGetPowerUsage\n")
@@ -194,14 +193,7 @@ def test_sigterm_during_a_hung_nvml_call_exits_promptly(tmp_path, fake_nvml_dir)
         text=True,
     )
     try:
-        deadline = time.monotonic() + 30
-        while True:  # up and serving, its NVML sampler hung in nvmlDeviceGetPowerUsage
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "the exporter did not come up"
-                time.sleep(0.2)
+        wait_until_serving(port)  # its NVML sampler hung in nvmlDeviceGetPowerUsage
         time.sleep(0.5)
         stopped = time.monotonic()
         process.send_signal(signal.SIGTERM)

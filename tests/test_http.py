@@ -17,7 +17,7 @@ import pytest
 from accelmon import server as http
 from accelmon.cli import make_server
 from accelmon.core import Catalogue, Collector, Exporter, Sampler, Samples
-from conftest import ROOT
+from conftest import ROOT, wait_until_serving
 
 VALUE = Catalogue("test", "test").gauge("test_value", "A value.", ["source"])
 
@@ -135,14 +135,7 @@ def test_header_flood_does_not_grow_the_exporter(tmp_path):
         [sys.executable, "-m", "accelmon", f"--web.listen-address=127.0.0.1:{port}", *no_collectors], env=env
     )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "the exporter did not come up"
-                time.sleep(0.2)
+        wait_until_serving(port)
         idle = rss_kib(process.pid)
         header = b"X-Flood: " + b"a" * 65_000 + b"\r\n"
         clients = []

@@ -412,12 +412,7 @@ class NvmlCollector(Collector):
 
     def _sample_gpu(self, gpu: Gpu, out: Samples) -> None:
         nvml = self.nvml
-        labels = gpu.labels
-
-        def put(spec: Any, value: float | None, scale: float = 1.0, extra: tuple[str, ...] = ()) -> None:
-            scaled = _scaled(value, scale)
-            if scaled is not None:
-                out.add(spec, [*labels, *extra], scaled)
+        put = _putter(out, gpu.labels)
 
         utilization = self._call(gpu, "utilization", nvml.nvmlDeviceGetUtilizationRates)
         if utilization is not None:
@@ -484,12 +479,7 @@ class NvmlCollector(Collector):
     def _sample_slow(self, gpu: Gpu, out: Samples) -> None:
         """Counters and rarely changing values, read every slow interval and served from cache in between."""
         nvml = self.nvml
-        labels = gpu.labels
-
-        def put(spec: Any, value: float | None, scale: float = 1.0, extra: tuple[str, ...] = ()) -> None:
-            scaled = _scaled(value, scale)
-            if scaled is not None:
-                out.add(spec, [*labels, *extra], scaled)
+        put = _putter(out, gpu.labels)
 
         bar1 = self._call(gpu, "bar1", nvml.nvmlDeviceGetBAR1MemoryInfo)
         if bar1 is not None:
@@ -605,6 +595,17 @@ class NvmlCollector(Collector):
             nvml.nvmlEventSetFree(event_set)
         except nvml.NVMLError:
             pass
+
+
+def _putter(out: Samples, labels: tuple[str, ...]) -> Callable[..., None]:
+    """put(spec, value, scale=1, extra=()): value * scale under the GPU's labels (and extra), unless None."""
+
+    def put(spec: Any, value: float | None, scale: float = 1.0, extra: tuple[str, ...] = ()) -> None:
+        scaled = _scaled(value, scale)
+        if scaled is not None:
+            out.add(spec, [*labels, *extra], scaled)
+
+    return put
 
 
 def _text(value: Any) -> str:
