@@ -59,14 +59,18 @@ class MetricsServer:
         async def close() -> None:
             if self._server is not None:
                 self._server.close()
-            for task in asyncio.all_tasks():
-                if task is not asyncio.current_task():
-                    task.cancel()
+            connections = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+            for task in connections:
+                task.cancel()
+            # Each closes its transport on the way out: none is left to be collected after the loop is closed.
+            await asyncio.gather(*connections, return_exceptions=True)
 
         if self._thread.is_alive():
             asyncio.run_coroutine_threadsafe(close(), self._loop).result(5)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(5)
+            if not self._thread.is_alive():
+                self._loop.close()
         self._socket.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
