@@ -22,7 +22,8 @@ if [ -n "$py39" ]; then
   [ -x .venv39/bin/python ] || "$py39" -m venv .venv39
   .venv39/bin/pip install -q -e '.[test]'
   .venv39/bin/python -m pytest -q -p no:cacheprovider tests \
-    --ignore=tests/test_molecule.py --ignore=tests/test_ansible.py --ignore=tests/test_master.py
+    --ignore=tests/test_molecule.py --ignore=tests/test_ansible.py --ignore=tests/test_master.py \
+    --deselect tests/test_registry.py::test_a_toy_collector_reaches_the_roles_config_and_unit
 else
   echo "no Python 3.9 here: the exporter's tests run on $(python --version) only"
 fi

@@ -23,6 +23,8 @@ def test_defaults_and_argument_specs_have_the_same_keys(role):
     assert set(defaults) == set(options)
     assert all(name.startswith(role + "_") for name in options), "public variables carry the role's name"
     assert all(option.get("description") for option in options.values())
+    # A default lives in defaults/main.yml alone; the specs give types, choices and descriptions.
+    assert not [name for name, option in options.items() if "default" in option]
 
 
 @pytest.mark.parametrize("role", ROLES)
@@ -59,10 +61,15 @@ def deploy(tmp_path: Path, *variables: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize(
     ("variable", "message"),
     [
-        ("accelmon_exporter_nvml=yes", "accelmon_exporter_nvml"),
+        # A variable of an earlier version is refused, not silently ignored.
+        ("accelmon_exporter_nvml=enabled", "accelmon_exporter_nvml: no longer read"),
         ("accelmon_exporter_log_level=loud", "accelmon_exporter_log_level"),
-        ("accelmon_exporter_listen_address=nowhere", "accelmon_exporter_listen_address=nowhere"),
-        ("accelmon_exporter_nvml_interval_seconds=0", "accelmon_exporter_nvml_interval_seconds"),
+        ("accelmon_exporter_collectors=[]", "accelmon_exporter_collectors"),
+        # The exporter's own validation, run on the controller, names the setting.
+        ("accelmon_exporter_listen_address=nowhere", "listen address 'nowhere'"),
+        ('{"accelmon_exporter_collectors": {"nvml": {"interval_seconds": 0}}}', "collectors.nvml.interval_seconds"),
+        ('{"accelmon_exporter_collectors": {"gpu": {}}}', "collectors: unknown key(s) gpu"),
+        ('{"accelmon_exporter_collectors": {"profiling": {"backend": "cupti"}}}', "expected one of auto, dcgm, gpm"),
     ],
 )
 def test_bad_variable_fails_in_preflight_naming_it(tmp_path, variable, message):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
 import sys
@@ -10,18 +11,29 @@ import threading
 from typing import Sequence
 
 from accelmon import __version__
-from accelmon.collectors import REGISTRY, Paths
 from accelmon.config import LOG_LEVELS, ConfigError, Settings, check_listen_address, load
 from accelmon.core import Exporter, Sampler
+from accelmon.registry import Paths, Registration, collectors
 from accelmon.server import MetricsServer
 
 log = logging.getLogger("accelmon")
+
+
+def options_help() -> str:
+    """--help's closing text: every collector's options, as the config file sets them."""
+    lines = ["collector options (config file: collectors: NAME: OPTION: VALUE; enabled: true, false or auto):"]
+    for name, registration in collectors().items():
+        lines.append(f"  {name}:")
+        lines += [f"    {option.describe()}" for option in registration.options]
+    return "\n".join(lines)
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="accelmon-exporter",
         description="Prometheus exporter for NVIDIA GPUs, AWS Neuron devices and InfiniBand ports.",
+        epilog=options_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--config", metavar="FILE", help="YAML config file; flags override it")
     p.add_argument(
@@ -42,8 +54,14 @@ def parser() -> argparse.ArgumentParser:
         "default), since GPM needs two samples that far apart",
     )
     p.add_argument("--check-config", action="store_true", help="check the settings and exit (0 if valid, 2 if not)")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="with --check-config: print each collector's setting, options with defaults, whether it would run on "
+        "this host and the device nodes it needs (systemd DeviceAllow=), as JSON",
+    )
     p.add_argument("--version", action="version", version=f"accelmon-exporter {__version__}")
-    for name, registration in REGISTRY.items():
+    for name, registration in collectors().items():
         p.add_argument(
             f"--collector.{name}",
             dest=f"collector_{name}",
@@ -63,25 +81,56 @@ def settings_from(args: argparse.Namespace) -> Settings:
         settings.log_level = args.log_level
     overrides = {k: v for k, v in (("sysfs", args.sysfs), ("procfs", args.procfs), ("devfs", args.devfs)) if v}
     settings.paths = Paths(**{**vars(settings.paths), **overrides})
-    for name in REGISTRY:
+    for name in collectors():
         flag = getattr(args, f"collector_{name}")
         if flag is not None:
             settings.collector(name).enabled = flag
     return settings
 
 
+def _runs_here(registration: Registration, settings: Settings) -> bool:
+    chosen = settings.collector(registration.name)
+    if chosen.enabled is not None:
+        return chosen.enabled
+    return registration.enabled_by_default(settings.paths, {**registration.defaults, **chosen.options})
+
+
 def build_samplers(settings: Settings) -> list[Sampler]:
     samplers = []
-    for name, registration in REGISTRY.items():
-        chosen = settings.collector(name)
-        enabled = chosen.enabled if chosen.enabled is not None else registration.enabled_by_default(settings.paths)
-        if not enabled:
+    for name, registration in collectors().items():
+        if not _runs_here(registration, settings):
             continue
-        options = {**registration.options, **chosen.options}
-        expected = chosen.enabled is True or registration.hardware_present(settings.paths)
+        chosen = settings.collector(name)
+        options = {**registration.defaults, **chosen.options}
+        expected = chosen.enabled is True or registration.hardware_present(settings.paths, options)
         collector = registration.build(options, settings.paths)
         samplers.append(Sampler(collector, float(options["interval_seconds"]), hardware_expected=expected))
     return samplers
+
+
+def plan(settings: Settings) -> dict[str, object]:
+    """What --check-config --json prints: the settings resolved, for the Ansible role and for operators.
+
+    `device_allow` holds the device nodes of every collector that may run, `auto` ones included: the unit must
+    let a collector reach hardware that appears after the deploy (a driver installed later).
+    """
+    described: dict[str, dict[str, object]] = {}
+    devices: set[str] = set()
+    for name, registration in collectors().items():
+        chosen = settings.collector(name)
+        described[name] = {
+            "enabled": "auto" if chosen.enabled is None else chosen.enabled,
+            "runs_on_this_host": _runs_here(registration, settings),
+            "options": {**registration.defaults, **chosen.options},
+            "devices": list(registration.devices),
+        }
+        if registration.may_run(chosen.enabled):
+            devices.update(registration.devices)
+    return {
+        "listen_address": settings.listen_address,
+        "collectors": described,
+        "device_allow": sorted(devices),
+    }
 
 
 def make_server(exporter: Exporter, address: str) -> MetricsServer:
@@ -98,8 +147,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"accelmon-exporter: {error}", file=sys.stderr)
         return 2
     if args.check_config:
-        print("accelmon-exporter: settings are valid")
+        if args.json:
+            print(json.dumps(plan(settings), indent=2))
+        else:
+            print("accelmon-exporter: settings are valid")
         return 0
+    if args.json:
+        print("accelmon-exporter: --json goes with --check-config", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=settings.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

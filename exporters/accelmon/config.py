@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
-from accelmon.collectors import REGISTRY, Paths
+from accelmon.registry import ConfigError, Paths, collectors
 
 DEFAULT_PORT = 19470
 DEFAULT_LISTEN_ADDRESS = f":{DEFAULT_PORT}"
 LOG_LEVELS = ("debug", "info", "warning", "error")
-OPTION_CHOICES = {("profiling", "backend"): ("auto", "dcgm", "gpm")}
-# No option in seconds below this: 1e-9 made a sampler spin a whole core.
-MIN_SECONDS = 0.1
-
-
-class ConfigError(ValueError):
-    """A setting is wrong; the message names it."""
+__all__ = ["ConfigError", "Settings", "check_listen_address", "load"]
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -66,40 +59,6 @@ def _unknown(mapping: dict[str, Any], allowed: set[str], where: str) -> None:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(extra)}; allowed: {', '.join(sorted(allowed))}")
 
 
-def check_option(name: str, key: str, value: Any, default: Any) -> Any:
-    where = f"collectors.{name}.{key}"
-    if isinstance(default, bool):
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where}: expected true or false, got {value!r}")
-        return value
-    if isinstance(default, (int, float)):
-        number = _finite(value)
-        if number is None or number <= 0:
-            raise ConfigError(f"{where}: expected a positive number, got {value!r}")
-        if key.endswith("_seconds") and number < MIN_SECONDS:
-            raise ConfigError(f"{where}: expected at least {MIN_SECONDS} seconds, got {value!r}")
-        return number
-    if isinstance(default, str):
-        if not isinstance(value, str) or not value:
-            raise ConfigError(f"{where}: expected a non-empty string, got {value!r}")
-        choices = OPTION_CHOICES.get((name, key))
-        if choices and value not in choices:
-            raise ConfigError(f"{where}: expected one of {', '.join(choices)}, got {value!r}")
-        return value
-    return value
-
-
-def _finite(value: Any) -> float | None:
-    """value as a finite float, or None: .inf killed a sampler thread, .nan made it spin, 10**400 overflowed."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None
-
-
 def check_listen_address(address: str, any_port: bool = False) -> tuple[str, int]:
     """(host, port) of HOST:PORT; port 0 (any free port) only where `any_port` says a caller wants one."""
     host, sep, port = address.rpartition(":")
@@ -140,12 +99,13 @@ def load(path: str | None) -> Settings:
         if not isinstance(value, str) or not value:  # null and lists became the paths "None" and "['a']"
             raise ConfigError(f"paths.{key}: expected a directory path, got {value!r}")
     settings.paths = Paths(**{**vars(settings.paths), **paths})
-    collectors = _expect_mapping(data.get("collectors"), "collectors")
-    _unknown(collectors, set(REGISTRY), "collectors")
-    for name, raw in collectors.items():
+    registry = collectors()
+    chosen_collectors = _expect_mapping(data.get("collectors"), "collectors")
+    _unknown(chosen_collectors, set(registry), "collectors")
+    for name, raw in chosen_collectors.items():
         options = _expect_mapping(raw, f"collectors.{name}")
-        registration = REGISTRY[name]
-        _unknown(options, {"enabled", *registration.options}, f"collectors.{name}")
+        registration = registry[name]
+        _unknown(options, {"enabled", *registration.defaults}, f"collectors.{name}")
         chosen = settings.collector(name)
         if "enabled" in options:
             enabled = options["enabled"]
@@ -154,5 +114,5 @@ def load(path: str | None) -> Settings:
             chosen.enabled = None if enabled == "auto" else enabled
         for key, value in options.items():
             if key != "enabled":
-                chosen.options[key] = check_option(name, key, value, registration.options[key])
+                chosen.options[key] = registration.option(key).check(value, f"collectors.{name}.{key}")
     return settings

@@ -40,9 +40,10 @@ class MetricSpec:
 class Catalogue:
     """The metric specs of one collector, in declaration order."""
 
-    def __init__(self, collector: str, title: str) -> None:
+    def __init__(self, collector: str, title: str, note: str = "") -> None:
         self.collector = collector
         self.title = title
+        self.note = note  # where the values come from and how they are converted, for docs/metrics.md
         self.specs: list[MetricSpec] = []
 
     def _add(self, kind: str, name: str, text: str, labels: Iterable[str], read: str) -> MetricSpec:

@@ -17,11 +17,19 @@ import logging
 import os
 
 from accelmon.core import Catalogue, Collector, Samples
+from accelmon.registry import Paths, Registration, register, seconds
 
 log = logging.getLogger("accelmon.infiniband")
 
 PORT = ("device", "port")
-CATALOGUE = Catalogue("infiniband", "InfiniBand ports (sysfs)")
+CATALOGUE = Catalogue(
+    "infiniband",
+    "InfiniBand ports (sysfs)",
+    "Source: sysfs `class/infiniband`. Names are node_exporter's infiniband collector with `accelmon_` for "
+    "`node_`, values equal on the same tree (tested against Debian's node_exporter 1.5); the data counters "
+    "count 4-octet words and are multiplied by 4. Beyond node_exporter: placement (PCI address, NUMA node), "
+    "link layer and every hw_counters file.",
+)
 C = CATALOGUE
 INFO = C.gauge(
     "accelmon_infiniband_info",
@@ -214,3 +222,20 @@ class InfinibandCollector(Collector):
             value = _counter(_read(folder + file))
             if value is not None:
                 out.add(HW_COUNTER, (*labels, file), value)
+
+
+def _has_class(paths: Paths, options: dict[str, object]) -> bool:
+    return os.path.isdir(os.path.join(paths.sysfs, "class", "infiniband"))
+
+
+register(
+    Registration(
+        name="infiniband",
+        help="InfiniBand, RoCE and OmniPath port counters from sysfs (default: on where class/infiniband exists)",
+        build=lambda options, paths: InfinibandCollector(sysfs=paths.sysfs),
+        catalogue=CATALOGUE,
+        options=(seconds("interval_seconds", 5, "how often the port counters are read"),),
+        enabled_by_default=_has_class,
+        hardware_present=_has_class,
+    )
+)

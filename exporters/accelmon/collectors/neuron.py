@@ -29,10 +29,74 @@ from collections import defaultdict
 from typing import Any, Callable
 
 from accelmon.core import Catalogue, Collector, Samples
+from accelmon.registry import Option, Paths, Registration, register, seconds
 
 log = logging.getLogger("accelmon.neuron")
 
-CATALOGUE = Catalogue("neuron", "AWS Neuron devices (neuron-monitor)")
+INTERVAL = seconds("interval_seconds", 5, "how often the latest neuron-monitor report is turned into metrics")
+PERIOD = seconds("period_seconds", 5, "the report period asked of neuron-monitor")
+MONITOR_PATH = Option(
+    "monitor_path",
+    "neuron-monitor",
+    "neuron-monitor's path, or a name looked up on PATH and then in /opt/aws/neuron/bin",
+)
+
+# AWS's neuron-monitor-prometheus.py names, and ours: for users moving their dashboards.
+AWS_NAMES = [
+    ("neuroncore_utilization_ratio{neuroncore}", "accelmon_neuroncore_utilization_ratio{runtime_tag,neuroncore}"),
+    ("(flops not exported)", "accelmon_neuroncore_flops{runtime_tag,neuroncore}"),
+    (
+        "neuron_runtime_memory_used_bytes{memory_location}",
+        "accelmon_neuron_runtime_memory_used_bytes{runtime_tag,memory_location}",
+    ),
+    (
+        "neuroncore_memory_usage_{constants,model_code,...}{neuroncore}",
+        "accelmon_neuroncore_memory_used_bytes{runtime_tag,neuroncore,category}",
+    ),
+    ("(host breakdown not exported)", "accelmon_neuron_runtime_host_memory_used_bytes{runtime_tag,category}"),
+    ("neuron_runtime_vcpu_usage_ratio{usage_type}", "accelmon_neuron_runtime_vcpu_usage_ratio{runtime_tag,usage_type}"),
+    ("execution_errors_total{error_type}", "accelmon_neuron_execution_errors_total{runtime_tag,error_type}"),
+    ("execution_status_total{status_type}", "accelmon_neuron_execution_status_total{runtime_tag,status_type}"),
+    (
+        "execution_latency_seconds{percentile} (total only)",
+        "accelmon_neuron_execution_latency_seconds{runtime_tag,latency=total or device,percentile}",
+    ),
+    (
+        "hardware_ecc_events_total{event_type,neuron_device_index}",
+        "accelmon_neuron_hw_ecc_events_total{neuron_device,event_type}",
+    ),
+    ("system_vcpu_count", "accelmon_neuron_system_vcpus"),
+    (
+        "system_vcpu_usage_ratio{usage_type=user or system} (modes summed)",
+        "accelmon_neuron_system_vcpu_usage_ratio{usage_type} (each mode)",
+    ),
+    (
+        "system_memory_{total,used}_bytes, system_swap_{total,used}_bytes",
+        "accelmon_neuron_system_memory_{total,used}_bytes, accelmon_neuron_system_swap_{total,used}_bytes",
+    ),
+    ("instance_info{...}", "accelmon_neuron_instance_info{...}"),
+    (
+        "neuron_hardware_info{neuron_device_count,neuroncore_per_device_count}",
+        "accelmon_neuron_hardware_info{neuron_device_type,neuroncore_version}, accelmon_neuron_devices, "
+        "accelmon_neuroncores_per_device, accelmon_neuron_device_memory_total_bytes",
+    ),
+]
+NOTE = "\n".join(
+    [
+        "Source: the JSON reports of `neuron-monitor`, which the collector runs itself. Per-period counts (execution "
+        "`error_summary` and `execution_summary`, `neuron_hw_counters` ECC events, `context_switch_count`) are "
+        "accumulated into `_total` counters, once per capture (a group repeated with the same `period` is not added "
+        "again); everything else is the latest value. Percentages become ratios (/100). AWS's script puts the "
+        "instance labels on every series; accelmon keeps them in `accelmon_neuron_instance_info` and labels "
+        "per-runtime series with `runtime_tag` (NEURON_PROCESS_TAG, else the pid).",
+        "",
+        "| AWS `neuron-monitor-prometheus.py` | accelmon |",
+        "| --- | --- |",
+        *(f"| `{theirs}` | `{mine}` |" for theirs, mine in AWS_NAMES),
+    ]
+)
+
+CATALOGUE = Catalogue("neuron", "AWS Neuron devices (neuron-monitor)", NOTE)
 C = CATALOGUE
 RT = ("runtime_tag",)
 # Supervision of neuron-monitor itself.
@@ -315,8 +379,8 @@ class NeuronCollector(Collector):
 
     def __init__(
         self,
-        monitor: str = "neuron-monitor",
-        period_seconds: float = 5.0,
+        monitor: str = str(MONITOR_PATH.default),
+        period_seconds: float = float(PERIOD.default),
         stall_seconds: float | None = None,
         max_backoff_seconds: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
@@ -578,3 +642,30 @@ class NeuronCollector(Collector):
             for mode, percent in sorted((vcpu.get("vcpu_usage") or {}).items()):
                 if _number(percent) is not None:
                     out.add(RUNTIME_VCPU, (tag, mode), percent / 100)
+
+
+def _has_devices(paths: Paths, options: dict[str, Any]) -> bool:
+    try:
+        return any(name.startswith("neuron") for name in os.listdir(paths.devfs))
+    except OSError:
+        return False
+
+
+register(
+    Registration(
+        name="neuron",
+        help="AWS Neuron devices through neuron-monitor, run and supervised by the exporter (default: on where "
+        "/dev/neuron* or neuron-monitor exists)",
+        build=lambda options, paths: NeuronCollector(
+            monitor=options["monitor_path"], period_seconds=options["period_seconds"]
+        ),
+        catalogue=CATALOGUE,
+        options=(INTERVAL, PERIOD, MONITOR_PATH),
+        enabled_by_default=lambda paths, options: (
+            _has_devices(paths, options) or find_monitor(options["monitor_path"]) is not None
+        ),
+        hardware_present=_has_devices,
+        # neuron-monitor, our child, opens /dev/neuron<N>: the driver's "neuron" character device major.
+        devices=("char-neuron rw",),
+    )
+)

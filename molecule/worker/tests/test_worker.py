@@ -20,7 +20,7 @@ def test_exporter_serves_gpu_metrics(host):
     assert sum(line.endswith(" 0") for line in up) == 1  # GPU 5 is lost
     assert 'accelmon_collector_success{collector="nvml"} 1' in text
     assert 'accelmon_gpu_power_watts{gpu="1"' in text
-    # The fixture sysfs tree's HCAs, found by the role's hardware detection.
+    # The fixture sysfs tree's HCAs, found by the exporter's own detection (infiniband is left at auto).
     assert 'accelmon_collector_success{collector="infiniband"} 1' in text
     assert 'accelmon_infiniband_state_id{device="mlx5_0",port="1"} 4' in text
     assert 'accelmon_infiniband_state_id{device="mlx5_1",port="1"} 1' in text
@@ -78,6 +78,24 @@ def test_unit_hardening_and_its_exposure_score(host):
     overall = next(line for line in report.splitlines() if "Overall exposure level" in line)
     score = float(overall.split(":", 1)[1].split()[0])
     assert score <= MAX_EXPOSURE, overall
+
+
+def test_the_exporter_decides_auto_and_names_the_devices(host):
+    """The role writes the collector settings as given (auto stays auto, for the exporter to decide at each
+    start) and the unit allows exactly the device classes the exporter declares for the collectors not disabled."""
+    import yaml
+
+    config = yaml.safe_load(host.file("/etc/accelmon/exporter.yml").content_string)
+    assert config["collectors"]["nvml"] == {"enabled": True}
+    assert "enabled" not in config["collectors"]["neuron"]
+    assert "infiniband" not in config["collectors"]
+    unit = host.file("/etc/systemd/system/accelmon-exporter.service").content_string
+    allowed = sorted(line for line in unit.splitlines() if line.startswith("DeviceAllow="))
+    assert allowed == [
+        "DeviceAllow=char-neuron rw",
+        "DeviceAllow=char-nvidia-caps r",
+        "DeviceAllow=char-nvidia-frontend rw",
+    ]
 
 
 def test_environment_values_reach_the_service_unchanged(host):

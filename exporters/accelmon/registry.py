@@ -1,0 +1,153 @@
+"""What a collector declares about itself, and the registry of every collector in `accelmon.collectors`.
+
+A collector module owns everything it knows: its typed options (defaults, choices, bounds, help), how to detect
+its hardware, the device nodes it needs, its metric catalogue and its help text. It declares them in one
+`Registration` and calls `register`. The command line, the config validation, the catalogue and the Ansible role
+(through `--check-config --json`) all read that declaration; adding a collector is adding its module.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import pkgutil
+from dataclasses import dataclass, field
+from typing import Any, Callable, Union
+
+from accelmon.core import Catalogue, Collector
+
+# No option in seconds below this: 1e-9 made a sampler spin a whole core.
+MIN_SECONDS = 0.1
+
+OptionValue = Union[bool, float, str]
+
+
+class ConfigError(ValueError):
+    """A setting is wrong; the message names it."""
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where the host's filesystems are mounted; tests point them at fixture trees."""
+
+    sysfs: str = "/sys"
+    procfs: str = "/proc"
+    devfs: str = "/dev"
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting of a collector (`collectors.NAME.OPTION` in the config file); its default gives its type."""
+
+    name: str
+    default: OptionValue
+    help: str
+    choices: tuple[str, ...] = ()
+    minimum: float | None = None  # numbers: the smallest value accepted (always more than 0)
+
+    def check(self, value: Any, where: str) -> OptionValue:
+        """value, if it suits this option; ConfigError naming `where` otherwise."""
+        if isinstance(self.default, bool):
+            if not isinstance(value, bool):
+                raise ConfigError(f"{where}: expected true or false, got {value!r}")
+            return value
+        if isinstance(self.default, (int, float)):
+            number = finite(value)
+            if number is None or number <= 0:
+                raise ConfigError(f"{where}: expected a positive number, got {value!r}")
+            if self.minimum is not None and number < self.minimum:
+                raise ConfigError(f"{where}: expected at least {self.minimum:g}, got {value!r}")
+            return number
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{where}: expected a non-empty string, got {value!r}")
+        if self.choices and value not in self.choices:
+            raise ConfigError(f"{where}: expected one of {', '.join(self.choices)}, got {value!r}")
+        return value
+
+    def describe(self) -> str:
+        """One line for --help: name, default, bounds or choices, meaning."""
+        if isinstance(self.default, bool):
+            default = str(self.default).lower()
+        elif isinstance(self.default, float):
+            default = f"{self.default:g}"
+        else:
+            default = self.default or '""'
+        bounds = f"; one of {', '.join(self.choices)}" if self.choices else ""
+        bounds += f"; at least {self.minimum:g}" if self.minimum is not None else ""
+        return f"{self.name} (default {default}{bounds}): {self.help}"
+
+
+def seconds(name: str, default: float, text: str) -> Option:
+    """A duration option, never under MIN_SECONDS."""
+    return Option(name, float(default), text, minimum=MIN_SECONDS)
+
+
+def finite(value: Any) -> float | None:
+    """value as a finite float, or None: .inf killed a sampler thread, .nan made it spin, 10**400 overflowed."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def never(paths: Paths, options: dict[str, Any]) -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class Registration:
+    """Everything the exporter, its config, its docs and its Ansible role need to know about one collector."""
+
+    name: str
+    help: str  # one line for --help
+    build: Callable[[dict[str, Any], Paths], Collector]  # (options with defaults filled in, paths) -> collector
+    catalogue: Catalogue
+    options: tuple[Option, ...]  # interval_seconds among them
+    # Whether the collector runs when the config says `enabled: auto` (the default) on this host.
+    enabled_by_default: Callable[[Paths, dict[str, Any]], bool]
+    # Whether the host shows this collector's hardware (a loaded driver, a device class): if so, hardware that
+    # does not answer is a fault (accelmon_collector_hardware_expected).
+    hardware_present: Callable[[Paths, dict[str, Any]], bool] = never
+    # systemd DeviceAllow= entries the collector needs unless it is disabled (device classes where possible, so a
+    # driver installed after the deploy needs no new unit).
+    devices: tuple[str, ...] = ()
+    defaults: dict[str, OptionValue] = field(init=False)
+
+    def __post_init__(self) -> None:
+        names = [option.name for option in self.options]
+        if "interval_seconds" not in names:
+            raise ValueError(f"collector {self.name}: every collector has an interval_seconds option")
+        if len(set(names)) != len(names) or "enabled" in names:
+            raise ValueError(f"collector {self.name}: option names must be unique and not 'enabled'")
+        object.__setattr__(self, "defaults", {option.name: option.default for option in self.options})
+
+    def may_run(self, enabled: bool | None) -> bool:
+        """Whether the collector may run on some host with this setting (None: auto, which can turn it on
+        unless its default is never)."""
+        return enabled is True or (enabled is None and self.enabled_by_default is not never)
+
+    def option(self, name: str) -> Option:
+        return next(option for option in self.options if option.name == name)
+
+
+REGISTRY: dict[str, Registration] = {}
+
+
+def register(registration: Registration) -> Registration:
+    if registration.name in REGISTRY and REGISTRY[registration.name] is not registration:
+        raise ValueError(f"two collectors are named {registration.name}")
+    REGISTRY[registration.name] = registration
+    return registration
+
+
+def collectors() -> dict[str, Registration]:
+    """Every collector, by name: each module of `accelmon.collectors` registers itself when imported."""
+    import accelmon.collectors as package
+
+    for module in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+        if not module.name.startswith("_"):
+            importlib.import_module(f"{package.__name__}.{module.name}")
+    return dict(sorted(REGISTRY.items()))

@@ -1,0 +1,244 @@
+"""Collectors own what they know: a new collector is one module, and every consumer picks it up from there."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from accelmon.cli import plan
+from accelmon.config import ConfigError, load
+from accelmon.registry import Option, collectors
+from conftest import ROOT
+
+UNIT_TEMPLATE = ROOT / "ansible" / "roles" / "accelmon_exporter" / "templates" / "accelmon-exporter.service.j2"
+
+TOY = '''
+"""A toy collector, added by a test without touching any other file."""
+
+from accelmon.core import Catalogue, Collector, Samples
+from accelmon.registry import Option, Registration, register, seconds
+
+CATALOGUE = Catalogue("toy", "Toy widgets", "Counted by hand.")
+WIDGETS = CATALOGUE.gauge("accelmon_toy_widgets", "Widgets on the bench.", ["colour"])
+
+
+class ToyCollector(Collector):
+    name = "toy"
+
+    def __init__(self, colour):
+        self.colour = colour
+
+    def sample(self):
+        samples = Samples()
+        samples.add(WIDGETS, [self.colour], 3)
+        return samples
+
+
+register(
+    Registration(
+        name="toy",
+        help="toy widgets (default: off)",
+        build=lambda options, paths: ToyCollector(options["colour"]),
+        catalogue=CATALOGUE,
+        options=(
+            seconds("interval_seconds", 2, "how often the widgets are counted"),
+            Option("colour", "blue", "which widgets", ("blue", "red")),
+        ),
+        enabled_by_default=lambda paths, options: False,
+        devices=("char-toy r",),
+    )
+)
+'''
+
+
+@pytest.fixture(scope="module")
+def toy_tree(tmp_path_factory) -> Path:
+    """A copy of the source tree with one more module in accelmon/collectors, and nothing else changed."""
+    tree = tmp_path_factory.mktemp("toy") / "src"
+    shutil.copytree(ROOT / "exporters", tree / "exporters", ignore=shutil.ignore_patterns("__pycache__"))
+    (tree / "exporters" / "accelmon" / "collectors" / "toy.py").write_text(TOY)
+    return tree
+
+
+def run_toy(tree: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(tree / "exporters")}
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, env=env, input=stdin, timeout=60, check=False
+    )
+
+
+def test_a_toy_collector_appears_in_help(toy_tree):
+    result = run_toy(toy_tree, "-m", "accelmon", "--help")
+    assert "--collector.toy" in result.stdout
+    assert "colour (default blue; one of blue, red): which widgets" in result.stdout
+
+
+def test_a_toy_collector_is_validated_from_its_declaration(toy_tree):
+    def check(config: str) -> subprocess.CompletedProcess[str]:
+        return run_toy(toy_tree, "-m", "accelmon", "--check-config", "--config", "/dev/stdin", stdin=config)
+
+    bad = check("collectors: {toy: {colour: green}}")
+    assert bad.returncode == 2
+    assert "collectors.toy.colour: expected one of blue, red, got 'green'" in bad.stderr
+    assert (
+        "collectors.toy.interval_seconds: expected at least 0.1"
+        in check("collectors: {toy: {interval_seconds: 0.01}}").stderr
+    )
+    assert check("collectors: {toy: {colour: red, enabled: auto}}").returncode == 0
+
+
+def test_a_toy_collector_samples_and_is_in_the_catalogue(toy_tree):
+    once = run_toy(
+        toy_tree,
+        "-m",
+        "accelmon",
+        "--once",
+        "--no-collector.nvml",
+        "--collector.toy",
+        "--config",
+        "/dev/stdin",
+        stdin="collectors: {toy: {colour: red}}",
+    )
+    assert once.returncode == 0, once.stderr
+    assert 'accelmon_toy_widgets{colour="red"} 3' in once.stdout
+    assert 'accelmon_collector_success{collector="toy"} 1' in once.stdout
+    catalogue = run_toy(toy_tree, "-m", "accelmon.catalogue")
+    assert "## Toy widgets (`toy`)\n\nCounted by hand." in catalogue.stdout
+    assert "| `accelmon_toy_widgets` | gauge | colour |" in catalogue.stdout
+
+
+def test_a_toy_collector_reaches_the_roles_config_and_unit(toy_tree, tmp_path):
+    """The role's preflight, pointed at the toy tree, validates the toy's options on the controller, writes them
+    into the exporter's config and allows the toy's devices in the unit."""
+    playbook = tmp_path / "preflight.yml"
+    playbook.write_text(
+        yaml.safe_dump(
+            [
+                {
+                    "hosts": "localhost",
+                    "gather_facts": False,
+                    "vars": {"unit_template": str(UNIT_TEMPLATE)},
+                    "tasks": [
+                        {
+                            "ansible.builtin.include_role": {
+                                "name": "accelmon_exporter",
+                                "tasks_from": "preflight.yml",
+                                "public": True,
+                            }
+                        },
+                        {
+                            "ansible.builtin.copy": {
+                                "content": "{{ __accelmon_exporter_config }}",
+                                "dest": str(tmp_path / "exporter.yml"),
+                                "mode": "0600",
+                            }
+                        },
+                        {
+                            "ansible.builtin.copy": {
+                                "content": "{{ lookup('ansible.builtin.template', unit_template) }}",
+                                "dest": str(tmp_path / "unit"),
+                                "mode": "0600",
+                            }
+                        },
+                    ],
+                }
+            ]
+        )
+    )
+
+    def preflight(collectors_setting: dict) -> subprocess.CompletedProcess[str]:
+        variables = {"accelmon_exporter_source_dir": str(toy_tree), "accelmon_exporter_collectors": collectors_setting}
+        return subprocess.run(
+            [
+                str(Path(sys.executable).parent / "ansible-playbook"),
+                "-i",
+                "localhost,",
+                "-c",
+                "local",
+                "-e",
+                f"ansible_python_interpreter={sys.executable}",
+                "-e",
+                json.dumps(variables),
+                str(playbook),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "NO_COLOR": "1"},
+            timeout=300,
+            check=False,
+        )
+
+    refused = preflight({"toy": {"colour": "green"}})
+    assert refused.returncode != 0
+    assert "collectors.toy.colour: expected one of blue, red" in refused.stdout
+    accepted = preflight({"toy": {"enabled": True, "colour": "red"}, "nvml": {"enabled": False}})
+    assert accepted.returncode == 0, accepted.stdout + accepted.stderr
+    written = yaml.safe_load((tmp_path / "exporter.yml").read_text())
+    assert written["collectors"]["toy"] == {"enabled": True, "colour": "red"}
+    check = run_toy(toy_tree, "-m", "accelmon", "--check-config", "--config", str(tmp_path / "exporter.yml"))
+    assert check.returncode == 0, check.stderr
+    allowed = [line for line in (tmp_path / "unit").read_text().splitlines() if line.startswith("DeviceAllow=")]
+    assert "DeviceAllow=char-toy r" in allowed
+    # nvml is off and profiling is at auto, which never turns it on: no NVIDIA devices.
+    assert "DeviceAllow=char-nvidia-frontend rw" not in allowed
+
+
+def test_devices_of_disabled_collectors_are_not_allowed(tmp_path):
+    config = tmp_path / "exporter.yml"
+    config.write_text("collectors: {neuron: {enabled: false}, profiling: {enabled: true}}\n")
+    described = plan(load(str(config)))
+    assert described["device_allow"] == ["char-nvidia-caps r", "char-nvidia-frontend rw"]
+    # Left at auto, neuron may find its hardware at a later start: its device class is allowed.
+    assert plan(load(None))["device_allow"] == ["char-neuron rw", "char-nvidia-caps r", "char-nvidia-frontend rw"]
+    assert described["collectors"]["neuron"]["enabled"] is False
+    assert described["collectors"]["nvml"]["enabled"] == "auto"
+    assert described["collectors"]["profiling"]["options"]["interval_seconds"] == 5.0  # the default, filled in
+
+
+def test_every_collector_declares_its_options_completely():
+    for name, registration in collectors().items():
+        assert registration.catalogue.collector == name
+        assert registration.catalogue.specs, name
+        for option in registration.options:
+            assert option.help, f"{name}.{option.name} has no help"
+            assert isinstance(option.default, (bool, float, str)), f"{name}.{option.name}: give a float, bool or str"
+            if option.name.endswith("_seconds"):
+                assert option.minimum == 0.1, f"{name}.{option.name}: durations have the 0.1 s floor"
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        (Option("on", True, "x"), "yes", "expected true or false"),
+        (Option("n", 1.0, "x", minimum=0.5), 0.2, "expected at least 0.5"),
+        (Option("n", 1.0, "x"), float("inf"), "expected a positive number"),
+        (Option("n", 1.0, "x"), 10**400, "expected a positive number"),
+        (Option("s", "a", "x", ("a", "b")), "c", "expected one of a, b"),
+        (Option("s", "a", "x"), "", "expected a non-empty string"),
+    ],
+)
+def test_an_option_refuses_what_does_not_fit_it(option, value, message):
+    with pytest.raises(ConfigError, match=message):
+        option.check(value, "collectors.x." + option.name)
+
+
+def test_defaults_are_written_once():
+    """The defaults that used to be written three or four times are in one module each (the role has none)."""
+    text = "\n".join(p.read_text() for p in (ROOT / "exporters").rglob("*.py"))
+    assert text.count('"localhost:5555"') == 1
+    assert text.count("/usr/share/datacenter-gpu-manager-4/bindings/python3") == 1
+
+
+def test_readme_lists_every_collector_option():
+    """README's option block is what --help prints from the declarations: a new option shows up there."""
+    from accelmon.cli import options_help
+
+    assert f"```text\n{options_help()}\n```" in (ROOT / "README.md").read_text(), "README.md: update the options"
