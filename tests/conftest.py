@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKE_NVML_SOURCE = ROOT / "tests" / "fakenvml" / "fake_nvml.c"
@@ -149,3 +152,35 @@ def promtool_check(exposition: str) -> None:
     assert promtool, "promtool not found: install Debian's prometheus package (.ci/run does)"
     result = subprocess.run([promtool, "check", "metrics"], input=exposition, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def run_local_play(
+    play: dict[str, Any], variables: dict[str, Any], directory: Path
+) -> subprocess.CompletedProcess[str]:
+    """Runs one play on this machine (connection local, no hosts changed unless the play changes files it is
+    given) with `variables` as extra vars, from the repository's ansible.cfg; the caller checks the result."""
+    playbook = directory / "play.yml"
+    playbook.write_text(yaml.safe_dump([{"hosts": "localhost", "gather_facts": False, **play}]))
+    return subprocess.run(
+        [
+            str(Path(sys.executable).parent / "ansible-playbook"),
+            *("-i", "localhost,", "-c", "local"),
+            *("-e", f"ansible_python_interpreter={sys.executable}", "-e", json.dumps(variables)),
+            str(playbook),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "NO_COLOR": "1"},
+        timeout=300,
+        check=False,
+    )
+
+
+def render_role_template(role: str, template: str, dest: Path, variables: dict[str, Any]) -> None:
+    """Renders a role's template with the role's defaults and `variables`, by Ansible itself, into `dest`."""
+    role_dir = ROOT / "ansible" / "roles" / role
+    task = {"src": str(role_dir / "templates" / template), "dest": str(dest), "mode": "0644"}
+    play = {"vars_files": [str(role_dir / "defaults" / "main.yml")], "tasks": [{"ansible.builtin.template": task}]}
+    result = run_local_play(play, variables, dest.parent)
+    assert result.returncode == 0, result.stdout[-3000:]

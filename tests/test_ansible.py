@@ -79,3 +79,44 @@ def test_bad_variable_fails_in_preflight_naming_it(tmp_path, variable, message):
     assert message in output
     # It failed in the preflight play: no worker play ran.
     assert "PLAY [Workers]" not in output
+
+
+@pytest.mark.parametrize("variable", ["skip_worker=true", "accelmon_skip_worker=true"])
+def test_skip_worker_leaves_the_workers_alone(tmp_path, variable):
+    """Moneo's switch and ours: the workers are neither checked nor touched."""
+    result = deploy(tmp_path, variable)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "accelmon_exporter : Check the exporter configuration" not in result.stdout
+    assert "accelmon_exporter : Build the wheel" not in result.stdout
+
+
+def list_tasks(*tags: str) -> str:
+    result = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "ansible-playbook"),
+            "-i",
+            "localhost,",
+            "--list-tasks",
+            *(f"--tags={tag}" for tag in tags),
+            str(ROOT / "ansible" / "deploy.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")},
+        timeout=120,
+        check=True,
+    )
+    return result.stdout
+
+
+def test_tags_select_the_plays_and_the_configuration():
+    config = list_tasks("config")
+    assert "Write the exporter configuration" in config and "Write the Prometheus configuration" in config
+    assert "Configure node_exporter's flags" in config
+    assert "Build the wheel" not in config and "accelmon_node_exporter : Install node_exporter" not in config
+    assert "Run the containers" not in config
+    master = list_tasks("master")
+    assert "Write the Prometheus configuration" in master and "Write the exporter configuration\t" not in master
+    assert "Build the wheel" not in master
+    worker = list_tasks("worker")
+    assert "Build the wheel" in worker and "Write the Prometheus configuration" not in worker

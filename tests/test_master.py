@@ -16,7 +16,7 @@ import urllib.request
 import pytest
 import yaml
 
-from conftest import ROOT, exporter_env
+from conftest import ROOT, exporter_env, render_role_template
 from ib_fixture import standard_tree
 from neuron_reports import line, report
 
@@ -52,8 +52,12 @@ def test_every_alert_has_a_unit_test_a_severity_and_a_runbook():
         assert len(alert["annotations"]["description"]) > 40
 
 
-def test_standalone_prometheus_config_passes_promtool():
-    result = promtool("check", "config", "--syntax-only", str(MASTER / "prometheus" / "prometheus.yml"))
+@pytest.mark.parametrize("alertmanager", [False, True])
+def test_the_roles_prometheus_config_passes_promtool(tmp_path, alertmanager):
+    """The master role's template, rendered by Ansible with the role's defaults, is a config Prometheus accepts."""
+    variables = {"accelmon_master_alertmanager_enabled": alertmanager}
+    render_role_template("accelmon_master", "prometheus.yml.j2", tmp_path / "prometheus.yml", variables)
+    result = promtool("check", "config", "--syntax-only", str(tmp_path / "prometheus.yml"))
     assert result.returncode == 0, result.stdout + result.stderr
 
 

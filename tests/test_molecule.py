@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shutil
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
-from conftest import ROOT
+from conftest import ROOT, render_role_template
 
 IMAGES = ROOT / "molecule" / "images"
 SCENARIOS = sorted(p.parent.name for p in (ROOT / "molecule").glob("*/molecule.yml"))
@@ -49,3 +55,88 @@ def test_scenario(scenario: str, images: None, tmp_path: Path) -> None:
         )
     print(f"molecule scenario {scenario}: {time.monotonic() - started:.0f} s")
     assert result.returncode == 0, f"molecule test -s {scenario} failed:\n" + log.read_text()[-8000:]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def render_compose(tmp_path: Path, prometheus_port: int, alertmanager_port: int) -> Path:
+    """The master role's compose template, rendered by Ansible with the role's defaults and local images."""
+    master_dir = tmp_path / "master"
+    variables = {
+        "accelmon_master_dir": str(master_dir),
+        "accelmon_master_network": "accelmon-composetest",
+        "accelmon_master_prometheus_image": "localhost/accelmon-prometheus:2.42.0",
+        "accelmon_master_prometheus_port": prometheus_port,
+        "accelmon_master_grafana_enabled": False,  # no Grafana image can reach this machine
+        "accelmon_master_alertmanager_enabled": True,
+        "accelmon_master_alertmanager_image": "localhost/accelmon-alertmanager:0.25.0",
+        "accelmon_master_alertmanager_port": alertmanager_port,
+    }
+    (master_dir / "prometheus" / "targets").mkdir(parents=True)
+    shutil.copytree(ROOT / "master" / "prometheus" / "rules", master_dir / "prometheus" / "rules")
+    (master_dir / "prometheus" / "prometheus.yml").write_text(
+        "rule_files: [/etc/prometheus/rules/*.yml]\n"
+        "alerting: {alertmanagers: [{static_configs: [{targets: ['accelmon-composetest-alertmanager:9093']}]}]}\n"
+    )
+    (master_dir / "alertmanager").mkdir()
+    (master_dir / "alertmanager" / "alertmanager.yml").write_text("route: {receiver: x}\nreceivers: [{name: x}]\n")
+    render_role_template("accelmon_master", "compose.yaml.j2", master_dir / "compose.yaml", variables)
+    return master_dir / "compose.yaml"
+
+
+def wait_ready(url: str) -> None:
+    for _ in range(60):
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(1)
+    raise AssertionError(f"{url} never answered")
+
+
+@pytest.mark.molecule
+def test_compose_file_runs_with_podman_compose(images: None, tmp_path: Path) -> None:
+    """The one container definition, run by a compose implementation as it is: the services start hardened,
+    publish on loopback only, and Prometheus loads the master's rules and finds Alertmanager by name."""
+    prometheus_port, alertmanager_port = free_port(), free_port()
+    compose = render_compose(tmp_path, prometheus_port, alertmanager_port)
+    definition = yaml.safe_load(compose.read_text())
+    assert set(definition["services"]) == {"prometheus", "alertmanager"}
+    # Names of the test's own, so that it can never touch a real master's containers or data on this machine.
+    text = compose.read_text().replace("name: accelmon\n", "name: accelmon-composetest\n")
+    compose.write_text(re.sub(r"(?<!/)accelmon-(prometheus|alertmanager|grafana)", r"accelmon-composetest-\1", text))
+    podman_compose = [str(Path(sys.executable).parent / "podman-compose"), "-f", str(compose)]
+    env = molecule_env()
+    try:
+        up = subprocess.run([*podman_compose, "up", "-d"], capture_output=True, text=True, env=env, timeout=300)
+        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+        wait_ready(f"http://127.0.0.1:{prometheus_port}/-/ready")
+        wait_ready(f"http://127.0.0.1:{alertmanager_port}/-/ready")
+        with urllib.request.urlopen(f"http://127.0.0.1:{prometheus_port}/api/v1/rules", timeout=5) as response:
+            groups = json.load(response)["data"]["groups"]
+        assert {rule["name"] for group in groups for rule in group["rules"]} >= {"AccelmonExporterDown"}
+        for _ in range(30):
+            with urllib.request.urlopen(f"http://127.0.0.1:{prometheus_port}/api/v1/alertmanagers", timeout=5) as r:
+                if json.load(r)["data"]["activeAlertmanagers"]:
+                    break
+            time.sleep(1)
+        else:
+            raise AssertionError("Prometheus never found Alertmanager by its container name")
+        inspect = subprocess.run(
+            ["podman", "inspect", "accelmon-composetest-prometheus"], capture_output=True, text=True, env=env
+        )
+        config = json.loads(inspect.stdout)[0]
+        assert config["HostConfig"]["ReadonlyRootfs"] is True
+        assert config["Config"]["User"] == "65534:65534"
+        assert "no-new-privileges" in config["HostConfig"]["SecurityOpt"]
+        assert config["HostConfig"]["CapAdd"] in (None, [])
+        bindings = config["HostConfig"]["PortBindings"]["9090/tcp"]
+        assert [b["HostIp"] for b in bindings] == ["127.0.0.1"]
+    finally:
+        subprocess.run([*podman_compose, "down", "-v"], capture_output=True, env=env, timeout=300, check=False)

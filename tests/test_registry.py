@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -15,7 +14,7 @@ import yaml
 from accelmon.cli import plan
 from accelmon.config import ConfigError, load
 from accelmon.registry import Option, collectors
-from conftest import ROOT
+from conftest import ROOT, run_local_play
 
 UNIT_TEMPLATE = ROOT / "ansible" / "roles" / "accelmon_exporter" / "templates" / "accelmon-exporter.service.j2"
 
@@ -117,64 +116,36 @@ def test_a_toy_collector_samples_and_is_in_the_catalogue(toy_tree):
 def test_a_toy_collector_reaches_the_roles_config_and_unit(toy_tree, tmp_path):
     """The role's preflight, pointed at the toy tree, validates the toy's options on the controller, writes them
     into the exporter's config and allows the toy's devices in the unit."""
-    playbook = tmp_path / "preflight.yml"
-    playbook.write_text(
-        yaml.safe_dump(
-            [
-                {
-                    "hosts": "localhost",
-                    "gather_facts": False,
-                    "vars": {"unit_template": str(UNIT_TEMPLATE)},
-                    "tasks": [
-                        {
-                            "ansible.builtin.include_role": {
-                                "name": "accelmon_exporter",
-                                "tasks_from": "preflight.yml",
-                                "public": True,
-                            }
-                        },
-                        {
-                            "ansible.builtin.copy": {
-                                "content": "{{ __accelmon_exporter_config }}",
-                                "dest": str(tmp_path / "exporter.yml"),
-                                "mode": "0600",
-                            }
-                        },
-                        {
-                            "ansible.builtin.copy": {
-                                "content": "{{ lookup('ansible.builtin.template', unit_template) }}",
-                                "dest": str(tmp_path / "unit"),
-                                "mode": "0600",
-                            }
-                        },
-                    ],
+    play = {
+        "vars": {"unit_template": str(UNIT_TEMPLATE)},
+        "tasks": [
+            {
+                "ansible.builtin.include_role": {
+                    "name": "accelmon_exporter",
+                    "tasks_from": "preflight.yml",
+                    "public": True,
                 }
-            ]
-        )
-    )
+            },
+            {
+                "ansible.builtin.copy": {
+                    "content": "{{ __accelmon_exporter_config }}",
+                    "dest": str(tmp_path / "exporter.yml"),
+                    "mode": "0600",
+                }
+            },
+            {
+                "ansible.builtin.copy": {
+                    "content": "{{ lookup('ansible.builtin.template', unit_template) }}",
+                    "dest": str(tmp_path / "unit"),
+                    "mode": "0600",
+                }
+            },
+        ],
+    }
 
     def preflight(collectors_setting: dict) -> subprocess.CompletedProcess[str]:
         variables = {"accelmon_exporter_source_dir": str(toy_tree), "accelmon_exporter_collectors": collectors_setting}
-        return subprocess.run(
-            [
-                str(Path(sys.executable).parent / "ansible-playbook"),
-                "-i",
-                "localhost,",
-                "-c",
-                "local",
-                "-e",
-                f"ansible_python_interpreter={sys.executable}",
-                "-e",
-                json.dumps(variables),
-                str(playbook),
-            ],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "NO_COLOR": "1"},
-            timeout=300,
-            check=False,
-        )
+        return run_local_play(play, variables, tmp_path)
 
     refused = preflight({"toy": {"colour": "green"}})
     assert refused.returncode != 0

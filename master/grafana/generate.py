@@ -3,20 +3,28 @@
     python master/grafana/generate.py          # rewrite the JSON files
     python master/grafana/generate.py --check  # exit 1 if the committed JSON differs (CI)
 
-A small generator of our own: six dashboards of plain panels need no SDK, and every panel here is a
-(title, unit, queries) triple that tests can run against a real Prometheus. Fixed uids, a datasource
-variable used by every panel, and a unit on every panel.
+What each dashboard shows is declared here as plain data, every panel a (title, unit, queries) triple that the
+tests run against a real Prometheus; the Grafana JSON is built from it with Grafana's own SDK
+(grafana-foundation-sdk, pinned to the build for the Grafana image we deploy, so the schema version is that
+Grafana's). Fixed uids, a datasource variable used by every panel, and a unit on every panel.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from grafana_foundation_sdk.builders import bargauge, common, heatmap, prometheus, stat, table, timeseries
+from grafana_foundation_sdk.builders import dashboard as sdk_dashboard
+from grafana_foundation_sdk.cog.builder import Builder
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common as common_model
+from grafana_foundation_sdk.models import dashboard as model
+from grafana_foundation_sdk.models import prometheus as prometheus_model
+
 OUT = Path(__file__).resolve().parent / "dashboards"
-DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+DATASOURCE = model.DataSourceRef(type_val="prometheus", uid="${datasource}")
 
 
 @dataclass
@@ -554,96 +562,88 @@ NODE = Dashboard(
 DASHBOARDS = [FLEET, GPU, PROFILING, INFINIBAND, NEURON, NODE]
 
 
-def panel_json(panel: Panel, panel_id: int, x: int, y: int) -> dict:
-    targets = [
-        {"datasource": DATASOURCE, "expr": expr, "legendFormat": legend, "refId": chr(ord("A") + i)}
-        for i, (expr, legend) in enumerate(panel.queries)
-    ]
-    defaults: dict = {"unit": panel.unit}
+# The panel kinds used here and their SDK builders.
+KINDS = {
+    "timeseries": timeseries.Panel,
+    "stat": stat.Panel,
+    "heatmap": heatmap.Panel,
+    "table": table.Panel,
+    "bargauge": bargauge.Panel,
+}
+
+
+def build_panel(panel: Panel, panel_id: int, x: int, y: int) -> Builder:
+    built = (
+        KINDS[panel.kind]()
+        .id(panel_id)
+        .title(panel.title)
+        .description(panel.description)
+        .datasource(DATASOURCE)
+        .grid_pos(model.GridPos(h=panel.height, w=panel.width, x=x, y=y))
+        .unit(panel.unit)
+    )
     if panel.max is not None:
-        defaults.update({"min": 0, "max": panel.max})
-    result = {
-        "id": panel_id,
-        "type": panel.kind,
-        "title": panel.title,
-        "description": panel.description,
-        "datasource": DATASOURCE,
-        "gridPos": {"h": panel.height, "w": panel.width, "x": x, "y": y},
-        "fieldConfig": {"defaults": defaults, "overrides": []},
-        "options": {},
-        "targets": targets,
-    }
-    if panel.kind == "table":
-        for target in targets:
-            target.update({"format": "table", "instant": True})
+        built = built.min(0).max(panel.max)
+    for number, (expr, legend) in enumerate(panel.queries):
+        query = prometheus.Dataquery().expr(expr).legend_format(legend).ref_id(chr(ord("A") + number))
+        if panel.kind == "table":
+            query = query.format(prometheus_model.PromQueryFormat.TABLE).instant()
+        built = built.with_target(query.datasource(DATASOURCE))
     if panel.kind == "heatmap":
         # Grafana buckets the GPUs' values itself: a heatmap of how many GPUs sit at each utilization.
-        result["options"] = {
-            "calculate": True,
-            "calculation": {"yBuckets": {"mode": "count", "value": "10"}},
-            "yAxis": {"unit": panel.unit},
-        }
-    return result
+        buckets = common.HeatmapCalculationBucketConfig().mode(common_model.HeatmapCalculationMode.COUNT).value("10")
+        built = (
+            built.calculate(True)
+            .calculation(common.HeatmapCalculationOptions().y_buckets(buckets))
+            .y_axis(heatmap.YAxisConfig().unit(panel.unit))
+        )
+    return built
 
 
-def dashboard_json(dashboard: Dashboard) -> dict:
-    panels, x, y, row_height = [], 0, 0, 0
+def build_dashboard(dashboard: Dashboard) -> Builder:
+    built = (
+        sdk_dashboard.Dashboard(dashboard.title)
+        .uid(dashboard.uid)
+        .description(dashboard.description)
+        .tags(dashboard.tags)
+        .timezone("browser")
+        .readonly()
+        .tooltip(model.DashboardCursorSync.CROSSHAIR)
+        .time("now-6h", "now")
+        .refresh("30s")
+        .link(
+            sdk_dashboard.DashboardLink("accelmon")
+            .type(model.DashboardLinkType.DASHBOARDS)
+            .tags(["accelmon"])
+            .as_dropdown(True)
+        )
+        .with_variable(sdk_dashboard.DatasourceVariable("datasource").label("Data source").type("prometheus"))
+    )
+    for name, query in dashboard.variables:
+        built = built.with_variable(
+            sdk_dashboard.QueryVariable(name)
+            .label(name)
+            .datasource(DATASOURCE)
+            .query({"query": query, "refId": f"{name}-var"})
+            .refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED)
+            .include_all(True)
+            .multi(True)
+            .all_value(".*")
+            .sort(model.VariableSort.NUMERICAL_ASC)
+        )
+    x, y, row_height = 0, 0, 0
     for number, panel in enumerate(dashboard.panels, start=1):
         if x + panel.width > 24:
             x, y, row_height = 0, y + row_height, 0
-        panels.append(panel_json(panel, number, x, y))
+        built = built.with_panel(build_panel(panel, number, x, y))
         x += panel.width
         row_height = max(row_height, panel.height)
-    variables = [
-        {
-            "name": "datasource",
-            "label": "Data source",
-            "type": "datasource",
-            "query": "prometheus",
-            "current": {},
-            "hide": 0,
-            "refresh": 1,
-        }
-    ]
-    for name, query in dashboard.variables:
-        variables.append(
-            {
-                "name": name,
-                "label": name,
-                "type": "query",
-                "datasource": DATASOURCE,
-                "query": {"query": query, "refId": f"{name}-var"},
-                "definition": query,
-                "refresh": 2,
-                "includeAll": True,
-                "multi": True,
-                "allValue": ".*",
-                "current": {},
-                "sort": 3,
-                "hide": 0,
-            }
-        )
-    return {
-        "uid": dashboard.uid,
-        "title": dashboard.title,
-        "description": dashboard.description,
-        "tags": dashboard.tags,
-        "timezone": "browser",
-        "schemaVersion": 39,
-        "version": 1,
-        "editable": False,
-        "graphTooltip": 1,
-        "time": {"from": "now-6h", "to": "now"},
-        "refresh": "30s",
-        "templating": {"list": variables},
-        "annotations": {"list": []},
-        "links": [{"type": "dashboards", "tags": ["accelmon"], "asDropdown": True, "title": "accelmon"}],
-        "panels": panels,
-    }
+    return built
 
 
 def render_all() -> dict[str, str]:
-    return {f"{d.uid}.json": json.dumps(dashboard_json(d), indent=2, sort_keys=True) + "\n" for d in DASHBOARDS}
+    encoder = JSONEncoder(sort_keys=True, indent=2)
+    return {f"{d.uid}.json": encoder.encode(build_dashboard(d).build()) + "\n" for d in DASHBOARDS}
 
 
 def main(argv: list[str]) -> int:

@@ -92,3 +92,17 @@ def test_secrets_and_containers_are_locked_down(host):
     for port in (9090, 9093):  # this host only, by default (the master uses the host's network here)
         assert f"127.0.0.1:{port} " in listening, listening
         assert f"*:{port} " not in listening and f"0.0.0.0:{port} " not in listening, listening
+
+
+def test_the_running_containers_are_those_of_the_written_definition(host):
+    """podman runs exactly the services of /opt/accelmon-master/compose.yaml (Grafana is turned off here)."""
+    import yaml
+
+    definition = yaml.safe_load(host.file("/opt/accelmon-master/compose.yaml").content_string)
+    assert set(definition["services"]) == {"prometheus", "alertmanager"}
+    running = set(host.check_output("podman ps --format '{{.Names}}'").split())
+    assert running == {service["container_name"] for service in definition["services"].values()}
+    for service in definition["services"].values():
+        inspect = json.loads(host.check_output(f"podman inspect {service['container_name']}"))[0]
+        assert inspect["ImageName"] == service["image"]
+        assert inspect["Config"]["User"] == service["user"]
