@@ -15,6 +15,7 @@ from accelmon.config import LOG_LEVELS, ConfigError, Settings, check_listen_addr
 from accelmon.core import Exporter, Sampler
 from accelmon.registry import Paths, Registration, collectors
 from accelmon.server import MetricsServer
+from accelmon.webconfig import WebConfig, load_web_config
 
 log = logging.getLogger("accelmon")
 
@@ -41,6 +42,12 @@ def parser() -> argparse.ArgumentParser:
         dest="listen_address",
         metavar="HOST:PORT",
         help="address to serve /metrics on (default :19470)",
+    )
+    p.add_argument(
+        "--web.config.file",
+        dest="web_config_file",
+        metavar="FILE",
+        help="TLS, mutual TLS and basic auth settings, in exporter-toolkit's format (as node_exporter)",
     )
     p.add_argument("--path.sysfs", dest="sysfs", metavar="DIR", help="sysfs mount point (default /sys)")
     p.add_argument("--path.procfs", dest="procfs", metavar="DIR", help="procfs mount point (default /proc)")
@@ -133,16 +140,17 @@ def plan(settings: Settings) -> dict[str, object]:
     }
 
 
-def make_server(exporter: Exporter, address: str) -> MetricsServer:
+def make_server(exporter: Exporter, address: str, web: WebConfig | None = None) -> MetricsServer:
     """The /metrics server for `address` (HOST:PORT; port 0 for any free port), not yet started."""
     host, port = check_listen_address(address, any_port=True)  # tests and benchmarks bind a free port
-    return MetricsServer(exporter.exposition, host.strip("[]"), port, f"accelmon-exporter/{__version__}")
+    return MetricsServer(exporter.exposition, host.strip("[]"), port, f"accelmon-exporter/{__version__}", web)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         settings = settings_from(args)
+        web = load_web_config(args.web_config_file) if args.web_config_file else None
     except ConfigError as error:
         print(f"accelmon-exporter: {error}", file=sys.stderr)
         return 2
@@ -169,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         return 0
     try:
-        server = make_server(exporter, settings.listen_address)
+        server = make_server(exporter, settings.listen_address, web)
     except OSError as error:
         log.error("cannot listen on %s: %s", settings.listen_address, error)
         return 1
@@ -183,9 +191,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     exporter.start()
     server.start()
     log.info(
-        "accelmon-exporter %s listening on %s with collectors: %s",
+        "accelmon-exporter %s listening on %s (%s%s) with collectors: %s",
         __version__,
         settings.listen_address,
+        "https" if web and web.ssl_context else "http",
+        ", basic auth" if web and web.requires_auth else "",
         ", ".join(s.name for s in exporter.samplers) or "none",
     )
     stopping.wait()

@@ -11,11 +11,17 @@ body is the exporter's cached text, gzip-compressed when the client accepts it.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import gzip
 import logging
 import socket
+import ssl
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
+
+from accelmon.webconfig import WebConfig
 
 log = logging.getLogger("accelmon.http")
 
@@ -27,15 +33,27 @@ WRITE_SECONDS = 10.0  # a client that does not read its reply does not hold it f
 BACKLOG = 128  # Python's default of 5 overflowed under 50 concurrent scrapers
 INDEX = b"<html><head><title>accelmon</title></head><body><a href='/metrics'>Metrics</a></body></html>"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
+REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed"}
+CHALLENGE = 'WWW-Authenticate: Basic realm="accelmon-exporter"'
 
 
 class MetricsServer:
     """Serves `exposition()` on `host:port` (port 0: any free port) from a loop on a thread of its own."""
 
-    def __init__(self, exposition: Callable[[], bytes], host: str, port: int, server_header: str) -> None:
+    def __init__(
+        self,
+        exposition: Callable[[], bytes],
+        host: str,
+        port: int,
+        server_header: str,
+        web: WebConfig | None = None,
+    ) -> None:
         self.exposition = exposition
         self.server_header = server_header
+        self.web = web or WebConfig()
+        # bcrypt checks (0.06-0.25 s of CPU each) run one at a time off the loop: wrong passwords cost one core
+        # at most, and never stall the scrapes of clients that passed before.
+        self._bcrypt = ThreadPoolExecutor(max_workers=1, thread_name_prefix="http-auth")
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._socket = socket.socket(family, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -53,7 +71,15 @@ class MetricsServer:
         self._server = started.result(10)
 
     async def _listen(self) -> asyncio.base_events.Server:
-        return await asyncio.start_server(self._serve, sock=self._socket, backlog=BACKLOG, limit=MAX_HEAD_BYTES)
+        return await asyncio.start_server(
+            self._serve,
+            sock=self._socket,
+            backlog=BACKLOG,
+            limit=MAX_HEAD_BYTES,
+            ssl=self.web.ssl_context,
+            # A TLS handshake is bounded like a request head: a client that never finishes it is cut off.
+            ssl_handshake_timeout=HEAD_SECONDS if self.web.ssl_context else None,
+        )
 
     def stop(self) -> None:
         async def close() -> None:
@@ -72,6 +98,7 @@ class MetricsServer:
             if not self._thread.is_alive():
                 self._loop.close()
         self._socket.close()
+        self._bcrypt.shutdown(wait=False)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
@@ -83,7 +110,7 @@ class MetricsServer:
         try:
             while await self._one_request(reader, writer):
                 pass
-        except (ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError) as error:
+        except (ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError, ssl.SSLError) as error:
             log.debug("http: client %s went away: %r", peer, error)
         except asyncio.LimitOverrunError:
             log.debug("http: client %s sent a head over %d bytes", peer, MAX_HEAD_BYTES)
@@ -111,7 +138,9 @@ class MetricsServer:
             headers[name.strip().lower()] = value.strip()
         close = version == "HTTP/1.0" or headers.get("connection", "").lower() == "close"
         path = target.split("?", 1)[0]
-        if method not in ("GET", "HEAD"):
+        if self.web.requires_auth and not await self._authorized(headers.get("authorization", "")):
+            await self._reply(writer, 401, "text/plain; charset=utf-8", b"unauthorized\n", close, extra=CHALLENGE)
+        elif method not in ("GET", "HEAD"):
             await self._reply(writer, 405, "text/plain; charset=utf-8", b"only GET and HEAD\n", close, head=False)
         elif path == "/metrics":
             body = self.exposition()
@@ -124,6 +153,20 @@ class MetricsServer:
         else:
             await self._reply(writer, 404, "text/plain; charset=utf-8", b"not found\n", close, head=method == "HEAD")
         return not close
+
+    async def _authorized(self, authorization: str) -> bool:
+        scheme, _, encoded = authorization.partition(" ")
+        if scheme.lower() != "basic":
+            return False
+        try:
+            user, sep, password = base64.b64decode(encoded.strip(), validate=True).decode("utf-8").partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            return False
+        if not sep:
+            return False
+        if self.web.is_known(user, password):
+            return True
+        return await asyncio.get_running_loop().run_in_executor(self._bcrypt, self.web.check, user, password)
 
     def _compressed(self, body: bytes) -> bytes:
         """gzip of the exposition, compressed once per change: scrapers between two samples share it."""
@@ -142,6 +185,7 @@ class MetricsServer:
         close: bool,
         head: bool = False,
         gzipped: bool = False,
+        extra: str = "",
     ) -> None:
         lines = [
             f"HTTP/1.1 {status} {REASONS[status]}",
@@ -153,6 +197,8 @@ class MetricsServer:
             lines.append("Content-Encoding: gzip")
         if status == 405:
             lines.append("Allow: GET, HEAD")
+        if extra:
+            lines.append(extra)
         if close:
             lines.append("Connection: close")
         writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (b"" if head else body))

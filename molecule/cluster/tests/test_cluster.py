@@ -70,6 +70,23 @@ def test_every_worker_is_scraped_with_its_gpus(host):
     assert {t["labels"]["node"] for t in nodes if t["labels"]["job"] == "node" and t["health"] == "up"} == WORKERS
 
 
+def test_exporters_answer_only_over_mutual_tls_with_the_password(host):
+    """The scrapes above went over mutual TLS with basic auth; here each piece is taken away in turn."""
+    secrets = "/opt/accelmon-master/prometheus/secrets"
+    worker = sorted(WORKERS)[0]
+    url = f"https://{worker}:19470/metrics"
+    tls = f"--cacert {secrets}/exporter-ca.crt --cert {secrets}/client.crt --key {secrets}/client.key"
+    auth = f"-u prometheus:$(cat {secrets}/exporter-password)"
+
+    def status(options, target=url):
+        return host.run(f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 10 {options} {target}").stdout
+
+    assert status(f"{tls} {auth}") == "200"
+    assert status(tls) == "401"  # no password
+    assert status(f"--cacert {secrets}/exporter-ca.crt {auth}") == "000"  # no client certificate: no handshake
+    assert status(auth, f"http://{worker}:19470/metrics") == "000"  # plain HTTP
+
+
 def test_day_two_keeps_the_metrics(host):
     wait_for(lambda: up_workers(host) == WORKERS)
     time.sleep(5)

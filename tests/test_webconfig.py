@@ -1,0 +1,183 @@
+"""TLS, mutual TLS and basic auth on /metrics from an exporter-toolkit web config file, with real clients."""
+
+from __future__ import annotations
+
+import base64
+import socket
+import ssl
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from accelmon.cli import make_server
+from accelmon.config import ConfigError
+from accelmon.core import Exporter, Sampler
+from accelmon.webconfig import load_web_config
+from conftest import ROOT
+from test_http import Steady
+
+bcrypt = pytest.importorskip("bcrypt")  # the `auth` extra; the suite's environment has it
+PASSWORD = "s3cret-scrape"
+
+
+def openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory) -> Path:
+    """A CA, a server certificate for 127.0.0.1/localhost and a client certificate, made with openssl."""
+    d = tmp_path_factory.mktemp("pki")
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=accelmon test CA",
+            "-keyout", str(d / "ca.key"), "-out", str(d / "ca.crt"))  # fmt: skip
+    for name, extension in (
+        ("server", "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth"),
+        ("client", "extendedKeyUsage=clientAuth"),
+    ):
+        (d / f"{name}.ext").write_text(extension + "\n")
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
+                "-keyout", str(d / f"{name}.key"), "-out", str(d / f"{name}.csr"))  # fmt: skip
+        ca = ("-CA", str(d / "ca.crt"), "-CAkey", str(d / "ca.key"), "-CAcreateserial")
+        openssl("x509", "-req", "-in", str(d / f"{name}.csr"), *ca, "-days", "2",
+                "-extfile", str(d / f"{name}.ext"), "-out", str(d / f"{name}.crt"))  # fmt: skip
+    return d
+
+
+@pytest.fixture
+def serve(tmp_path):
+    servers = []
+
+    def start(web_config: str):
+        path = tmp_path / "web-config.yml"
+        path.write_text(web_config)
+        exporter = Exporter([Sampler(Steady(), 0.05)])
+        exporter.collect_once()
+        server = make_server(exporter, "127.0.0.1:0", load_web_config(str(path)))
+        server.start()
+        servers.append(server)
+        return server.server_address[1]
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def fetch(url: str, context: ssl.SSLContext | None = None, auth: tuple[str, str] | None = None) -> tuple[int, bytes]:
+    request = urllib.request.Request(url)
+    if auth:
+        request.add_header("Authorization", "Basic " + base64.b64encode(":".join(auth).encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=10, context=context) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def client_context(pki: Path, with_certificate: bool = False) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    if with_certificate:
+        context.load_cert_chain(str(pki / "client.crt"), str(pki / "client.key"))
+    return context
+
+
+def test_tls_serves_metrics_to_a_verifying_client_and_nothing_in_clear(pki, serve):
+    port = serve(f"tls_server_config: {{cert_file: {pki}/server.crt, key_file: {pki}/server.key}}\n")
+    status, body = fetch(f"https://127.0.0.1:{port}/metrics", client_context(pki))
+    assert status == 200 and b'test_value{source="steady"} 1' in body
+    with pytest.raises((urllib.error.URLError, ConnectionError)):
+        fetch(f"http://127.0.0.1:{port}/metrics")  # plain HTTP gets no metrics
+
+
+def test_mutual_tls_refuses_a_client_without_a_certificate(pki, serve):
+    port = serve(
+        f"tls_server_config:\n  cert_file: {pki}/server.crt\n  key_file: {pki}/server.key\n"
+        f"  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {pki}/ca.crt\n"
+    )
+    status, _ = fetch(f"https://127.0.0.1:{port}/metrics", client_context(pki, with_certificate=True))
+    assert status == 200
+    with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
+        fetch(f"https://127.0.0.1:{port}/metrics", client_context(pki))
+
+
+def test_basic_auth_refuses_wrong_and_unknown_users_and_remembers_the_right_one(serve, tmp_path):
+    hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(4)).decode()
+    port = serve(f"basic_auth_users:\n  prometheus: '{hashed}'\n")
+    url = f"http://127.0.0.1:{port}/metrics"
+    status, _ = fetch(url)
+    assert status == 401
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(url, timeout=5)
+    assert refused.value.headers["WWW-Authenticate"].startswith("Basic")
+    assert fetch(url, auth=("prometheus", "wrong"))[0] == 401
+    assert fetch(url, auth=("nobody", PASSWORD))[0] == 401
+    status, body = fetch(url, auth=("prometheus", PASSWORD))
+    assert status == 200 and b"test_value" in body
+    assert fetch(url, auth=("prometheus", PASSWORD))[0] == 200  # from the cache of checked passwords
+    assert fetch(url, auth=("prometheus", "x" * 100))[0] == 401  # bcrypt refuses over 72 bytes: no crash
+
+
+def test_the_remembered_password_is_only_a_digest():
+    config_users = {"prometheus": bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(4))}
+    from accelmon.webconfig import WebConfig
+
+    config = WebConfig(users=config_users, _checkpw=bcrypt.checkpw, _dummy=config_users["prometheus"])
+    assert config.is_known("prometheus", PASSWORD) is None
+    assert config.check("prometheus", PASSWORD)
+    assert config.is_known("prometheus", PASSWORD)
+    assert not any(PASSWORD.encode() in digest for _, digest in config._checked)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("basic_auth_users: {prometheus: hunter2}\n", "never a clear password"),
+        ("tls_server_config: {cert_file: /nonexistent.crt, key_file: /nonexistent.key}\n", "cannot load"),
+        ("tls_server_config: {cert_file: a.crt}\n", "cert_file and key_file are both needed"),
+        (
+            "tls_server_config: {cert_file: a, key_file: b, client_auth_type: RequireAnyClientCert}\n",
+            "expected one of NoClientCert",
+        ),
+        ("http_server_config: {http2: true}\n", "unknown key(s) http_server_config"),
+    ],
+)
+def test_bad_web_config_is_refused_naming_the_setting(tmp_path, text, message):
+    path = tmp_path / "web-config.yml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_web_config(str(path))
+
+
+def test_check_config_validates_the_web_config_file(tmp_path, pki):
+    path = tmp_path / "web-config.yml"
+    path.write_text("tls_server_config: {cert_file: /nonexistent.crt, key_file: /nonexistent.key}\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "accelmon", "--check-config", "--web.config.file", str(path)],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(ROOT / "exporters"), "PATH": "/usr/bin:/bin"},
+        check=False,
+    )
+    assert result.returncode == 2 and "cannot load /nonexistent.crt" in result.stderr
+    path.write_text(f"tls_server_config: {{cert_file: {pki}/server.crt, key_file: {pki}/server.key}}\n")
+    ok = subprocess.run(
+        [sys.executable, "-m", "accelmon", "--check-config", "--web.config.file", str(path)],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(ROOT / "exporters"), "PATH": "/usr/bin:/bin"},
+        check=False,
+    )
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_a_client_that_never_finishes_the_tls_handshake_is_cut_off(pki, serve, monkeypatch):
+    from accelmon import server as http
+
+    monkeypatch.setattr(http, "HEAD_SECONDS", 0.5)
+    port = serve(f"tls_server_config: {{cert_file: {pki}/server.crt, key_file: {pki}/server.key}}\n")
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as silent:
+        silent.settimeout(5)
+        assert silent.recv(1) == b""  # closed by the server, not by our timeout
