@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT
+from conftest import ROOT, render_role_template
 
 ROLES = sorted(p.name for p in (ROOT / "ansible" / "roles").iterdir() if (p / "meta" / "argument_specs.yml").exists())
 
@@ -70,6 +70,12 @@ def deploy(tmp_path: Path, *variables: str) -> subprocess.CompletedProcess[str]:
         ('{"accelmon_exporter_collectors": {"nvml": {"interval_seconds": 0}}}', "collectors.nvml.interval_seconds"),
         ('{"accelmon_exporter_collectors": {"gpu": {}}}', "collectors: unknown key(s) gpu"),
         ('{"accelmon_exporter_collectors": {"profiling": {"backend": "cupti"}}}', "expected one of auto, dcgm, gpm"),
+        (
+            '{"accelmon_exporter_tls_cert": "C", "accelmon_exporter_tls_key": "K",'
+            ' "accelmon_exporter_tls_client_ca": "A", "accelmon_exporter_basic_auth_users": {"prometheus": "hunter2"}}',
+            "never to clear passwords",
+        ),
+        ('{"accelmon_exporter_tls_cert": "C"}', "accelmon_exporter_tls_cert and accelmon_exporter_tls_key go together"),
     ],
 )
 def test_bad_variable_fails_in_preflight_naming_it(tmp_path, variable, message):
@@ -120,3 +126,20 @@ def test_tags_select_the_plays_and_the_configuration():
     assert "Build the wheel" not in master
     worker = list_tasks("worker")
     assert "Build the wheel" in worker and "Write the Prometheus configuration" not in worker
+
+
+@pytest.mark.parametrize("web_config", [{}, {"basic_auth_users": {"prometheus": "$2b$10$x"}}])
+def test_the_unit_passes_the_web_config_only_when_there_is_one(tmp_path, web_config):
+    unit = tmp_path / "accelmon-exporter.service"
+    variables = {
+        "__accelmon_exporter_web_config": web_config,
+        "__accelmon_exporter_plan": {"device_allow": ["char-nvidia-frontend rw"]},
+        "accelmon_exporter_nvml_library_dir": "/opt/nvml",
+    }
+    render_role_template("accelmon_exporter", "accelmon-exporter.service.j2", unit, variables)
+    lines = unit.read_text().splitlines()
+    command = next(line for line in lines if line.startswith("ExecStart="))
+    flag = " --web.config.file /etc/accelmon/web-config.yml" if web_config else ""
+    assert command == f"ExecStart=/opt/accelmon/venv/bin/accelmon-exporter --config /etc/accelmon/exporter.yml{flag}"
+    assert 'Environment="LD_LIBRARY_PATH=/opt/nvml"' in lines
+    assert "DeviceAllow=char-nvidia-frontend rw" in lines
