@@ -39,7 +39,7 @@ def test_once_without_nvidia_driver(tmp_path):
     result = run_once([], exporter_env(None, None))
     assert result.returncode == 0, result.stderr
     assert "accelmon_gpu_" not in result.stdout
-    assert 'accelmon_collector_success{collector="nvml"} 1\n' in result.stdout
+    assert 'accelmon_collector_success{collector="nvml"} 1.0\n' in result.stdout
     promtool_check(result.stdout)
 
 

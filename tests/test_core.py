@@ -76,8 +76,8 @@ def test_a_blocked_collector_does_not_block_others_or_the_scrape():
         started = time.monotonic()
         text = exporter.exposition().decode()
         assert time.monotonic() - started < 0.2
-        assert 'accelmon_collector_success{collector="steady"} 1\n' in text
-        assert 'accelmon_collector_success{collector="blocking"} 0\n' in text
+        assert 'accelmon_collector_success{collector="steady"} 1.0\n' in text
+        assert 'accelmon_collector_success{collector="blocking"} 0.0\n' in text
         wait_for(lambda: 'test_value{source="blocking"}' not in exporter.exposition().decode(), timeout=3)
         assert 'test_value{source="steady"}' in exporter.exposition().decode()
     finally:
@@ -91,23 +91,23 @@ def test_a_failing_collector_is_reported_and_counted():
     text, failed = exporter.collect_once()
     assert failed == ["failing"]
     body = text.decode()
-    assert 'accelmon_collector_success{collector="failing"} 0\n' in body
-    assert 'accelmon_collector_errors_total{collector="failing"} 2\n' in body
-    assert 'accelmon_collector_success{collector="steady"} 1\n' in body
-    assert 'test_value{source="steady"} 2\n' in body
+    assert 'accelmon_collector_success{collector="failing"} 0.0\n' in body
+    assert 'accelmon_collector_errors_total{collector="failing"} 2.0\n' in body
+    assert 'accelmon_collector_success{collector="steady"} 1.0\n' in body
+    assert 'test_value{source="steady"} 2.0\n' in body
 
 
 def test_a_collector_that_cannot_start_still_samples():
     exporter = Exporter([Sampler(BrokenStart(), 1.0)])
     text, failed = exporter.collect_once()
     assert failed == []
-    assert 'test_value{source="broken_start"} 1\n' in text.decode()
+    assert 'test_value{source="broken_start"} 1.0\n' in text.decode()
 
 
 def test_self_metrics():
     exporter = Exporter([Sampler(Steady(), 2.5)])
     text = exporter.collect_once()[0].decode()
-    assert 'accelmon_exporter_build_info{version="0.1.0"} 1\n' in text
+    assert 'accelmon_exporter_build_info{version="0.1.0"} 1.0\n' in text
     assert 'accelmon_collector_interval_seconds{collector="steady"} 2.5\n' in text
     stamp = [line for line in text.splitlines() if line.startswith("accelmon_collector_last_sample_timestamp")]
     assert abs(float(stamp[0].split()[-1]) - time.time()) < 60

@@ -157,3 +157,47 @@ def test_header_flood_does_not_grow_the_exporter(tmp_path):
     finally:
         process.terminate()
         process.wait(10)
+
+
+def test_openmetrics_for_a_client_that_asks_for_it(served):
+    """Content negotiation as prometheus_client does it; the body passes prometheus_client's strict OpenMetrics
+    parser (counters as counters, info metrics as info, one # EOF at the very end)."""
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    request = urllib.request.Request(url(served), headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+    with urllib.request.urlopen(request, timeout=5) as response:
+        assert response.headers["Content-Type"].startswith("application/openmetrics-text; version=1.0.0")
+        body = response.read().decode()
+    assert body.endswith("# EOF\n") and body.count("# EOF") == 1
+    kinds = {family.name: family.type for family in text_string_to_metric_families(body)}
+    assert kinds["accelmon_collector_errors"] == "counter"
+    assert kinds["accelmon_exporter_build"] == "info"
+    assert kinds["test_value"] == "gauge"
+    with urllib.request.urlopen(url(served), timeout=5) as response:  # no Accept: the text format, as before
+        assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        assert b"# EOF" not in response.read()
+
+
+def test_a_sample_is_rendered_once_however_often_it_is_scraped(monkeypatch):
+    from accelmon import core
+
+    rendered = []
+    real_render = core.render
+
+    def counting_render(samples, openmetrics=False):
+        rendered.append(openmetrics)
+        return real_render(samples, openmetrics)
+
+    monkeypatch.setattr(core, "render", counting_render)
+    sampler = Sampler(Steady(), 60)
+    exporter = Exporter([sampler])
+    sampler.sample_once()
+    for _ in range(5):
+        exporter.exposition()
+        exporter.exposition(openmetrics=True)
+    # The collector's sample: once per format; the self-metrics: every scrape (they are small and change).
+    collector_renders = len(rendered) - 10
+    assert collector_renders == 2
+    sampler.sample_once()
+    exporter.exposition()
+    assert len(rendered) - 11 == 3  # a new sample is rendered again

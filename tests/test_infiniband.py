@@ -122,6 +122,6 @@ def test_once_golden_with_promtool(tmp_path):
     sysfs = standard_tree(tmp_path / "sys")
     result = run_once(["--no-collector.nvml", f"--path.sysfs={sysfs}"], exporter_env(None, None))
     assert result.returncode == 0, result.stderr
-    assert 'accelmon_collector_success{collector="infiniband"} 1\n' in result.stdout
+    assert 'accelmon_collector_success{collector="infiniband"} 1.0\n' in result.stdout
     promtool_check(result.stdout)
     check_golden("infiniband_standard.prom", result.stdout)

@@ -186,14 +186,14 @@ def test_hung_nvml_makes_only_its_own_data_stale(make_collector, fake_nvml):
     started = time.monotonic()
     text = exporter.exposition().decode()
     assert time.monotonic() - started < 0.5
-    assert 'accelmon_collector_success{collector="nvml"} 0\n' in text
+    assert 'accelmon_collector_success{collector="nvml"} 0.0\n' in text
     assert "accelmon_gpu_up" in text  # last good data still served until it is dropped
     fake_nvml.release()
     pynvml.nvmlShutdown()
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and 'success{collector="nvml"} 1\n' not in exporter.exposition().decode():
+    while time.monotonic() < deadline and 'success{collector="nvml"} 1.0\n' not in exporter.exposition().decode():
         time.sleep(0.05)
-    assert 'accelmon_collector_success{collector="nvml"} 1\n' in exporter.exposition().decode()
+    assert 'accelmon_collector_success{collector="nvml"} 1.0\n' in exporter.exposition().decode()
     sampler.stop()
 
 

@@ -8,11 +8,14 @@ self-metrics. A hung collector only ages its own data, which its self-metrics sh
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
+
+from prometheus_client import exposition as text_exposition
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.openmetrics import exposition as openmetrics_exposition
 
 from accelmon import __version__
 
@@ -31,10 +34,6 @@ class MetricSpec:
     help: str
     labels: tuple[str, ...]
     read: str = "every interval"  # how often the collector reads it from the hardware (the catalogue shows it)
-
-    def header(self) -> str:
-        text = self.help.replace("\\", "\\\\").replace("\n", "\\n")
-        return f"# HELP {self.name} {text}\n# TYPE {self.name} {self.kind}\n"
 
 
 class Catalogue:
@@ -77,50 +76,47 @@ class Samples:
         rows.append((labels if isinstance(labels, tuple) else tuple(labels), value))
 
 
-# Rendered label sets, reused across samples: GPUs, ports and cores keep their labels from one sample to the
-# next. Cleared when it grows past a bound, so churning label values (pids) cannot grow it without limit.
-_LABEL_CACHE: dict[tuple[tuple[str, ...], tuple[str, ...]], str] = {}
-_LABEL_CACHE_LIMIT = 50_000
+class _Families:
+    """What prometheus_client's exposition functions collect from: the metric families of one sample."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> list[Metric]:
+        return self.families
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _labels(names: tuple[str, ...], values: tuple[str, ...]) -> str:
-    key = (names, values)
-    text = _LABEL_CACHE.get(key)
-    if text is None:
-        if len(_LABEL_CACHE) >= _LABEL_CACHE_LIMIT:
-            _LABEL_CACHE.clear()
-        pairs = ",".join(f'{name}="{_escape(value)}"' for name, value in zip(names, values))
-        text = _LABEL_CACHE[key] = "{" + pairs + "}" if pairs else ""
-    return text
-
-
-def _value(value: float) -> str:
-    if value != value:
-        return "NaN"
-    if value in (math.inf, -math.inf):
-        return "+Inf" if value > 0 else "-Inf"
-    if float(value).is_integer() and abs(value) < 1e15:
-        return str(int(value))
-    return repr(float(value))
-
-
-def render(samples: Samples) -> bytes:
-    """The text exposition format (version 0.0.4) of one sample.
-
-    Written here rather than with prometheus_client's generate_latest: label names come from our own specs and
-    need no validation per sample, and label sets are cached, which makes rendering about 5x cheaper (bench/).
-    """
-    parts: list[str] = []
+def families(samples: Samples) -> list[Metric]:
+    """prometheus_client's metric families for one sample: counters as counters (the exposition adds `_total`),
+    `_info` gauges as info metrics (OpenMetrics shows them as such), the rest as gauges."""
+    out: list[Metric] = []
     for spec, rows in samples.rows.items():
-        parts.append(spec.header())
-        names = spec.labels
+        family: Metric
+        if spec.kind == "counter":
+            family = CounterMetricFamily(spec.name, spec.help, labels=spec.labels)
+        elif spec.name.endswith("_info"):
+            family = InfoMetricFamily(spec.name[: -len("_info")], spec.help, labels=spec.labels)
+        else:
+            family = GaugeMetricFamily(spec.name, spec.help, labels=spec.labels)
         for values, value in rows:
-            parts.append(f"{spec.name}{_labels(names, values)} {_value(value)}\n")
-    return "".join(parts).encode()
+            if isinstance(family, InfoMetricFamily):
+                family.add_metric(list(values), {})  # an info series is 1; its labels are its value
+            else:
+                family.add_metric(list(values), value)
+        out.append(family)
+    return out
+
+
+def render(samples: Samples, openmetrics: bool = False) -> bytes:
+    """One sample in the text format (0.0.4) or in OpenMetrics, by prometheus_client's own exposition; without
+    OpenMetrics's `# EOF`, which ends only the whole scrape (`Exporter.exposition` adds it)."""
+    registry = _Families(families(samples))
+    if openmetrics:
+        return openmetrics_exposition.generate_latest(registry)[: -len(EOF)]  # type: ignore[arg-type]
+    return text_exposition.generate_latest(registry)  # type: ignore[arg-type]
+
+
+EOF = b"# EOF\n"
 
 
 class Collector:
@@ -150,7 +146,8 @@ class Collector:
 
 @dataclass
 class SampleState:
-    text: bytes = b""
+    latest: Samples | None = None  # the latest successful sample, rendered only when scraped
+    generation: int = 0  # counts successful samples: what a rendering is memoized against
     success: bool = False
     duration_seconds: float = 0.0
     last_sample_timestamp: float = 0.0  # wall clock, 0 = never
@@ -182,10 +179,25 @@ class Sampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._started = False
+        # The latest sample rendered, per format: rendering follows the scrapes (one per sample at most), not
+        # the sampling rate (a 1 s sampler scraped every 15 s renders once in 15).
+        self._rendered: dict[bool, tuple[int, bytes]] = {}
+        self._render_lock = threading.Lock()
 
     @property
     def name(self) -> str:
         return self.collector.name
+
+    def rendered(self, state: SampleState, openmetrics: bool = False) -> bytes:
+        """`state`'s sample in the text format or OpenMetrics, rendered once per sample and format."""
+        if state.latest is None:
+            return b""
+        with self._render_lock:
+            generation, text = self._rendered.get(openmetrics, (-1, b""))
+            if generation != state.generation:
+                text = render(state.latest, openmetrics)
+                self._rendered[openmetrics] = (state.generation, text)
+            return text
 
     def state(self) -> SampleState:
         with self._lock:
@@ -195,12 +207,13 @@ class Sampler:
         """Take one sample now, on the calling thread. Returns whether it succeeded."""
         self.start_collector()
         begin = self._clock()
+        latest: Samples | None = None
         try:
-            text = render(self.collector.sample())
+            latest = self.collector.sample()
             ok = True
         except Exception:
             log.exception("collector %s failed", self.name)
-            text, ok = b"", False
+            ok = False
         end = self._clock()
         with self._lock:
             state = self._state
@@ -208,7 +221,8 @@ class Sampler:
             state.success = ok
             state.duration_seconds = end - begin
             if ok:
-                state.text = text
+                state.latest = latest
+                state.generation += 1
                 state.last_sample_timestamp = self._wall_clock()
                 state.last_sample_monotonic = end
             else:
@@ -342,16 +356,19 @@ class Exporter:
             return True
         return now - state.last_sample_monotonic <= max(max_age, sampler.interval + 1.0)
 
-    def exposition(self) -> bytes:
-        """Everything a scrape returns: the cached collector texts, then the self-metrics."""
+    def exposition(self, openmetrics: bool = False) -> bytes:
+        """Everything a scrape returns, in the text format or OpenMetrics: each collector's latest sample
+        (rendered once per sample), then the self-metrics."""
         now = self._clock()
         states = [(sampler, sampler.state()) for sampler in self.samplers]
         parts = []
         for sampler, state in states:
             # Data from a collector that has hung for long is dropped rather than served as if current.
             if self._is_fresh(sampler, state, now, self._drop_after_seconds):
-                parts.append(state.text)
-        parts.append(render(self._self_metrics(states, now)))
+                parts.append(sampler.rendered(state, openmetrics))
+        parts.append(render(self._self_metrics(states, now), openmetrics))
+        if openmetrics:
+            parts.append(EOF)
         return b"".join(parts)
 
     def collect_once(self) -> tuple[bytes, list[str]]:

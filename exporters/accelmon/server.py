@@ -5,7 +5,8 @@ connections, up to 100 headers of 64 KiB buffered each, and a timeout per read, 
 thread for most of an hour. Here a connection costs a coroutine and at most MAX_HEAD_BYTES of buffer; there are at
 most MAX_CONNECTIONS of them (more are closed at once); a request's head must arrive whole within HEAD_SECONDS of
 its first byte; an idle keep-alive connection is closed after IDLE_SECONDS. A scrape never waits on hardware: the
-body is the exporter's cached text, gzip-compressed when the client accepts it.
+body is the exporter's latest samples, rendered by prometheus_client once per sample (in the text format, or in
+OpenMetrics for a client that asks for it) and gzip-compressed when the client accepts it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
+from prometheus_client.exposition import choose_encoder
+
 from accelmon.webconfig import WebConfig
 
 log = logging.getLogger("accelmon.http")
@@ -32,7 +35,6 @@ IDLE_SECONDS = 60.0  # Prometheus keeps its connection open between scrapes (15 
 WRITE_SECONDS = 10.0  # a client that does not read its reply does not hold it for longer
 BACKLOG = 128  # Python's default of 5 overflowed under 50 concurrent scrapers
 INDEX = b"<html><head><title>accelmon</title></head><body><a href='/metrics'>Metrics</a></body></html>"
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed"}
 CHALLENGE = 'WWW-Authenticate: Basic realm="accelmon-exporter"'
 
@@ -42,7 +44,7 @@ class MetricsServer:
 
     def __init__(
         self,
-        exposition: Callable[[], bytes],
+        exposition: Callable[[bool], bytes],  # (openmetrics) -> body
         host: str,
         port: int,
         server_header: str,
@@ -63,7 +65,8 @@ class MetricsServer:
         self._thread = threading.Thread(target=self._loop.run_forever, name="http", daemon=True)
         self._server: asyncio.base_events.Server | None = None
         self.open_connections = 0
-        self._gzipped: tuple[bytes, bytes] = (b"", gzip.compress(b""))  # (exposition, its gzip): one per sample
+        # Per format, (exposition, its gzip): compressed once per sample, shared by every scraper until the next.
+        self._gzipped: dict[bool, tuple[bytes, bytes]] = {}
 
     def start(self) -> None:
         self._thread.start()
@@ -143,11 +146,14 @@ class MetricsServer:
         elif method not in ("GET", "HEAD"):
             await self._reply(writer, 405, "text/plain; charset=utf-8", b"only GET and HEAD\n", close, head=False)
         elif path == "/metrics":
-            body = self.exposition()
+            # Content negotiation as prometheus_client does it: OpenMetrics for a client that asks for it.
+            content_type = choose_encoder(headers.get("accept", ""))[1]
+            openmetrics = content_type.startswith("application/openmetrics-text")
+            body = self.exposition(openmetrics)
             gzipped = "gzip" in headers.get("accept-encoding", "")
             if gzipped:
-                body = self._compressed(body)
-            await self._reply(writer, 200, CONTENT_TYPE, body, close, head=method == "HEAD", gzipped=gzipped)
+                body = self._compressed(body, openmetrics)
+            await self._reply(writer, 200, content_type, body, close, head=method == "HEAD", gzipped=gzipped)
         elif path == "/":
             await self._reply(writer, 200, "text/html; charset=utf-8", INDEX, close, head=method == "HEAD")
         else:
@@ -168,12 +174,12 @@ class MetricsServer:
             return True
         return await asyncio.get_running_loop().run_in_executor(self._bcrypt, self.web.check, user, password)
 
-    def _compressed(self, body: bytes) -> bytes:
+    def _compressed(self, body: bytes, openmetrics: bool) -> bytes:
         """gzip of the exposition, compressed once per change: scrapers between two samples share it."""
-        plain, compressed = self._gzipped
+        plain, compressed = self._gzipped.get(openmetrics, (b"", b""))
         if body != plain:
             compressed = gzip.compress(body, compresslevel=6)
-            self._gzipped = (body, compressed)
+            self._gzipped[openmetrics] = (body, compressed)
         return compressed
 
     async def _reply(
