@@ -5,6 +5,7 @@
 #   localhost/accelmon-master:bookworm       + podman inside, for the master role
 #   localhost/accelmon-prometheus:2.42.0     Prometheus from Debian's package, for the master role
 #   localhost/accelmon-alertmanager:0.25.0   Alertmanager from Debian's package, likewise
+#   localhost/accelmon-grafana-fake:1.0      a stand-in for Grafana's CLI (no registry ships Grafana here)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 export CONTAINERS_CONF="$here/containers.conf"
@@ -41,5 +42,9 @@ fi
 if ! exists localhost/accelmon-alertmanager:0.25.0 || [ "$here/Containerfile.alertmanager" -nt "$here/.alertmanager.built" ]; then
   podman build -q -t localhost/accelmon-alertmanager:0.25.0 -f "$here/Containerfile.alertmanager" "$here" >/dev/null
   touch "$here/.alertmanager.built"
+fi
+if ! exists localhost/accelmon-grafana-fake:1.0 || [ "$here/Containerfile.grafana-fake" -nt "$here/.grafana-fake.built" ]; then
+  podman build -q -t localhost/accelmon-grafana-fake:1.0 -f "$here/Containerfile.grafana-fake" "$here" >/dev/null
+  touch "$here/.grafana-fake.built"
 fi
 echo "images ready: $(podman images --format '{{.Repository}}:{{.Tag}}' | grep accelmon | tr '\n' ' ')"

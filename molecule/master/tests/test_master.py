@@ -3,8 +3,12 @@
 import json
 import os
 import stat
+import subprocess
+import sys
 import time
+from pathlib import Path
 
+ROOT = Path(os.environ["MOLECULE_PROJECT_DIRECTORY"])
 testinfra_hosts = ["podman://accelmon-master"]
 
 
@@ -95,14 +99,47 @@ def test_secrets_and_containers_are_locked_down(host):
 
 
 def test_the_running_containers_are_those_of_the_written_definition(host):
-    """podman runs exactly the services of /opt/accelmon-master/compose.yaml (Grafana is turned off here)."""
+    """podman runs exactly the services of /opt/accelmon-master/compose.yaml."""
     import yaml
 
     definition = yaml.safe_load(host.file("/opt/accelmon-master/compose.yaml").content_string)
-    assert set(definition["services"]) == {"prometheus", "alertmanager"}
+    assert set(definition["services"]) == {"prometheus", "alertmanager", "grafana"}
     running = set(host.check_output("podman ps --format '{{.Names}}'").split())
     assert running == {service["container_name"] for service in definition["services"].values()}
     for service in definition["services"].values():
         inspect = json.loads(host.check_output(f"podman inspect {service['container_name']}"))[0]
         assert inspect["ImageName"] == service["image"]
         assert inspect["Config"]["User"] == service["user"]
+
+
+def grafana_password_set(host):
+    return host.check_output("podman exec accelmon-grafana cat /var/lib/grafana/admin-password-reset")
+
+
+def test_grafana_got_its_admin_password_through_its_cli(host):
+    """Grafana reads the password file only when it creates its database; the role also sets it with
+    `grafana cli admin reset-admin-password --password-from-stdin`, the same password."""
+    assert grafana_password_set(host) == host.file("/opt/accelmon-master/grafana/admin_password").content_string
+
+
+def test_zz_a_changed_password_variable_reaches_grafana(host):
+    """Last (it changes the password): the variable changed after the first deploy is set in Grafana."""
+    new_password = "changed-after-the-first-deploy-" + str(int(time.time()))
+    result = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "ansible-playbook"),
+            "-i",
+            os.environ["MOLECULE_INVENTORY_FILE"],
+            str(ROOT / "ansible" / "deploy.yaml"),
+            *("--limit", "accelmon-master", "--tags", "master"),
+            *("-e", f"accelmon_master_grafana_admin_password={new_password}"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=900,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert new_password not in result.stdout  # no_log: the password is never printed
+    assert grafana_password_set(host) == new_password

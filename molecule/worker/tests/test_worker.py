@@ -17,17 +17,17 @@ def test_exporter_serves_gpu_metrics(host):
     )
     up = [line for line in text.splitlines() if line.startswith("accelmon_gpu_up{")]
     assert len(up) == 8
-    assert sum(line.endswith(" 0") for line in up) == 1  # GPU 5 is lost
-    assert 'accelmon_collector_success{collector="nvml"} 1' in text
+    assert sum(float(line.split()[-1]) == 0 for line in up) == 1  # GPU 5 is lost
+    assert 'accelmon_collector_success{collector="nvml"} 1.0\n' in text
     assert 'accelmon_gpu_power_watts{gpu="1"' in text
     # The fixture sysfs tree's HCAs, found by the exporter's own detection (infiniband is left at auto).
-    assert 'accelmon_collector_success{collector="infiniband"} 1' in text
-    assert 'accelmon_infiniband_state_id{device="mlx5_0",port="1"} 4' in text
-    assert 'accelmon_infiniband_state_id{device="mlx5_1",port="1"} 1' in text
+    assert 'accelmon_collector_success{collector="infiniband"} 1.0\n' in text
+    assert 'accelmon_infiniband_state_id{device="mlx5_0",port="1"} 4.0\n' in text
+    assert 'accelmon_infiniband_state_id{device="mlx5_1",port="1"} 1.0\n' in text
     # The fake neuron-monitor, found at the configured path and run by the exporter.
-    assert 'accelmon_collector_success{collector="neuron"} 1' in text
+    assert 'accelmon_collector_success{collector="neuron"} 1.0\n' in text
     # Profiling is opt-in; this host opted in, and GPUs 0 and 1 have GPM.
-    assert 'accelmon_gpu_profiling_backend_info{backend="gpm"} 1' in text
+    assert 'accelmon_gpu_profiling_backend_info{backend="gpm"} 1.0\n' in text
     assert 'accelmon_gpu_sm_active_ratio{gpu="1"' in text
 
 
