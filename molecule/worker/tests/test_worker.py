@@ -36,7 +36,7 @@ def test_neuron_monitor_reports_arrive(host):
         "for i in $(seq 1 30); do curl -sf http://127.0.0.1:19470/metrics | grep -q accelmon_neuroncore_utilization "
         "&& break; sleep 1; done; curl -sf http://127.0.0.1:19470/metrics"
     )
-    assert 'accelmon_neuroncore_utilization_ratio{runtime_tag="llama-serve",neuroncore="1"} 0.875' in text
+    assert 'accelmon_neuroncore_utilization_ratio{neuroncore="1",runtime_tag="llama-serve"} 0.875' in text
     assert "accelmon_neuron_monitor_up 1" in text
 
 
