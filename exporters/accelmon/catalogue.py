@@ -5,12 +5,13 @@ Run `python -m accelmon.catalogue > docs/metrics.md`; a test fails when the comm
 
 from __future__ import annotations
 
+from accelmon import cloudwatch
 from accelmon.core import SELF, Catalogue
 from accelmon.registry import collectors
 
 
 def catalogues() -> list[Catalogue]:
-    return [SELF, *(registration.catalogue for registration in collectors().values())]
+    return [SELF, *(registration.catalogue for registration in collectors().values()), cloudwatch.CATALOGUE]
 
 
 def markdown() -> str:

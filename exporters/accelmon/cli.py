@@ -11,9 +11,10 @@ import threading
 from typing import Sequence
 
 from accelmon import __version__
+from accelmon.cloudwatch import Publisher, check_boto3, cost_report
 from accelmon.config import LOG_LEVELS, ConfigError, Settings, check_listen_address, load
 from accelmon.core import Exporter, Sampler
-from accelmon.registry import Paths, Registration, collectors
+from accelmon.registry import Paths, Registration, collectors, known_metrics
 from accelmon.server import MetricsServer
 from accelmon.webconfig import WebConfig, load_web_config
 
@@ -59,6 +60,12 @@ def parser() -> argparse.ArgumentParser:
         help="sample every enabled collector once, print the exposition and exit; exit status 1 if a collector failed. "
         "Waits first for values computed over a window: with GPM profiling on, one profiling interval (5 s by "
         "default), since GPM needs two samples that far apart",
+    )
+    p.add_argument(
+        "--cloudwatch-cost",
+        action="store_true",
+        help="sample every enabled collector once and print what publishing the config's `cloudwatch:` metrics from "
+        "this host would cost a month (metrics, PutMetricData requests, dollars at dated list prices), then exit",
     )
     p.add_argument("--check-config", action="store_true", help="check the settings and exit (0 if valid, 2 if not)")
     p.add_argument(
@@ -151,6 +158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = settings_from(args)
         web = load_web_config(args.web_config_file) if args.web_config_file else None
+        if settings.cloudwatch.enabled:
+            check_boto3()
     except ConfigError as error:
         print(f"accelmon-exporter: {error}", file=sys.stderr)
         return 2
@@ -166,7 +175,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    exporter = Exporter(build_samplers(settings))
+    samplers = build_samplers(settings)
+    if args.cloudwatch_cost:
+        exporter = Exporter(samplers)
+        exporter.collect_once()
+        exporter.stop()
+        sampled = [state.latest for state in (sampler.state() for sampler in samplers) if state.latest is not None]
+        print(cost_report(settings.cloudwatch, known_metrics(), sampled))
+        return 0
+    publisher = None
+    if settings.cloudwatch.enabled and not args.once:
+        publisher = Publisher(settings.cloudwatch, known_metrics())
+        for sampler in samplers:
+            sampler.sinks.append(publisher.observe)
+    exporter = Exporter(samplers, extra_metrics=[publisher.self_metrics] if publisher else [])
     if args.once:
         text, failed = exporter.collect_once()
         sys.stdout.buffer.write(text)
@@ -189,6 +211,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, shut_down)
     signal.signal(signal.SIGINT, shut_down)
     exporter.start()
+    if publisher is not None:
+        publisher.start()
     server.start()
     log.info(
         "accelmon-exporter %s listening on %s (%s%s) with collectors: %s",
@@ -198,7 +222,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         ", basic auth" if web and web.requires_auth else "",
         ", ".join(s.name for s in exporter.samplers) or "none",
     )
+    if publisher is not None:
+        log.info(
+            "publishing %d metric(s) to CloudWatch namespace %s every %g s",
+            len(settings.cloudwatch.metrics),
+            settings.cloudwatch.namespace,
+            settings.cloudwatch.period_seconds,
+        )
     stopping.wait()
     server.stop()
     exporter.stop()
+    if publisher is not None:
+        publisher.stop()
     return 0

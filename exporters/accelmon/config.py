@@ -7,7 +7,8 @@ from typing import Any
 
 import yaml
 
-from accelmon.registry import ConfigError, Paths, collectors
+from accelmon.cloudwatch import CloudWatchSettings, parse_settings
+from accelmon.registry import ConfigError, Paths, collectors, known_metrics
 
 DEFAULT_PORT = 19470
 DEFAULT_LISTEN_ADDRESS = f":{DEFAULT_PORT}"
@@ -40,6 +41,7 @@ class Settings:
     log_level: str = "info"
     paths: Paths = field(default_factory=Paths)
     collectors: dict[str, CollectorSettings] = field(default_factory=dict)
+    cloudwatch: CloudWatchSettings = field(default_factory=CloudWatchSettings)
 
     def collector(self, name: str) -> CollectorSettings:
         return self.collectors.setdefault(name, CollectorSettings())
@@ -83,7 +85,7 @@ def load(path: str | None) -> Settings:
     except yaml.YAMLError as error:
         raise ConfigError(f"config file {path}: not valid YAML: {error}") from error
     data = _expect_mapping(data, path)
-    _unknown(data, {"web", "log_level", "paths", "collectors"}, path)
+    _unknown(data, {"web", "log_level", "paths", "collectors", "cloudwatch"}, path)
     web = _expect_mapping(data.get("web"), "web")
     _unknown(web, {"listen_address"}, "web")
     if "listen_address" in web:
@@ -115,4 +117,5 @@ def load(path: str | None) -> Settings:
         for key, value in options.items():
             if key != "enabled":
                 chosen.options[key] = registration.option(key).check(value, f"collectors.{name}.{key}")
+    settings.cloudwatch = parse_settings(data.get("cloudwatch"), known_metrics())
     return settings

@@ -183,6 +183,9 @@ class Sampler:
         # the sampling rate (a 1 s sampler scraped every 15 s renders once in 15).
         self._rendered: dict[bool, tuple[int, bytes]] = {}
         self._render_lock = threading.Lock()
+        # Called with (collector name, sample) after each successful sample, on this sampler's thread: they must
+        # only hand the sample over (the CloudWatch publisher aggregates it under a short lock).
+        self.sinks: list[Callable[[str, Samples], None]] = []
 
     @property
     def name(self) -> str:
@@ -227,6 +230,12 @@ class Sampler:
                 state.last_sample_monotonic = end
             else:
                 state.errors += 1
+        if ok and latest is not None:
+            for sink in self.sinks:
+                try:
+                    sink(self.name, latest)
+                except Exception:
+                    log.exception("a sink of collector %s failed", self.name)
         return ok
 
     def start_collector(self) -> None:
@@ -315,8 +324,11 @@ class Exporter:
         stale_after_intervals: float = 3.0,
         drop_after_seconds: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        extra_metrics: Iterable[Callable[[], Samples]] = (),
     ) -> None:
         self.samplers = samplers
+        # Self-metrics of parts that are not collectors (the CloudWatch publisher), rendered on each scrape.
+        self.extra_metrics = list(extra_metrics)
         self._stale_after_intervals = stale_after_intervals
         self._drop_after_seconds = drop_after_seconds
         self._clock = clock
@@ -367,6 +379,7 @@ class Exporter:
             if self._is_fresh(sampler, state, now, self._drop_after_seconds):
                 parts.append(sampler.rendered(state, openmetrics))
         parts.append(render(self._self_metrics(states, now), openmetrics))
+        parts += [render(metrics(), openmetrics) for metrics in self.extra_metrics]
         if openmetrics:
             parts.append(EOF)
         return b"".join(parts)

@@ -14,7 +14,7 @@ import pkgutil
 from dataclasses import dataclass, field
 from typing import Any, Callable, Union
 
-from accelmon.core import Catalogue, Collector
+from accelmon.core import Catalogue, Collector, MetricSpec
 
 # No option in seconds below this: 1e-9 made a sampler spin a whole core.
 MIN_SECONDS = 0.1
@@ -151,3 +151,8 @@ def collectors() -> dict[str, Registration]:
         if not module.name.startswith("_"):
             importlib.import_module(f"{package.__name__}.{module.name}")
     return dict(sorted(REGISTRY.items()))
+
+
+def known_metrics() -> dict[str, MetricSpec]:
+    """Every metric a collector may export, by name."""
+    return {spec.name: spec for registration in collectors().values() for spec in registration.catalogue.specs}
