@@ -76,6 +76,17 @@ def deploy(tmp_path: Path, *variables: str) -> subprocess.CompletedProcess[str]:
             "never to clear passwords",
         ),
         ('{"accelmon_exporter_tls_cert": "C"}', "accelmon_exporter_tls_cert and accelmon_exporter_tls_key go together"),
+        ("accelmon_exporter_cloudwatch=on", "accelmon_exporter_cloudwatch"),
+        (
+            '{"accelmon_exporter_cloudwatch": {"enabled": true, "endpoint_url": "monitoring.internal"}}',
+            "cloudwatch.endpoint_url: expected an http:// or https:// URL",
+        ),
+        (
+            '{"accelmon_exporter_cloudwatch": {"metrics": [{"metric": "accelmon_gpu_power_watts", "name": "P",'
+            ' "unit": "Watts"}]}}',
+            "cloudwatch.metrics[0].unit",
+        ),
+        ("accelmon_exporter_aws_access_key_id=AKIAIOSFODNN7EXAMPLE", "go together"),
     ],
 )
 def test_bad_variable_fails_in_preflight_naming_it(tmp_path, variable, message):

@@ -77,6 +77,24 @@ def test_keep_alive_serves_several_requests_on_one_connection(served):
             assert reply.startswith(b"HTTP/1.1 200 OK")
 
 
+def test_stopping_with_idle_connections_logs_no_error(caplog):
+    """SIGTERM with a scraper's keep-alive connection open: its task is cancelled, which Python 3.11's streams
+    reported as "Exception in callback ... CancelledError" at ERROR (seen in bench/cloudwatch_bench.py)."""
+    exporter = Exporter([Sampler(Steady(), 0.05)])
+    exporter.collect_once()
+    server = make_server(exporter, "127.0.0.1:0")
+    server.start()
+    clients = [socket.create_connection(("127.0.0.1", server.server_address[1]), timeout=5) for _ in range(3)]
+    clients[0].sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert clients[0].recv(65536).startswith(b"HTTP/1.1 200 OK")
+    time.sleep(0.2)  # every connection is now waiting in its read
+    with caplog.at_level("DEBUG"):
+        server.stop()
+    for client in clients:
+        client.close()
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")], caplog.text
+
+
 def test_listen_backlog_is_128(served):
     """ss shows a listening socket's backlog as Send-Q. Python's default of 5 overflowed under 50 scrapers."""
     listening = subprocess.run(

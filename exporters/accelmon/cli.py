@@ -158,7 +158,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = settings_from(args)
         web = load_web_config(args.web_config_file) if args.web_config_file else None
-        if settings.cloudwatch.enabled:
+        # boto3 is the host's concern (the role installs it with the exporter): the controller's check of the
+        # settings does not need it, a start without it is refused.
+        if settings.cloudwatch.enabled and not args.check_config and not args.cloudwatch_cost:
             check_boto3()
     except ConfigError as error:
         print(f"accelmon-exporter: {error}", file=sys.stderr)

@@ -115,6 +115,10 @@ class MetricsServer:
                 pass
         except (ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError, ssl.SSLError) as error:
             log.debug("http: client %s went away: %r", peer, error)
+        except asyncio.CancelledError:
+            # Only stop() cancels a connection. Ending normally rather than cancelled: Python 3.11's streams log a
+            # cancelled connection task as an error ("Exception in callback ... CancelledError").
+            log.debug("http: connection of %s closed at shutdown", peer)
         except asyncio.LimitOverrunError:
             log.debug("http: client %s sent a head over %d bytes", peer, MAX_HEAD_BYTES)
             await self._reply(writer, 400, "text/plain; charset=utf-8", b"request head too large\n", close=True)

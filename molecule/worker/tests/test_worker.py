@@ -1,5 +1,7 @@
 """Verify a converged worker: the exporter serves the simulated GPUs, as a hardened, unprivileged service."""
 
+import json
+
 import pytest
 
 testinfra_hosts = ["podman://accelmon-worker"]
@@ -128,3 +130,35 @@ def test_node_exporter_runs_without_infiniband(host):
 def test_exporter_command_works_for_operators(host, flag):
     command = host.run(f"/opt/accelmon/venv/bin/accelmon-exporter {flag} --config /etc/accelmon/exporter.yml")
     assert command.rc == 0, command.stderr
+
+
+def test_cloudwatch_receives_the_gpu_metrics(host):
+    """The exporter publishes to the CloudWatch stand-in (moto on the worker's loopback) with the keys from the
+    root-only environment file; no IMDS answers, so there is no InstanceId and the exporter serves on."""
+    script = (
+        "import boto3, json; c = boto3.client('cloudwatch', endpoint_url='http://127.0.0.1:4566', "
+        "region_name='us-east-1', aws_access_key_id='AKIAIOSFODNN7EXAMPLE', aws_secret_access_key='x'); "
+        "print(json.dumps(c.list_metrics(Namespace='accelmon-molecule')['Metrics']))"
+    )
+    listed = host.check_output(
+        f'for i in $(seq 1 40); do /opt/moto/bin/python -c "{script}" | grep -q GPUUtilization && break; '
+        f'sleep 1; done; /opt/moto/bin/python -c "{script}"'
+    )
+
+    gpus = {
+        next(d["Value"] for d in metric["Dimensions"] if d["Name"] == "GPU")
+        for metric in json.loads(listed)
+        if metric["MetricName"] == "GPUUtilization"
+    }
+    assert gpus == {"0", "1", "2", "3", "4", "6", "7"}  # GPU 5 is lost: nothing published for it
+    text = scrape(host, 19470)
+    assert 'accelmon_cloudwatch_requests_total{outcome="success"}' in text
+    assert "accelmon_cloudwatch_instance_identity_known 0.0" in text
+
+
+def test_aws_keys_stay_out_of_the_unit_and_the_journal(host):
+    keys = host.file("/etc/accelmon/aws.env")
+    assert (keys.user, keys.group, keys.mode) == ("root", "root", 0o600)
+    assert "wJalrXUtnFEMI" not in host.file("/etc/systemd/system/accelmon-exporter.service").content_string
+    assert "wJalrXUtnFEMI" not in host.check_output("journalctl -u accelmon-exporter --no-pager")
+    assert "wJalrXUtnFEMI" not in host.file("/etc/accelmon/exporter.yml").content_string
