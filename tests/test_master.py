@@ -18,6 +18,7 @@ import yaml
 
 from conftest import ROOT, exporter_env, render_role_template
 from ib_fixture import standard_tree
+from jobs_fixture import nvidia_procfs
 from neuron_reports import line, report
 
 MASTER = ROOT / "master"
@@ -25,8 +26,15 @@ RULES = sorted((MASTER / "prometheus" / "rules").glob("*.yml"))
 sys.path.insert(0, str(MASTER / "grafana"))
 import generate  # noqa: E402
 
-METRIC = re.compile(r"\b((?:accelmon|node)_[a-zA-Z0-9_]+|(?:node|cluster):[a-z0-9_:]+[a-z0-9_]|up(?=\{))")
-VARIABLES = {"$__rate_interval": "1m", "$node": ".*", "$gpu": ".*", "$device": ".*", "$runtime_tag": ".*"}
+METRIC = re.compile(r"\b((?:accelmon|node)_[a-zA-Z0-9_]+|(?:node|cluster|job_id):[a-z0-9_:]+[a-z0-9_]|up(?=\{))")
+VARIABLES = {
+    "$__rate_interval": "1m",
+    "$node": ".*",
+    "$gpu": ".*",
+    "$device": ".*",
+    "$runtime_tag": ".*",
+    "$job_id": ".*",
+}
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess[str]:
@@ -38,8 +46,9 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
 def test_rules_pass_promtool_check_and_unit_tests():
     checked = promtool("check", "rules", *map(str, RULES))
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    tested = promtool("test", "rules", str(MASTER / "prometheus" / "tests" / "alerts-test.yml"))
-    assert tested.returncode == 0, tested.stdout + tested.stderr
+    for tests in sorted((MASTER / "prometheus" / "tests").glob("*.yml")):
+        tested = promtool("test", "rules", str(tests))
+        assert tested.returncode == 0, tests.name + ": " + tested.stdout + tested.stderr
 
 
 def test_every_alert_has_a_unit_test_a_severity_and_a_runbook():
@@ -71,7 +80,7 @@ def test_dashboards_are_generated_from_code():
 def test_dashboards_are_well_formed():
     dashboards = [json.loads(p.read_text()) for p in sorted((MASTER / "grafana" / "dashboards").glob("*.json"))]
     uids = [d["uid"] for d in dashboards]
-    assert len(uids) == len(set(uids)) == 6
+    assert len(uids) == len(set(uids)) == 7
     for dashboard in dashboards:
         ids = [p["id"] for p in dashboard["panels"]]
         assert len(ids) == len(set(ids)), dashboard["uid"]
@@ -102,6 +111,12 @@ def prometheus(tmp_path_factory, fake_nvml_dir):
     nvml = work / "fake-nvml.conf"
     nvml.write_text("gpus 8\nlost 5\nxid 2 79\n" + "".join(f"gpm {i}\n" for i in range(8)))
     sysfs = standard_tree(work / "sys")
+    procfs = nvidia_procfs(work / "proc", gpus=8)
+    jobs = work / "jobs"
+    jobs.mkdir()
+    # Two Slurm jobs sharing GPU minor 1: the per-job rules join through both.
+    (jobs / "slurm-100").write_text("scheduler=slurm\njob_id=100\nuser=alice\naccount=ml\ngpus=0,1\n")
+    (jobs / "slurm-200").write_text("scheduler=slurm\njob_id=200\nuser=bob\naccount=hpc\ngpus=1\n")
     reports = work / "reports.jsonl"
     reports.write_text("\n".join(line(report(i)) for i in range(1, 4)) + "\n")
     ports = {name: free_port() for name in ("exporter", "node", "prometheus")}
@@ -110,7 +125,7 @@ def prometheus(tmp_path_factory, fake_nvml_dir):
         yaml.safe_dump(
             {
                 "web": {"listen_address": f"127.0.0.1:{ports['exporter']}"},
-                "paths": {"sysfs": str(sysfs)},
+                "paths": {"sysfs": str(sysfs), "procfs": str(procfs)},
                 "collectors": {
                     "nvml": {"enabled": True, "pcie_interval_seconds": 1},
                     "infiniband": {"enabled": True, "interval_seconds": 1},
@@ -121,6 +136,7 @@ def prometheus(tmp_path_factory, fake_nvml_dir):
                         "monitor_path": str(ROOT / "tests" / "fakeneuron" / "neuron-monitor"),
                     },
                     "profiling": {"enabled": True, "backend": "gpm"},
+                    "jobs": {"interval_seconds": 1, "state_dir": str(jobs)},
                 },
             }
         )

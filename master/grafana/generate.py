@@ -559,7 +559,74 @@ NODE = Dashboard(
     node_vars(),
 )
 
-DASHBOARDS = [FLEET, GPU, PROFILING, INFINIBAND, NEURON, NODE]
+# A device series joined to the jobs holding its GPU: one series per (GPU, job), with the job's labels.
+J = 'job_id=~"$job_id"'
+
+
+def per_job_gpu(metric: str) -> str:
+    return f"{metric} * on (instance, uuid) group_right accelmon_gpu_job_info{{{J}}}"
+
+
+JOB_LEGEND = "job {{job_id}} {{node}} GPU {{gpu}}"
+JOB = Dashboard(
+    "accelmon-job",
+    "accelmon / Job",
+    "One batch job's GPUs over time (collector 'jobs', with the role's accelmon_exporter_jobs: slurm): which GPUs "
+    "it holds, how busy, how full and how hot they are. Device series are joined to the job on uuid.",
+    [
+        Panel("GPUs held", "none", [(f"job_id:accelmon_gpus:count{{{J}}}", "job {{job_id}}")], "stat", 6, 4),
+        Panel(
+            "GPU utilization (job average)",
+            "percentunit",
+            [(f"job_id:accelmon_gpu_utilization_ratio:avg{{{J}}}", "job {{job_id}}")],
+            "stat",
+            6,
+            4,
+            max=1,
+        ),
+        Panel(
+            "GPU memory (fullest GPU)",
+            "percentunit",
+            [(f"job_id:accelmon_gpu_memory_used_ratio:max{{{J}}}", "job {{job_id}}")],
+            "stat",
+            6,
+            4,
+            max=1,
+        ),
+        Panel(
+            "GPU power (sum)", "watt", [(f"job_id:accelmon_gpu_power_watts:sum{{{J}}}", "job {{job_id}}")], "stat", 6, 4
+        ),
+        Panel(
+            "The job's GPUs",
+            "short",
+            [(f"accelmon_gpu_job_info{{{J}}}", "{{node}} {{gpu}}")],
+            "table",
+            24,
+            6,
+            description="Node, NVML index and UUID of every GPU the job holds, with its user and account.",
+        ),
+        Panel("GPU utilization", "percentunit", [(per_job_gpu("accelmon_gpu_utilization_ratio"), JOB_LEGEND)], max=1),
+        Panel("GPU memory used", "bytes", [(per_job_gpu("accelmon_gpu_memory_used_bytes"), JOB_LEGEND)]),
+        Panel("GPU power", "watt", [(per_job_gpu("accelmon_gpu_power_watts"), JOB_LEGEND)]),
+        Panel("GPU temperature", "celsius", [(per_job_gpu("accelmon_gpu_temperature_celsius"), JOB_LEGEND)]),
+        Panel(
+            "SM active (profiling)",
+            "percentunit",
+            [(per_job_gpu("accelmon_gpu_sm_active_ratio"), JOB_LEGEND)],
+            max=1,
+            description="Where the profiling collector is on for the job's nodes.",
+        ),
+        Panel(
+            "SM clock",
+            "hertz",
+            [(per_job_gpu("accelmon_gpu_sm_clock_hertz"), JOB_LEGEND)],
+            description="A GPU clocked below its peers holds back a synchronous job.",
+        ),
+    ],
+    [("job_id", "label_values(accelmon_gpu_job_info, job_id)")],
+)
+
+DASHBOARDS = [FLEET, GPU, PROFILING, INFINIBAND, NEURON, NODE, JOB]
 
 
 # The panel kinds used here and their SDK builders.

@@ -162,3 +162,30 @@ def test_aws_keys_stay_out_of_the_unit_and_the_journal(host):
     assert "wJalrXUtnFEMI" not in host.file("/etc/systemd/system/accelmon-exporter.service").content_string
     assert "wJalrXUtnFEMI" not in host.check_output("journalctl -u accelmon-exporter --no-pager")
     assert "wJalrXUtnFEMI" not in host.file("/etc/accelmon/exporter.yml").content_string
+
+
+def test_slurm_prolog_and_epilog_attribute_gpus_to_a_job(host):
+    """The installed prolog, run as slurmd runs it (root, the job's variables, no PATH): the exporter serves the
+    job's GPUs by NVML index and UUID (Slurm's 0 is minor 0, NVML's GPU 1 on this fixture); the epilog ends it."""
+    state = host.file("/run/accelmon/jobs")
+    assert (state.user, state.group, state.mode) == ("root", "accelmon", 0o750)
+    assert host.file("/etc/tmpfiles.d/accelmon-jobs.conf").exists
+    prolog = host.file("/etc/slurm/prolog.d/50-accelmon.sh")
+    assert (prolog.user, prolog.mode) == ("root", 0o755)
+    host.check_output(
+        "env -i SLURM_JOB_ID=777 SLURM_JOB_USER=alice SLURM_JOB_ACCOUNT=ml SLURM_JOB_GPUS=0 "
+        "/bin/sh /etc/slurm/prolog.d/50-accelmon.sh"
+    )
+    wanted = 'accelmon_gpu_job_info{account="ml",gpu="1",job_id="777",user="alice",uuid="GPU-00000001-'
+    text = host.check_output(
+        f"for i in $(seq 1 20); do curl -sf http://127.0.0.1:19470/metrics | grep -qF '{wanted}' && break; "
+        "sleep 1; done; curl -sf http://127.0.0.1:19470/metrics"
+    )
+    assert wanted in text
+    host.check_output("env -i SLURM_JOB_ID=777 /bin/sh /etc/slurm/epilog.d/50-accelmon.sh")
+    text = host.check_output(
+        "for i in $(seq 1 20); do curl -sf http://127.0.0.1:19470/metrics | grep -q 'job_id=\"777\"' || break; "
+        "sleep 1; done; curl -sf http://127.0.0.1:19470/metrics"
+    )
+    assert 'job_id="777"' not in text
+    assert "accelmon_jobs_running 0.0" in text

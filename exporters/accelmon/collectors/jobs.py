@@ -1,0 +1,178 @@
+"""Which batch job holds which GPU: one `accelmon_gpu_job_info` series per (GPU, job), from the records the
+scheduler's prolog writes and its epilog removes (Slurm: `ansible/roles/accelmon_exporter/files/slurm-*.sh`).
+
+Example exposition line::
+
+    accelmon_gpu_job_info{account="physics",gpu="1",job_id="4242",user="alice",uuid="GPU-5d3c..."} 1.0
+
+Device series never carry job labels (a job label on every metric multiplies and churns series); dashboards and
+rules join on `uuid` at query time. A record is a small `KEY=VALUE` file per job in the state directory (written
+by root, read here): `scheduler`, `job_id`, `user`, `account`, `gpus` (comma-separated). A GPU is named by UUID
+(recent Slurm fills SLURM_JOB_GPUS / CUDA_VISIBLE_DEVICES with them) or by index. Slurm's index follows the
+device minor number (/dev/nvidiaN), which is not always NVML's index (NVML counts in PCI bus order): an index is
+resolved through `<procfs>/driver/nvidia/gpus/<bus id>/information`, which gives each GPU's minor number, UUID
+and bus location, and NVML's index is the GPU's place in bus order. A malformed line is skipped and counted;
+a GPU the host does not have is counted in `accelmon_jobs_unresolved_gpus`, never guessed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass
+
+from accelmon.core import Catalogue, Collector, Samples
+from accelmon.registry import Option, Paths, Registration, register, seconds
+
+log = logging.getLogger("accelmon.jobs")
+
+CATALOGUE = Catalogue(
+    "jobs",
+    "Batch jobs on GPUs",
+    "Source: the records a scheduler prolog writes to `state_dir` (Slurm's, installed by the role with "
+    "`accelmon_exporter_jobs: slurm`). GPU indices are Slurm's (device minor numbers), turned into NVML's index and "
+    "the UUID through `/proc/driver/nvidia/gpus/*/information`. Join device series to jobs on `uuid`.",
+)
+JOB_INFO = CATALOGUE.gauge(
+    "accelmon_gpu_job_info",
+    "A batch job holding a GPU; value is 1. A GPU shared by two jobs has two series.",
+    ["gpu", "uuid", "job_id", "user", "account"],
+)
+JOBS = CATALOGUE.gauge("accelmon_jobs_running", "Jobs with a record on this host (with or without GPUs).", ())
+UNRESOLVED = CATALOGUE.gauge(
+    "accelmon_jobs_unresolved_gpus", "GPUs named in job records that match no GPU of this host.", ()
+)
+MALFORMED = CATALOGUE.counter(
+    "accelmon_jobs_malformed_lines_total",
+    "Lines of job records that were not KEY=VALUE, skipped (each counted once).",
+    (),
+)
+
+KEYS = ("scheduler", "job_id", "user", "account", "gpus")
+MAX_VALUE = 256  # a label value longer than this is cut: a record is input from a script, not trusted to be small
+MAX_RECORD_BYTES = 64 * 1024
+UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z-]+$")
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: str  # NVML's index: the GPU's place in PCI bus order
+    uuid: str
+
+
+def driver_gpus(procfs: str) -> tuple[dict[str, Gpu], dict[str, Gpu]]:
+    """This host's GPUs as the NVIDIA driver lists them in procfs: by device minor number, and by UUID."""
+    root = os.path.join(procfs, "driver", "nvidia", "gpus")
+    try:
+        buses = sorted(os.listdir(root), key=str.lower)
+    except OSError:
+        return {}, {}
+    by_minor: dict[str, Gpu] = {}
+    by_uuid: dict[str, Gpu] = {}
+    for position, bus in enumerate(buses):
+        fields: dict[str, str] = {}
+        try:
+            with open(os.path.join(root, bus, "information"), encoding="utf-8", errors="replace") as stream:
+                for line in stream:
+                    key, sep, value = line.partition(":")
+                    if sep:
+                        fields[key.strip()] = value.strip()
+        except OSError:
+            continue
+        gpu = Gpu(str(position), fields.get("GPU UUID", ""))
+        if fields.get("Device Minor", "").isdigit():
+            by_minor[fields["Device Minor"]] = gpu
+        if gpu.uuid:
+            by_uuid[gpu.uuid] = gpu
+    return by_minor, by_uuid
+
+
+def _clean(value: str) -> str:
+    return "".join(c for c in value if c.isprintable())[:MAX_VALUE]
+
+
+class JobsCollector(Collector):
+    name = "jobs"
+
+    def __init__(self, state_dir: str, procfs: str) -> None:
+        self.state_dir = state_dir
+        self.procfs = procfs
+        self.malformed = 0
+        self._counted: dict[str, tuple[int, int]] = {}  # record -> (mtime_ns, size) whose bad lines were counted
+
+    def _read(self, path: str, name: str) -> dict[str, str] | None:
+        try:
+            status = os.stat(path)
+            with open(path, encoding="utf-8", errors="replace") as stream:
+                text = stream.read(MAX_RECORD_BYTES)
+        except OSError:
+            return None  # removed by the epilog while being read
+        record: dict[str, str] = {}
+        bad = 0
+        for line in text.splitlines():
+            key, sep, value = line.partition("=")
+            if not line.strip() or line.startswith("#"):
+                continue
+            if not sep or key.strip() not in KEYS:
+                bad += 1
+                continue
+            record[key.strip()] = _clean(value.strip())
+        version = (status.st_mtime_ns, status.st_size)
+        if bad and self._counted.get(name) != version:
+            self._counted[name] = version
+            self.malformed += bad
+            log.warning("job record %s: %d malformed line(s) skipped", path, bad)
+        return record if record.get("job_id") else None
+
+    def sample(self) -> Samples:
+        out = Samples()
+        try:
+            names = sorted(n for n in os.listdir(self.state_dir) if not n.startswith("."))  # .tmp: being written
+        except OSError:
+            names = []
+        by_minor, by_uuid = driver_gpus(self.procfs)
+        jobs = unresolved = 0
+        seen: set[tuple[str, str]] = set()
+        for name in names:
+            record = self._read(os.path.join(self.state_dir, name), name)
+            if record is None:
+                continue
+            jobs += 1
+            for token in filter(None, (t.strip() for t in record.get("gpus", "").split(","))):
+                if token.isdigit() and token in by_minor:
+                    gpu = by_minor[token]
+                elif UUID.match(token):
+                    gpu = by_uuid.get(token) or Gpu("", token)  # a MIG instance: joined by its own UUID
+                else:
+                    unresolved += 1
+                    continue
+                if (gpu.uuid, record["job_id"]) in seen:
+                    continue  # one job named the same GPU twice (index and UUID)
+                seen.add((gpu.uuid, record["job_id"]))
+                labels = (gpu.index, gpu.uuid, record["job_id"], record.get("user", ""), record.get("account", ""))
+                out.add(JOB_INFO, labels, 1)
+        self._counted = {k: v for k, v in self._counted.items() if k in names}
+        out.add(JOBS, (), jobs)
+        out.add(UNRESOLVED, (), unresolved)
+        out.add(MALFORMED, (), self.malformed)
+        return out
+
+
+def _has_state_dir(paths: Paths, options: dict[str, object]) -> bool:
+    return os.path.isdir(str(options["state_dir"]))
+
+
+register(
+    Registration(
+        name="jobs",
+        help="batch jobs holding GPUs, from scheduler prolog records (default: on where the state directory exists)",
+        build=lambda options, paths: JobsCollector(str(options["state_dir"]), paths.procfs),
+        catalogue=CATALOGUE,
+        options=(
+            seconds("interval_seconds", 5, "how often the job records are read"),
+            Option("state_dir", "/run/accelmon/jobs", "where the scheduler's prolog writes one record per job"),
+        ),
+        enabled_by_default=_has_state_dir,
+    )
+)

@@ -1,0 +1,131 @@
+"""Jobs on GPUs: the Slurm prolog and epilog scripts and the collector that reads their records."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from accelmon.collectors import jobs
+from conftest import ROOT, exporter_env, promtool_check, run_once, sample_value
+from jobs_fixture import MINORS, nvidia_procfs, uuid
+
+SCRIPTS = ROOT / "ansible" / "roles" / "accelmon_exporter" / "files"
+
+
+def slurm(script: str, state_dir, **env: str) -> subprocess.CompletedProcess[str]:
+    """Runs the prolog or epilog as slurmd would: as root, with the job's SLURM_* variables and no PATH."""
+    environment = {"ACCELMON_JOBS_DIR": str(state_dir), **env}
+    return subprocess.run(
+        ["/bin/sh", str(SCRIPTS / f"slurm-{script}.sh")], env=environment, capture_output=True, text=True
+    )
+
+
+def info(samples) -> set[tuple[str, ...]]:
+    return {labels for labels, _ in samples.rows.get(jobs.JOB_INFO, [])}
+
+
+def value(samples, spec) -> float:
+    return samples.rows[spec][0][1]
+
+
+@pytest.fixture
+def host(tmp_path):
+    state = tmp_path / "jobs"
+    state.mkdir()
+    return state, nvidia_procfs(tmp_path / "proc")
+
+
+def test_slurm_index_is_the_device_minor_not_nvmls_index(host):
+    """Slurm's GPU 0 is /dev/nvidia0; on this host that GPU is second in PCI bus order, so NVML calls it 1."""
+    state, procfs = host
+    assert slurm("prolog", state, SLURM_JOB_ID="4242", SLURM_JOB_USER="alice", SLURM_JOB_ACCOUNT="physics",
+                 SLURM_JOB_GPUS="0,2").returncode == 0  # fmt: skip
+    samples = jobs.JobsCollector(str(state), str(procfs)).sample()
+    nvml_index = {minor: str(index) for index, minor in enumerate(MINORS[:4])}
+    assert info(samples) == {
+        (nvml_index[0], uuid(int(nvml_index[0])), "4242", "alice", "physics"),
+        (nvml_index[2], uuid(int(nvml_index[2])), "4242", "alice", "physics"),
+    }
+    assert nvml_index[0] == "1" and nvml_index[2] == "0"  # the trap is really set
+    assert value(samples, jobs.JOBS) == 1 and value(samples, jobs.UNRESOLVED) == 0
+
+
+def test_uuids_shared_gpus_and_the_epilog(host):
+    state, procfs = host
+    # Recent Slurm: UUIDs. Two jobs share GPU 3 (a shared GRES): two info series for it.
+    slurm("prolog", state, SLURM_JOB_ID="1", SLURM_JOB_USER="alice", SLURM_JOB_GPUS=f"{uuid(3)},{uuid(1)}")
+    slurm("prolog", state, SLURM_JOB_ID="2", SLURM_JOB_USER="bob", CUDA_VISIBLE_DEVICES=uuid(3))
+    collector = jobs.JobsCollector(str(state), str(procfs))
+    assert info(collector.sample()) == {
+        ("3", uuid(3), "1", "alice", ""),
+        ("1", uuid(1), "1", "alice", ""),
+        ("3", uuid(3), "2", "bob", ""),
+    }
+    assert slurm("epilog", state, SLURM_JOB_ID="1").returncode == 0
+    assert info(collector.sample()) == {("3", uuid(3), "2", "bob", "")}
+    slurm("epilog", state, SLURM_JOB_ID="2")
+    samples = collector.sample()
+    assert info(samples) == set() and value(samples, jobs.JOBS) == 0
+    assert os.listdir(state) == []
+
+
+def test_a_job_without_gpus_unknown_gpus_and_mig(host):
+    state, procfs = host
+    slurm("prolog", state, SLURM_JOB_ID="7", SLURM_JOB_USER="carol")  # a CPU-only job
+    slurm("prolog", state, SLURM_JOB_ID="8", SLURM_JOB_GPUS="0,9,GPU-not-here,MIG-1c2d3e4f-aaaa")
+    samples = jobs.JobsCollector(str(state), str(procfs)).sample()
+    assert value(samples, jobs.JOBS) == 2
+    # Minor 9 is no GPU of this host: counted, never guessed. A UUID the driver does not list (a MIG instance)
+    # is kept with its own UUID, which the NVML collector's MIG series carry.
+    assert info(samples) == {("1", uuid(1), "8", "", ""), ("", "GPU-not-here", "8", "", ""),
+                             ("", "MIG-1c2d3e4f-aaaa", "8", "", "")}  # fmt: skip
+    assert value(samples, jobs.UNRESOLVED) == 1
+
+
+def test_values_cannot_forge_keys_and_bad_input_never_fails_the_job(host, tmp_path):
+    state, procfs = host
+    result = slurm("prolog", state, SLURM_JOB_ID="9", SLURM_JOB_USER="eve\ngpus=0,1,2,3", SLURM_JOB_GPUS="2")
+    assert result.returncode == 0
+    samples = jobs.JobsCollector(str(state), str(procfs)).sample()
+    assert {labels[0] for labels in info(samples)} == {"0"}  # minor 2 only; the user's "gpus=" stayed in its value
+    assert {labels[3] for labels in info(samples)} == {"evegpus=0,1,2,3"}
+    # No state directory (the exporter's role not applied yet), a bogus job id: exit 0, nothing written.
+    assert slurm("prolog", tmp_path / "missing", SLURM_JOB_ID="10", SLURM_JOB_GPUS="0").returncode == 0
+    assert slurm("prolog", state, SLURM_JOB_ID="../../etc/x").returncode == 0
+    assert slurm("epilog", tmp_path / "missing", SLURM_JOB_ID="10").returncode == 0
+    assert sorted(os.listdir(state)) == ["slurm-9"]
+
+
+def test_malformed_records_are_skipped_and_counted_once(host):
+    state, procfs = host
+    (state / "slurm-5").write_text("job_id=5\nuser=dan\nthis is not a pair\ngpus=1\ncolour=blue\n")
+    (state / "slurm-6").write_text("user=nobody-without-a-job-id\n")
+    (state / ".slurm-7.tmp").write_text("job_id=7\ngpus=0\n")  # still being written by a prolog
+    collector = jobs.JobsCollector(str(state), str(procfs))
+    for _ in range(3):
+        samples = collector.sample()
+    assert info(samples) == {("3", uuid(3), "5", "dan", "")}
+    assert value(samples, jobs.MALFORMED) == 2  # two bad lines, counted once however often they are read
+    (state / "slurm-5").write_text("job_id=5\ngpus=1\nbroken\n")  # rewritten: its bad line is new
+    assert value(collector.sample(), jobs.MALFORMED) == 3
+
+
+def test_exporter_serves_job_info_that_passes_promtool(tmp_path, fake_nvml_dir):
+    state = tmp_path / "jobs"
+    state.mkdir()
+    procfs = nvidia_procfs(tmp_path / "proc")
+    slurm("prolog", state, SLURM_JOB_ID="31", SLURM_JOB_USER="alice", SLURM_JOB_ACCOUNT="ml", SLURM_JOB_GPUS="1")
+    config = tmp_path / "accelmon.yml"
+    config.write_text(f"paths: {{procfs: {procfs}}}\ncollectors: {{jobs: {{state_dir: {state}}}}}\n")
+    nvml = tmp_path / "fake-nvml.conf"
+    nvml.write_text("gpus 4\n")
+    result = run_once(["--config", str(config)], exporter_env(fake_nvml_dir, nvml))
+    assert result.returncode == 0, result.stderr
+    promtool_check(result.stdout)
+    # Minor 1 is NVML's GPU 3 here: the info series and the device series meet on the same uuid.
+    assert sample_value(result.stdout, "accelmon_gpu_job_info", gpu="3", uuid=uuid(3), job_id="31") == 1
+    assert sample_value(result.stdout, "accelmon_gpu_up", gpu="3", uuid=uuid(3)) == 1
+    others = [line for line in result.stdout.splitlines() if not line.startswith("accelmon_gpu_job_info")]
+    assert not [line for line in others if "job_id" in line], "device series carry no job labels"
