@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what accelmon's tests and local demo need on a Debian/Ubuntu machine, and nothing that runs by itself:
 #   - system packages (apt): a C compiler for the fake NVML driver, Python venv support, podman with runc, the CNI
-#     dnsname plugin (containers of the simulated cluster find each other by name through it), debootstrap;
+#     dnsname plugin (containers of the simulated cluster find each other by name through it), debootstrap,
+#     poppler-utils (the job report's PDF is rendered to images to check its pages);
 #   - Prometheus, promtool and node_exporter binaries, unpacked from Debian's packages into .tools/ rather than
 #     installed: installing the packages would enable and start servers on :9090 and :9100 where systemd runs;
 #   - a virtualenv (.venv) with the project and its Python tools.
@@ -10,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(gcc libc6-dev python3-venv python3-dev podman runc golang-github-containernetworking-plugin-dnsname
-          debootstrap uidmap slirp4netns fuse-overlayfs iproute2 curl)
+          debootstrap uidmap slirp4netns fuse-overlayfs iproute2 curl poppler-utils)
 tool_packages=(prometheus prometheus-node-exporter)
 tools=.tools
 
@@ -61,6 +62,6 @@ stamp=.venv/.accelmon-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "setup: installing the Python environment in .venv"
   .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -e '.[test,deploy]'
+  .venv/bin/pip install -q -e '.[test,deploy,report]'
   touch "$stamp"
 fi

@@ -109,7 +109,8 @@ def prometheus(tmp_path_factory, fake_nvml_dir):
     fixture IB ports, a fake neuron-monitor) and node_exporter, every second, with the master's rules."""
     work = tmp_path_factory.mktemp("contract")
     nvml = work / "fake-nvml.conf"
-    nvml.write_text("gpus 8\nlost 5\nxid 2 79\n" + "".join(f"gpm {i}\n" for i in range(8)))
+    # Energy counters that grow by each GPU's power, read every second: the job report's energy is checked on them.
+    nvml.write_text("gpus 8\nlost 5\nxid 2 79\nenergy_follows_power 1\n" + "".join(f"gpm {i}\n" for i in range(8)))
     sysfs = standard_tree(work / "sys")
     procfs = nvidia_procfs(work / "proc", gpus=8)
     jobs = work / "jobs"
@@ -127,7 +128,7 @@ def prometheus(tmp_path_factory, fake_nvml_dir):
                 "web": {"listen_address": f"127.0.0.1:{ports['exporter']}"},
                 "paths": {"sysfs": str(sysfs), "procfs": str(procfs)},
                 "collectors": {
-                    "nvml": {"enabled": True, "pcie_interval_seconds": 1},
+                    "nvml": {"enabled": True, "pcie_interval_seconds": 1, "slow_interval_seconds": 1},
                     "infiniband": {"enabled": True, "interval_seconds": 1},
                     "neuron": {
                         "enabled": True,

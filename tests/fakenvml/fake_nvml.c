@@ -66,6 +66,8 @@ static unsigned unsupported_fields[MAX_NAMES];
 static int n_unsupported_fields;
 static long latency_us;
 static int cost_model;
+static int energy_follows_power;          /* the energy counter grows by power x time (energy_follows_power 1) */
+static struct timespec loaded_at;
 static char driver_version[32] = "550.54.15";
 static int initialized;
 static unsigned long long call_count;
@@ -98,6 +100,8 @@ static void read_config(void) {
     memset(lost, 0, sizeof lost);
     memset(mig_count, 0, sizeof mig_count);
     memset(gpm_supported, 0, sizeof gpm_supported);
+    energy_follows_power = 0;
+    clock_gettime(CLOCK_MONOTONIC, &loaded_at);
     const char *path = getenv("FAKE_NVML_CONFIG");
     FILE *f = path ? fopen(path, "r") : NULL;
     if (!f) return;
@@ -124,6 +128,9 @@ static void read_config(void) {
                 unsupported_fields[n_unsupported_fields++] = id;
         }
         else if (!strcmp(key, "gpm") && (a = atoi(arg)) < MAX_GPUS) gpm_supported[a] = 1;
+        /* energy_follows_power 1: the energy counter grows by the GPU's power draw, as a real one does (the
+           default keeps it constant, so golden expositions stay the same from run to run). */
+        else if (!strcmp(key, "energy_follows_power")) energy_follows_power = atoi(arg);
         else if (!strcmp(key, "mig") && sscanf(arg, "%d %d", &a, &b) == 2 && a < MAX_GPUS)
             mig_count[a] = b > MAX_MIG ? MAX_MIG : b;
         else if (!strcmp(key, "xid") && sscanf(arg, "%d %d", &a, &b) == 2 && n_events < MAX_EVENTS) {
@@ -343,7 +350,17 @@ typedef struct { unsigned int version; int sensorType; int temperature; } temper
 nvmlReturn_t nvmlDeviceGetTemperatureV(device_t *d, temperature_v1_t *t) { DEVICE(d); t->temperature = 40 + d->index; return OK; }
 nvmlReturn_t nvmlDeviceGetTemperature(device_t *d, int sensor, unsigned int *t) { (void)sensor; DEVICE(d); *t = 40 + (unsigned)d->index; return OK; }
 
-nvmlReturn_t nvmlDeviceGetPowerUsage(device_t *d, unsigned int *mw) { DEVICE(d); *mw = 100000 + (unsigned)d->index * 10500; return OK; }
+static unsigned power_mw(int index) { return 100000 + (unsigned)index * 10500; }
+nvmlReturn_t nvmlDeviceGetPowerUsage(device_t *d, unsigned int *mw) { DEVICE(d); *mw = power_mw(d->index); return OK; }
+
+/* mJ drawn since the library was loaded at the GPU's constant power: mW x s. */
+static unsigned long long energy_since_load_mj(int index) {
+    if (!energy_follows_power) return 0;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    double seconds = (double)(now.tv_sec - loaded_at.tv_sec) + (double)(now.tv_nsec - loaded_at.tv_nsec) / 1e9;
+    return (unsigned long long)(power_mw(index) * seconds);
+}
 nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(device_t *d, unsigned int *mw) { DEVICE(d); *mw = 700000; return OK; }
 nvmlReturn_t nvmlDeviceGetPowerManagementLimit(device_t *d, unsigned int *mw) { DEVICE(d); *mw = 700000; return OK; }
 nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(device_t *d, unsigned long long *mj) { DEVICE(d); *mj = 123456789ULL + (unsigned long long)d->index; return OK; }
@@ -426,7 +443,7 @@ static int field_value(const device_t *d, unsigned int id, field_value_t *v) {
     case 30: v->value.ull = 0; break;                 /* retired pages DBE */
     case 31: v->valueType = VT_UINT; v->value.ui = 0; break; /* retirement pending */
     case 82: v->valueType = VT_UINT; v->value.ui = 50 + (unsigned)i; break; /* memory temperature */
-    case 83: v->value.ull = 123456789ULL + i; break;  /* energy mJ */
+    case 83: v->value.ull = 123456789ULL + i + energy_since_load_mj(i); break;  /* energy mJ */
     case 94: v->value.ull = 2 * i; break;             /* PCIe replays */
     case 142: v->valueType = VT_UINT; v->value.ui = (unsigned)i; break; /* remapped rows, correctable */
     case 143: v->valueType = VT_UINT; v->value.ui = 0; break;

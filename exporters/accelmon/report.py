@@ -1,0 +1,589 @@
+"""accelmon-report: one batch job's report, from the Prometheus that scrapes its nodes.
+
+    accelmon-report JOB_ID --prometheus http://master:9090 [--out DIR] [--lookback 30d]
+
+Finds the job's window, nodes and GPUs from `accelmon_gpu_job_info` (the jobs collector), queries every metric
+over that window (keeping each series under Prometheus's 11,000 points by the step), and writes into DIR:
+
+- `report.html`: a page to read at a glance, opening offline (plots embedded): the job, a jobstats-style summary
+  with verdicts, energy, stragglers, and plots per GPU and node over time;
+- `report.pdf`: the same, for a ticket;
+- `data.csv` and `data.parquet`: the tidy table (time, node, gpu, uuid, metric, value);
+- `summary.json`: the summary's figures.
+
+Energy is the increase of each GPU's energy counter over the window (joules and kWh); idle GPU-hours are the
+hours a GPU held by the job spent under 5 % utilization. A straggler is a GPU whose utilization, SM activity,
+power or SM clock sits below 80 % of the job's median at that moment for at least a quarter of the run; the report
+names the likely reason where the metrics show one (clock-event reasons such as thermal or power capping, XID
+errors, a lower clock). Needs the `report` extra (matplotlib, pandas, pyarrow, jinja2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import io
+import json
+import math
+import re
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+MAX_POINTS = 11_000  # Prometheus refuses a range query whose series would have more points
+IDLE_BELOW = 0.05  # utilization under which a held GPU counts as idle
+STRAGGLER_RATIO = 0.8  # below this share of the job's median at the same moment...
+STRAGGLER_SHARE = 0.25  # ...for at least this share of the run
+UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}  # Prometheus's duration units
+JOB_ID = re.compile(r"^[A-Za-z0-9_.\[\]-]{1,64}$")
+
+# (name in the table, PromQL per GPU joined to the job, unit, title). `{job}` is the job's info selector.
+GPU_METRICS = (
+    ("utilization", "accelmon_gpu_utilization_ratio", "ratio", "GPU utilization"),
+    ("memory_used_bytes", "accelmon_gpu_memory_used_bytes", "bytes", "GPU memory used"),
+    ("memory_total_bytes", "accelmon_gpu_memory_total_bytes", "bytes", "GPU memory installed"),
+    ("power_watts", "accelmon_gpu_power_watts", "W", "GPU power"),
+    ("temperature_celsius", "accelmon_gpu_temperature_celsius", "°C", "GPU temperature"),
+    ("sm_clock_hertz", "accelmon_gpu_sm_clock_hertz", "Hz", "SM clock"),
+    ("sm_active", "accelmon_gpu_sm_active_ratio", "ratio", "SM active (profiling)"),
+    ("tensor_active", "accelmon_gpu_tensor_active_ratio", "ratio", "Tensor pipes active (profiling)"),
+    ("energy_joules_total", "accelmon_gpu_energy_joules_total", "J", "GPU energy counter"),
+    ("xid_events_total", "accelmon_gpu_xid_events_total", "", "XID events"),
+    ("clock_events", "max by (instance, uuid) (accelmon_gpu_clock_event_active)", "", "Clock events active"),
+)
+# Per node: (name, PromQL with {nodes} and {window}, unit, title).
+NODE_METRICS = (
+    ("cpu_utilization", '1 - avg by (node) (rate(node_cpu_seconds_total{{mode="idle",node=~"{nodes}"}}[{window}]))',
+     "ratio", "Host CPU utilization"),
+    ("host_memory_used_bytes",
+     'sum by (node) (node_memory_MemTotal_bytes{{node=~"{nodes}"}}'
+     ' - node_memory_MemAvailable_bytes{{node=~"{nodes}"}})',
+     "bytes", "Host memory used"),
+    ("infiniband_receive_bytes_per_second",
+     'sum by (node) (rate(accelmon_infiniband_port_data_received_bytes_total{{node=~"{nodes}"}}[{window}]))',
+     "B/s", "InfiniBand received"),
+    ("infiniband_transmit_bytes_per_second",
+     'sum by (node) (rate(accelmon_infiniband_port_data_transmitted_bytes_total{{node=~"{nodes}"}}[{window}]))',
+     "B/s", "InfiniBand transmitted"),
+    ("neuroncore_utilization", 'avg by (node) (accelmon_neuroncore_utilization_ratio{{node=~"{nodes}"}})',
+     "ratio", "NeuronCore utilization"),
+)  # fmt: skip
+PLOTTED = ("utilization", "memory_used_bytes", "power_watts", "temperature_celsius", "sm_active", "sm_clock_hertz")
+NODE_PLOTTED = ("cpu_utilization", "host_memory_used_bytes", "infiniband_receive_bytes_per_second",
+                "infiniband_transmit_bytes_per_second", "neuroncore_utilization")  # fmt: skip
+
+
+class ReportError(Exception):
+    """What went wrong, said to the user; `status` is the exit status."""
+
+    def __init__(self, message: str, status: int = 1) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Prometheus:
+    def __init__(self, url: str, timeout: float = 30.0) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ReportError(f"--prometheus {url!r}: expected an http:// or https:// URL", 2)
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+
+    def get(self, path: str, **params: Any) -> Any:
+        address = f"{self.url}{path}?{urllib.parse.urlencode(params)}"
+        try:
+            with urllib.request.urlopen(address, timeout=self.timeout) as response:
+                answer = json.load(response)
+        except urllib.error.HTTPError as error:
+            try:
+                detail = json.load(error).get("error", "")
+            except (ValueError, OSError):
+                detail = ""
+            raise ReportError(
+                f"Prometheus at {self.url} refused {path}: HTTP {error.code} {detail}".rstrip()
+            ) from error
+        except (OSError, ValueError) as error:
+            raise ReportError(f"Prometheus at {self.url} does not answer: {error}") from error
+        if answer.get("status") != "success":
+            raise ReportError(f"Prometheus at {self.url}: {answer.get('error', answer)}")
+        return answer["data"]
+
+    def range(self, query: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        return self.get("/api/v1/query_range", query=query, start=f"{start:.3f}", end=f"{end:.3f}", step=f"{step:g}")[
+            "result"
+        ]
+
+    def retention_seconds(self) -> float | None:
+        try:
+            text = self.get("/api/v1/status/runtimeinfo").get("storageRetention", "")
+        except ReportError:
+            return None
+        match = re.match(r"^(\d+)([smhdwy])", text)  # "15d", "15d or 512MiB"
+        if not match:
+            return None
+        return (
+            int(match.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}[match.group(2)]
+        )
+
+
+def duration_seconds(text: str) -> float:
+    match = re.fullmatch(r"(\d+)([smhdw])", text)
+    if not match:
+        raise ReportError(f"--lookback {text!r}: expected a number and a unit, e.g. 30d, 12h", 2)
+    return int(match.group(1)) * UNIT_SECONDS[match.group(2)]
+
+
+def step_for(seconds: float, floor: float = 1.0) -> float:
+    """A step that keeps `seconds` under Prometheus's 11,000 points, and never under `floor`."""
+    return max(floor, math.ceil(seconds / (MAX_POINTS - 100)))
+
+
+@dataclass
+class Job:
+    job_id: str
+    user: str
+    account: str
+    start: float
+    end: float
+    step: float
+    gpus: list[tuple[str, str, str]]  # (node, gpu, uuid)
+
+    @property
+    def nodes(self) -> list[str]:
+        return sorted({node for node, _, _ in self.gpus})
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+def find_job(prometheus: Prometheus, job_id: str, lookback: float, now: float) -> Job:
+    """The job's window (first and last time its info series were seen), its GPUs, user and account."""
+    selector = f'accelmon_gpu_job_info{{job_id="{job_id}"}}'
+    coarse = step_for(lookback, 15)
+    series = prometheus.range(f"max by (node, gpu, uuid, user, account) ({selector})", now - lookback, now, coarse)
+    if not series:
+        raise ReportError(
+            f"job {job_id}: no GPU was attributed to it in the last {lookback / 86400:g} days: an unknown job id, a "
+            "job that held no GPU, or one older than that (--lookback, and Prometheus's retention)",
+            3,
+        )
+    seen = [float(t) for s in series for t, _ in s["values"]]
+    first, last = min(seen), max(seen)
+    # The coarse pass finds the job to within a step; a second pass over that neighbourhood finds its edges.
+    start, end = max(now - lookback, first - coarse), min(now, last + coarse)
+    step = step_for(end - start)
+    series = prometheus.range(f"max by (node, gpu, uuid, user, account) ({selector})", start, end, step)
+    seen = [float(t) for s in series for t, _ in s["values"]] or [first, last]
+    first, last = min(seen), max(seen)
+    retention = prometheus.retention_seconds()
+    if first <= now - lookback + coarse:
+        raise ReportError(
+            f"job {job_id} was already running {lookback / 86400:g} days ago: widen --lookback to see its start", 3
+        )
+    if retention is not None and first <= now - retention + 2 * coarse:
+        raise ReportError(
+            f"job {job_id} started before the oldest data Prometheus keeps (retention {retention / 86400:g} days): "
+            "a report would miss its beginning",
+            3,
+        )
+    labels = series[0]["metric"] if series else {}
+    gpus = sorted(
+        {(s["metric"].get("node", ""), s["metric"].get("gpu", ""), s["metric"].get("uuid", "")) for s in series}
+    )
+    step = step_for(last - first)
+    return Job(job_id, labels.get("user", ""), labels.get("account", ""), first, last, step, gpus)
+
+
+@dataclass
+class Rows:
+    """The tidy table being built: (time, node, gpu, uuid, metric, value)."""
+
+    time: list[float] = field(default_factory=list)
+    node: list[str] = field(default_factory=list)
+    gpu: list[str] = field(default_factory=list)
+    uuid: list[str] = field(default_factory=list)
+    metric: list[str] = field(default_factory=list)
+    value: list[float] = field(default_factory=list)
+
+    def add(self, series: list[dict[str, Any]], name: str) -> None:
+        for one in series:
+            labels = one["metric"]
+            for stamp, text in one["values"]:
+                number = float(text)
+                if math.isfinite(number):
+                    self.time.append(float(stamp))
+                    self.node.append(labels.get("node", ""))
+                    self.gpu.append(labels.get("gpu", ""))
+                    self.uuid.append(labels.get("uuid", ""))
+                    self.metric.append(name)
+                    self.value.append(number)
+
+
+def collect(prometheus: Prometheus, job: Job) -> Any:
+    """Every metric of the job's GPUs and nodes over its window, as a pandas DataFrame."""
+    import pandas as pd
+
+    rows = Rows()
+    info = f'accelmon_gpu_job_info{{job_id="{job.job_id}"}}'
+    for name, metric, _, _ in GPU_METRICS:
+        query = f"({metric}) * on (instance, uuid) group_right {info}"
+        rows.add(prometheus.range(query, job.start, job.end, job.step), name)
+    nodes = "|".join(regex_literal(node) for node in job.nodes)
+    window = f"{int(max(60, 4 * job.step))}s"
+    for name, template, _, _ in NODE_METRICS:
+        rows.add(prometheus.range(template.format(nodes=nodes, window=window), job.start, job.end, job.step), name)
+    frame = pd.DataFrame(vars(rows))
+    frame["time"] = pd.to_datetime(frame["time"], unit="s", utc=True)
+    return frame
+
+
+def regex_literal(text: str) -> str:
+    """text matched literally by a PromQL regex inside a double-quoted string: metacharacters escaped for RE2,
+    the escaping backslash and any quote escaped again for the string."""
+    return "".join("\\\\" + c if c in ".^$*+?()[]{}|\\" else '\\"' if c == '"' else c for c in text)
+
+
+def counter_increase(values: Sequence[float]) -> float:
+    """A counter's increase over consecutive samples, a reset counting from 0 (as Prometheus's increase())."""
+    total = 0.0
+    for before, after in zip(values, values[1:]):
+        total += after - before if after >= before else after
+    return total
+
+
+def verdict(value: float | None, low: float, good: float, words: tuple[str, str, str]) -> str:
+    if value is None:
+        return "no data"
+    return words[0] if value < low else words[1] if value < good else words[2]
+
+
+def summarize(job: Job, frame: Any) -> dict[str, Any]:
+    """The summary's figures: per GPU, per node and for the job, energy, idle GPU-hours, stragglers."""
+
+    def series(name: str) -> Any:
+        return frame[frame.metric == name]
+
+    def mean_of(name: str, uuid: str) -> float | None:
+        values = series(name)
+        values = values[values.uuid == uuid].value
+        return float(values.mean()) if len(values) else None
+
+    def max_of(name: str, uuid: str) -> float | None:
+        values = series(name)
+        values = values[values.uuid == uuid].value
+        return float(values.max()) if len(values) else None
+
+    gpus: list[dict[str, Any]] = []
+    energy_total = 0.0
+    idle_seconds = 0.0
+    for node, gpu, uuid in job.gpus:
+        energy = series("energy_joules_total")
+        energy = energy[energy.uuid == uuid].sort_values("time").value.tolist()
+        joules = counter_increase(energy) if len(energy) >= 2 else None
+        energy_total += joules or 0.0
+        busy = series("utilization")
+        busy = busy[busy.uuid == uuid].value
+        idle = float((busy < IDLE_BELOW).sum()) * job.step
+        idle_seconds += idle
+        memory_peak, memory_total = max_of("memory_used_bytes", uuid), max_of("memory_total_bytes", uuid)
+        gpus.append(
+            {
+                "node": node,
+                "gpu": gpu,
+                "uuid": uuid,
+                "utilization_mean": mean_of("utilization", uuid),
+                "sm_active_mean": mean_of("sm_active", uuid),
+                "memory_peak_bytes": memory_peak,
+                "memory_total_bytes": memory_total,
+                "memory_peak_ratio": memory_peak / memory_total if memory_peak is not None and memory_total else None,
+                "power_mean_watts": mean_of("power_watts", uuid),
+                "temperature_max_celsius": max_of("temperature_celsius", uuid),
+                "energy_joules": joules,
+                "idle_hours": idle / 3600,
+            }
+        )
+    utilization = [g["utilization_mean"] for g in gpus if g["utilization_mean"] is not None]
+    sm_active = [g["sm_active_mean"] for g in gpus if g["sm_active_mean"] is not None]
+    memory = [g["memory_peak_ratio"] for g in gpus if g["memory_peak_ratio"] is not None]
+    nodes = []
+    for node in job.nodes:
+        cpu = series("cpu_utilization")
+        cpu = cpu[cpu.node == node].value
+        host = series("host_memory_used_bytes")
+        host = host[host.node == node].value
+        nodes.append(
+            {
+                "node": node,
+                "cpu_utilization_mean": float(cpu.mean()) if len(cpu) else None,
+                "host_memory_peak_bytes": float(host.max()) if len(host) else None,
+            }
+        )
+    job_utilization = sum(utilization) / len(utilization) if utilization else None
+    job_sm = sum(sm_active) / len(sm_active) if sm_active else None
+    job_memory = max(memory) if memory else None
+    allocated_hours = len(job.gpus) * job.duration / 3600
+    return {
+        "job_id": job.job_id,
+        "user": job.user,
+        "account": job.account,
+        "nodes": job.nodes,
+        "gpus": gpus,
+        "start": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(job.start)),
+        "end": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(job.end)),
+        "duration_seconds": job.duration,
+        "step_seconds": job.step,
+        "gpu_utilization_mean": job_utilization,
+        "sm_active_mean": job_sm,
+        "gpu_memory_peak_ratio": job_memory,
+        "energy_joules": energy_total,
+        "energy_kwh": energy_total / 3.6e6,
+        "gpu_hours_allocated": allocated_hours,
+        "gpu_hours_idle": idle_seconds / 3600,
+        "node_summary": nodes,
+        "verdicts": {
+            "gpu_utilization": verdict(job_utilization, 0.2, 0.5, ("very low", "low", "good")),
+            "gpu_memory": verdict(job_memory, 0.1, 0.5, ("mostly unused", "under half used", "well used")),
+            "sm_active": verdict(job_sm, 0.2, 0.5, ("very low", "low", "good")),
+        },
+        "stragglers": stragglers(job, frame),
+    }
+
+
+def stragglers(job: Job, frame: Any) -> list[dict[str, Any]]:
+    """GPUs that lag the job's median at the same moment for a sustained part of the run, with a likely reason."""
+    found: dict[str, dict[str, Any]] = {}
+    if len(job.gpus) < 2:
+        return []
+    for name in ("utilization", "sm_active", "power_watts", "sm_clock_hertz"):
+        values = frame[frame.metric == name]
+        if values.empty:
+            continue
+        wide = values.pivot_table(index="time", columns="uuid", values="value", aggfunc="mean")
+        if wide.shape[1] < 2:
+            continue
+        median = wide.median(axis=1)
+        active = median > (0.05 if name in ("utilization", "sm_active") else 0)
+        lagging = wide.lt(median * STRAGGLER_RATIO, axis=0) & active.to_numpy()[:, None]
+        share = lagging.sum() / max(1, int(active.sum()))
+        for uuid, part in share.items():
+            if part >= STRAGGLER_SHARE:
+                entry = found.setdefault(str(uuid), {"uuid": str(uuid), "metrics": {}, "reasons": []})
+                entry["metrics"][name] = round(float(part), 3)
+    gpus = {uuid: (node, gpu) for node, gpu, uuid in job.gpus}
+    for uuid, entry in found.items():
+        entry["node"], entry["gpu"] = gpus.get(uuid, ("", ""))
+        events = frame[(frame.metric == "clock_events") & (frame.uuid == uuid)].value
+        if len(events) and events.max() > 0:
+            entry["reasons"].append("clock events active (throttling: thermal, power or other capping)")
+        xids = frame[(frame.metric == "xid_events_total") & (frame.uuid == uuid)].sort_values("time").value.tolist()
+        if len(xids) >= 2 and counter_increase(xids) > 0:
+            entry["reasons"].append("XID errors during the job")
+        if "sm_clock_hertz" in entry["metrics"]:
+            entry["reasons"].append("SM clock below its peers'")
+        if not entry["reasons"]:
+            entry["reasons"].append("no cause in the metrics: less work given to it, or waiting on its peers")
+    return sorted(found.values(), key=lambda e: (e["node"], e["gpu"]))
+
+
+def plots(job: Job, frame: Any) -> list[tuple[str, bytes]]:
+    """(title, PNG) of each plotted metric: one line per GPU (or node), over the job's window."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    titles = {name: (title, unit) for name, _, unit, title in GPU_METRICS}
+    titles.update({name: (title, unit) for name, _, unit, title in NODE_METRICS})
+    out = []
+    for name in (*PLOTTED, *NODE_PLOTTED):
+        values = frame[frame.metric == name]
+        if values.empty:
+            continue
+        title, unit = titles[name]
+        figure, axes = plt.subplots(figsize=(9, 3.2), dpi=100)
+        by = ["node", "gpu"] if name in PLOTTED else ["node"]
+        for key, group in values.groupby(by):
+            label = f"{key[0]} GPU {key[1]}" if name in PLOTTED else str(key[0] if isinstance(key, tuple) else key)
+            axes.plot(group.time, group.value, label=label, linewidth=1.2)
+        axes.set_title(title)
+        axes.set_ylabel(unit)
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize=7, loc="upper left", ncol=4)
+        figure.autofmt_xdate()
+        figure.tight_layout()
+        image = io.BytesIO()
+        figure.savefig(image, format="png")
+        plt.close(figure)
+        out.append((title, image.getvalue()))
+    return out
+
+
+PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>Job {{ s.job_id }}: accelmon report</title>
+<style>body{font-family:sans-serif;max-width:960px;margin:2em auto;color:#222}table{border-collapse:collapse}
+td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}td.l,th.l{text-align:left}
+.bad{color:#b00}.ok{color:#070}img{max-width:100%}</style></head><body>
+<h1>Job {{ s.job_id }}</h1>
+<p>User <b>{{ s.user or "?" }}</b>, account <b>{{ s.account or "?" }}</b>; {{ s.gpus|length }} GPU(s) on
+{{ s.nodes|length }} node(s): {{ s.nodes|join(", ") }}. From {{ s.start }} to {{ s.end }}
+({{ "%.1f"|format(s.duration_seconds / 60) }} minutes; data every {{ s.step_seconds|int }} s).</p>
+<h2>Summary</h2>
+<table>
+<tr><th class="l">GPU utilization (mean)</th><td>{{ pct(s.gpu_utilization_mean) }}</td>
+<td class="l {{ 'ok' if s.verdicts.gpu_utilization == 'good' else 'bad' }}">{{ s.verdicts.gpu_utilization }}</td></tr>
+<tr><th class="l">GPU memory (peak of the fullest GPU)</th><td>{{ pct(s.gpu_memory_peak_ratio) }}</td>
+<td class="l {{ 'ok' if s.verdicts.gpu_memory == 'well used' else 'bad' }}">{{ s.verdicts.gpu_memory }}</td></tr>
+<tr><th class="l">SM active (profiling)</th><td>{{ pct(s.sm_active_mean) }}</td>
+<td class="l">{{ s.verdicts.sm_active }}</td></tr>
+<tr><th class="l">Energy of the job's GPUs</th><td>{{ "%.0f"|format(s.energy_joules) }} J</td>
+<td class="l">{{ "%.4f"|format(s.energy_kwh) }} kWh</td></tr>
+<tr><th class="l">GPU-hours held / idle (under 5 %)</th><td>{{ "%.3f"|format(s.gpu_hours_allocated) }}</td>
+<td class="l">{{ "%.3f"|format(s.gpu_hours_idle) }} idle</td></tr>
+</table>
+<h2>Stragglers</h2>
+{% if s.stragglers %}<table><tr><th class="l">node</th><th>GPU</th><th class="l">lags on (share of the run)</th>
+<th class="l">likely reason</th></tr>
+{% for g in s.stragglers %}<tr><td class="l">{{ g.node }}</td><td>{{ g.gpu }}</td>
+<td class="l">{% for m, p in g.metrics.items() %}{{ m }} {{ pct(p) }} {% endfor %}</td>
+<td class="l">{{ g.reasons|join("; ") }}</td></tr>{% endfor %}</table>
+{% else %}<p>None: every GPU kept up with the job's median.</p>{% endif %}
+<h2>GPUs</h2>
+<table><tr><th class="l">node</th><th>GPU</th><th class="l">UUID</th><th>utilization</th><th>SM active</th>
+<th>memory peak</th><th>power</th><th>max temp.</th><th>energy</th></tr>
+{% for g in s.gpus %}<tr><td class="l">{{ g.node }}</td><td>{{ g.gpu }}</td><td class="l">{{ g.uuid }}</td>
+<td>{{ pct(g.utilization_mean) }}</td><td>{{ pct(g.sm_active_mean) }}</td><td>{{ pct(g.memory_peak_ratio) }}</td>
+<td>{{ num(g.power_mean_watts, " W") }}</td><td>{{ num(g.temperature_max_celsius, " °C") }}</td>
+<td>{{ num(g.energy_joules, " J") }}</td></tr>{% endfor %}</table>
+<h2>Nodes</h2>
+<table><tr><th class="l">node</th><th>CPU (mean)</th><th>host memory (peak)</th></tr>
+{% for n in s.node_summary %}<tr><td class="l">{{ n.node }}</td><td>{{ pct(n.cpu_utilization_mean) }}</td>
+<td>{{ num(n.host_memory_peak_bytes and n.host_memory_peak_bytes / 2**30, " GiB") }}</td></tr>{% endfor %}</table>
+<h2>Over time</h2>
+{% for title, png in images %}<figure><img alt="{{ title }}" src="data:image/png;base64,{{ png }}"></figure>
+{% endfor %}
+<p><small>accelmon-report; data: {{ prometheus }}</small></p></body></html>
+"""
+
+
+def html(summary: dict[str, Any], images: list[tuple[str, bytes]], prometheus: str) -> str:
+    import jinja2
+
+    environment = jinja2.Environment(autoescape=True)  # user and account names come from job records
+    template = environment.from_string(PAGE)
+
+    def pct(value: float | None) -> str:
+        return "n/a" if value is None else f"{100 * value:.1f} %"
+
+    def num(value: float | None, unit: str = "") -> str:
+        return "n/a" if value is None else f"{value:,.1f}{unit}"
+
+    encoded = [(title, base64.b64encode(png).decode()) for title, png in images]
+    return template.render(s=summary, images=encoded, prometheus=prometheus, pct=pct, num=num)
+
+
+def pdf(summary: dict[str, Any], images: list[tuple[str, bytes]], path: Path) -> None:
+    """The summary on a first page, then the plots, two to a page."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.image as mpimg
+    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_pdf import PdfPages
+
+    def pct(value: float | None) -> str:
+        return "-" if value is None else f"{100 * value:.1f} %"
+
+    lines = [
+        f"Job {summary['job_id']}   user {summary['user'] or '?'}   account {summary['account'] or '?'}",
+        f"{len(summary['gpus'])} GPU(s) on {', '.join(summary['nodes'])}",
+        f"{summary['start']} to {summary['end']} ({summary['duration_seconds'] / 60:.1f} minutes)",
+        "",
+        f"GPU utilization (mean): {pct(summary['gpu_utilization_mean'])}  ({summary['verdicts']['gpu_utilization']})",
+        f"GPU memory peak: {pct(summary['gpu_memory_peak_ratio'])}  ({summary['verdicts']['gpu_memory']})",
+        f"SM active: {pct(summary['sm_active_mean'])}  ({summary['verdicts']['sm_active']})",
+        f"Energy: {summary['energy_joules']:.0f} J = {summary['energy_kwh']:.4f} kWh",
+        f"GPU-hours held {summary['gpu_hours_allocated']:.3f}, idle {summary['gpu_hours_idle']:.3f}",
+        "",
+        "Stragglers: "
+        + (
+            ", ".join(f"{g['node']} GPU {g['gpu']} ({'; '.join(g['reasons'])})" for g in summary["stragglers"])
+            or "none"
+        ),
+    ]
+    with PdfPages(path) as document:
+        figure = plt.figure(figsize=(8.27, 11.69))
+        figure.text(0.08, 0.95, "\n".join(lines), va="top", family="monospace", fontsize=9, wrap=True)
+        document.savefig(figure)
+        plt.close(figure)
+        for first in range(0, len(images), 2):
+            figure, axes = plt.subplots(2, 1, figsize=(8.27, 11.69))
+            for axis, (_title, png) in zip(axes, images[first : first + 2]):
+                axis.imshow(mpimg.imread(io.BytesIO(png), format="png"))
+                axis.set_axis_off()
+            for axis in axes[len(images[first : first + 2]) :]:
+                axis.set_axis_off()
+            figure.tight_layout()
+            document.savefig(figure)
+            plt.close(figure)
+
+
+def write_report(prometheus: Prometheus, job_id: str, out: Path, lookback: float, now: float | None = None) -> dict:
+    job = find_job(prometheus, job_id, lookback, time.time() if now is None else now)
+    frame = collect(prometheus, job)
+    summary = summarize(job, frame)
+    images = plots(job, frame)
+    out.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(out / "data.csv", index=False)
+    frame.to_parquet(out / "data.parquet", index=False)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out / "report.html").write_text(html(summary, images, prometheus.url), encoding="utf-8")
+    pdf(summary, images, out / "report.pdf")
+    return summary
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="accelmon-report",
+        description="A batch job's report (HTML, PDF, CSV, Parquet, JSON) from the Prometheus of an accelmon cluster.",
+    )
+    parser.add_argument("job_id", help="the scheduler's job id")
+    parser.add_argument("--prometheus", required=True, metavar="URL", help="Prometheus's URL, e.g. http://master:9090")
+    parser.add_argument("--out", metavar="DIR", help="where to write the report (default ./accelmon-report-JOB_ID)")
+    parser.add_argument("--lookback", default="30d", help="how far back to look for the job (default 30d)")
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for each query (default 30)")
+    args = parser.parse_args(argv)
+    try:
+        if not JOB_ID.match(args.job_id):
+            raise ReportError(f"job id {args.job_id!r}: expected letters, digits and _.-[] only", 2)
+        try:
+            import jinja2  # noqa: F401
+            import matplotlib  # noqa: F401
+            import pandas  # noqa: F401
+            import pyarrow  # noqa: F401
+        except ImportError as error:
+            raise ReportError(f"missing {error.name}: pip install 'accelmon[report]'", 2) from error
+        out = Path(args.out or f"accelmon-report-{args.job_id}")
+        summary = write_report(
+            Prometheus(args.prometheus, args.timeout), args.job_id, out, duration_seconds(args.lookback)
+        )
+    except ReportError as error:
+        print(f"accelmon-report: {error}", file=sys.stderr)
+        return error.status
+    except OSError as error:
+        print(f"accelmon-report: cannot write the report: {error}", file=sys.stderr)
+        return 1
+    print(
+        f"accelmon-report: job {args.job_id}: {len(summary['gpus'])} GPU(s) on {len(summary['nodes'])} node(s), "
+        f"{summary['duration_seconds'] / 60:.1f} min, {summary['energy_kwh']:.4f} kWh, "
+        f"{len(summary['stragglers'])} straggler(s); written to {out}/"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

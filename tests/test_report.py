@@ -1,0 +1,204 @@
+"""accelmon-report against a real Prometheus scraping the exporter (the master contract's fleet: 8 fake GPUs whose
+energy counters grow by their power, Slurm jobs 100 and 200 sharing a GPU) and against broken inputs."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from cloudwatch_doubles import LoopbackServer, QuietHandler, SilentSocket
+from jobs_fixture import uuid
+from test_master import prometheus  # noqa: F401 (the fixture: a real Prometheus over the simulated node)
+
+pd = pytest.importorskip("pandas")
+pytest.importorskip("matplotlib")
+pytest.importorskip("pyarrow")
+
+# Job 100 holds Slurm's GPUs 0 and 1: device minors 0 and 1, which are NVML's GPUs 1 and 3 on this fixture. The fake
+# driver draws 100 + 10.5 x index W and is 10 + 10 x index % busy.
+POWER = {"1": 110.5, "3": 131.5}
+
+
+def report(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "accelmon.report", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.fixture(scope="module")
+def job_100(prometheus, tmp_path_factory):  # noqa: F811
+    out = tmp_path_factory.mktemp("report") / "job-100"
+    time.sleep(15)  # the fleet has just started: let the job run a while
+    result = report("100", "--prometheus", prometheus, "--out", str(out), "--lookback", "1h")
+    assert result.returncode == 0, result.stderr
+    return out, json.loads((out / "summary.json").read_text()), result
+
+
+def test_report_finds_the_jobs_nodes_gpus_window_and_energy(job_100):
+    _, summary, result = job_100
+    assert "job 100: 2 GPU(s) on 1 node(s)" in result.stdout
+    assert summary["nodes"] == ["gpu-node-1"] and (summary["user"], summary["account"]) == ("alice", "ml")
+    assert {(g["gpu"], g["uuid"]) for g in summary["gpus"]} == {("1", uuid(1)), ("3", uuid(3))}
+    assert 15 < summary["duration_seconds"] < 300
+    # The energy counters grow by the power draw: the job's energy is their sum over its window (reads every 1 s).
+    expected = sum(POWER.values()) * summary["duration_seconds"]
+    assert abs(summary["energy_joules"] - expected) <= sum(POWER.values()) * 3, (summary["energy_joules"], expected)
+    assert summary["energy_kwh"] == pytest.approx(summary["energy_joules"] / 3.6e6)
+    busy = {g["gpu"]: g["utilization_mean"] for g in summary["gpus"]}
+    assert busy == {"1": pytest.approx(0.2), "3": pytest.approx(0.4)}
+    assert summary["gpu_utilization_mean"] == pytest.approx(0.3) and summary["verdicts"]["gpu_utilization"] == "low"
+    assert summary["gpu_hours_idle"] == 0 and summary["gpu_hours_allocated"] == pytest.approx(
+        2 * summary["duration_seconds"] / 3600
+    )
+
+
+def test_the_slower_gpu_is_named_a_straggler(job_100):
+    _, summary, _ = job_100
+    # GPU 1 runs at 20 % where the job's median is 30 %: below 80 % of it all the time. GPU 3 is not.
+    assert [(g["node"], g["gpu"]) for g in summary["stragglers"]] == [("gpu-node-1", "1")]
+    assert summary["stragglers"][0]["metrics"]["utilization"] == 1.0 and summary["stragglers"][0]["reasons"]
+
+
+def test_tidy_data_in_csv_and_parquet(job_100):
+    out, _, _ = job_100
+    text = {"node": str, "gpu": str, "uuid": str, "metric": str}  # GPU indices are names, not numbers
+    for table in (
+        pd.read_csv(out / "data.csv", dtype=text, keep_default_na=False),
+        pd.read_parquet(out / "data.parquet"),
+    ):
+        assert list(table.columns) == ["time", "node", "gpu", "uuid", "metric", "value"]
+        metrics = set(table.metric)
+        assert {"utilization", "power_watts", "energy_joules_total", "cpu_utilization"} <= metrics
+        gpus = table[table.metric == "utilization"]
+        assert set(gpus.gpu.astype(str)) == {"1", "3"} and len(gpus) >= 2 * 5
+    assert len(pd.read_csv(out / "data.csv")) == len(pd.read_parquet(out / "data.parquet"))
+
+
+def test_html_opens_offline_and_every_plot_has_data(job_100):
+    import matplotlib.image as mpimg
+
+    out, _, _ = job_100
+    page = (out / "report.html").read_text()
+    assert (
+        "<h1>Job 100</h1>" in page
+        and "gpu-node-1" in page
+        and "http" not in page.split("<body>")[1].split("accelmon-report; data:")[0]
+    ), "the page loads nothing from the network"
+    images = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,([^"]+)"', page)
+    titles = {title for title, _ in images}
+    assert {"GPU utilization", "GPU power", "GPU memory used", "Host CPU utilization"} <= titles
+    for title, data in images:
+        pixels = mpimg.imread(io.BytesIO(base64.b64decode(data)), format="png")
+        assert pixels.std() > 0.01, f"plot {title} is blank"
+
+
+def test_pdf_pages_are_not_blank(job_100, tmp_path):
+    out, _, _ = job_100
+    document = (out / "report.pdf").read_bytes()
+    assert document.startswith(b"%PDF")
+    if shutil.which("pdftoppm") is None:
+        pytest.fail("pdftoppm not found: scripts/setup.sh installs poppler-utils")
+    subprocess.run(["pdftoppm", "-r", "30", "-png", str(out / "report.pdf"), str(tmp_path / "page")], check=True)
+    import matplotlib.image as mpimg
+
+    pages = sorted(tmp_path.glob("page*.png"))
+    assert len(pages) >= 3  # the summary, then the plots two to a page
+    for page in pages:
+        assert mpimg.imread(page).std() > 0.01, f"{page.name} is blank"
+
+
+def test_html_escapes_what_job_records_say():
+    from accelmon import report as module
+
+    summary = json.loads(
+        json.dumps({**_minimal_summary(), "user": "<script>alert(1)</script>", "account": "a&b"})
+    )  # what a hostile prolog environment could put in a record
+    page = module.html(summary, [], "http://127.0.0.1:9090")
+    assert "<script>alert" not in page and "&lt;script&gt;" in page and "a&amp;b" in page
+
+
+def _minimal_summary() -> dict:
+    return {
+        "job_id": "1", "user": "", "account": "", "nodes": [], "gpus": [], "start": "", "end": "",
+        "duration_seconds": 60.0, "step_seconds": 1.0, "gpu_utilization_mean": None, "sm_active_mean": None,
+        "gpu_memory_peak_ratio": None, "energy_joules": 0.0, "energy_kwh": 0.0, "gpu_hours_allocated": 0.0,
+        "gpu_hours_idle": 0.0, "node_summary": [], "stragglers": [],
+        "verdicts": {"gpu_utilization": "no data", "gpu_memory": "no data", "sm_active": "no data"},
+    }  # fmt: skip
+
+
+# --- Bad input: a clear message and a non-zero exit, never a traceback ----------------------------------------------
+
+
+def test_an_unknown_job(prometheus, tmp_path):  # noqa: F811
+    result = report("999999", "--prometheus", prometheus, "--out", str(tmp_path / "r"), "--lookback", "1h")
+    assert (
+        result.returncode == 3
+        and "no GPU was attributed to it" in result.stderr
+        and "job that held no GPU" in (result.stderr)
+    )
+    assert "Traceback" not in result.stderr and not (tmp_path / "r").exists()
+
+
+def test_a_prometheus_that_does_not_answer(tmp_path):
+    silent = SilentSocket()
+    try:
+        for url in (silent.url, "http://127.0.0.1:9"):  # accepts and never answers; refuses
+            result = report("100", "--prometheus", url, "--timeout", "2", "--out", str(tmp_path / "r"))
+            assert result.returncode == 1 and "does not answer" in result.stderr, result.stderr
+            assert "Traceback" not in result.stderr
+    finally:
+        silent.close()
+
+
+def test_bad_arguments(tmp_path):
+    for args, message in (
+        (['100"}', "--prometheus", "http://127.0.0.1:9"], "job id"),
+        (["100", "--prometheus", "master:9090"], "expected an http:// or https:// URL"),
+        (["100", "--prometheus", "http://127.0.0.1:9", "--lookback", "a week"], "--lookback"),
+    ):
+        result = report(*args)
+        assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_job_that_started_before_the_window_or_the_retention(prometheus, tmp_path):  # noqa: F811
+    # Job 100 has run since the fleet started (tens of seconds): a 10 s lookback cannot see its start.
+    result = report("100", "--prometheus", prometheus, "--lookback", "10s", "--out", str(tmp_path / "r"))
+    assert result.returncode == 3 and "widen --lookback" in result.stderr
+
+    # A Prometheus keeping 30 minutes, with the job's series from an hour ago (a stand-in answering its API).
+    now = time.time()
+
+    class Handler(QuietHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            if self.path.startswith("/api/v1/status/runtimeinfo"):
+                data = {"storageRetention": "30m"}
+            else:
+                stamps = range(int(now - 3600), int(now), 60)
+                labels = {"node": "n1", "gpu": "0", "uuid": "GPU-1", "user": "u", "account": "a"}
+                data = {"resultType": "matrix", "result": [{"metric": labels, "values": [[t, "1"] for t in stamps]}]}
+            self.answer(200, json.dumps({"status": "success", "data": data}).encode())
+
+    server = LoopbackServer(Handler)
+    try:
+        result = report("5", "--prometheus", server.url, "--lookback", "2h", "--out", str(tmp_path / "r"))
+    finally:
+        server.close()
+    assert result.returncode == 3 and "before the oldest data Prometheus keeps (retention" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_report_keeps_every_series_under_prometheus_point_limit():
+    from accelmon.report import MAX_POINTS, step_for
+
+    for seconds in (60, 3600, 86400, 30 * 86400, 365 * 86400):
+        assert seconds / step_for(seconds) + 1 <= MAX_POINTS
+    assert step_for(60) == 1
