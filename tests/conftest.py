@@ -181,6 +181,7 @@ def render_role_template(role: str, template: str, dest: Path, variables: dict[s
     """Renders a role's template with the role's defaults and `variables`, by Ansible itself, into `dest`."""
     role_dir = ROOT / "ansible" / "roles" / role
     task = {"src": str(role_dir / "templates" / template), "dest": str(dest), "mode": "0644"}
-    play = {"vars_files": [str(role_dir / "defaults" / "main.yml")], "tasks": [{"ansible.builtin.template": task}]}
+    files = [role_dir / "defaults" / "main.yml", role_dir / "vars" / "main.yml"]  # the role's own, as the role does
+    play = {"vars_files": [str(f) for f in files if f.exists()], "tasks": [{"ansible.builtin.template": task}]}
     result = run_local_play(play, variables, dest.parent)
     assert result.returncode == 0, result.stdout[-3000:]

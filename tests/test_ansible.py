@@ -34,10 +34,12 @@ def test_readme_lists_every_variable_with_its_default(role):
     assert f"```yaml\n{defaults}```" in (ROOT / "README.md").read_text(), f"README.md: update {role}'s block"
 
 
-def deploy(tmp_path: Path, *variables: str) -> subprocess.CompletedProcess[str]:
+def deploy(tmp_path: Path, *variables: str, group: str = "worker") -> subprocess.CompletedProcess[str]:
+    """ansible-playbook --check of deploy.yaml with this machine as the only host of `group`."""
+    host = f"localhost ansible_connection=local ansible_python_interpreter={sys.executable}"
     inventory = tmp_path / "host.ini"
     inventory.write_text(
-        f"[master]\n\n[worker]\nlocalhost ansible_connection=local ansible_python_interpreter={sys.executable}\n"
+        f"[master]\n{host if group == 'master' else ''}\n\n[worker]\n{host if group == 'worker' else ''}\n"
     )
     env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "NO_COLOR": "1"}
     args = [arg for variable in variables for arg in ("-e", variable)]
@@ -96,6 +98,34 @@ def test_bad_variable_fails_in_preflight_naming_it(tmp_path, variable, message):
     assert message in output
     # It failed in the preflight play: no worker play ran.
     assert "PLAY [Workers]" not in output
+
+
+@pytest.mark.parametrize(
+    ("variable", "message"),
+    [
+        ('{"accelmon_master_remote_write": [{"url": "vm:8428/api/v1/write"}]}', "url must be http:// or https://"),
+        (
+            '{"accelmon_master_remote_write": [{"url": "https://vm.example/write", "basic_auth_username": "u"}]}',
+            "basic_auth_username and basic_auth_password go together",
+        ),
+        (
+            '{"accelmon_master_remote_write": [{"url": "https://a/w", "bearer_token": "t", "basic_auth_username": "u",'
+            ' "basic_auth_password": "p"}]}',
+            "basic auth or bearer_token, not both",
+        ),
+        ('{"accelmon_master_remote_write": [{"uri": "https://a/w"}]}', "url"),
+        ("accelmon_master_shards=2", "needs that many hosts in the group"),
+        ("accelmon_master_replicas=zero", "accelmon_master_replicas"),
+    ],
+)
+def test_bad_scale_out_variable_fails_in_preflight(tmp_path, variable, message):
+    """A wrong remote_write, sharding or HA setting stops the deploy before any host changes, naming it."""
+    result = deploy(tmp_path, variable, group="master")
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert message in output, output[-3000:]
+    assert "PLAY [Masters]" not in output
+    assert "secret" not in output and '"p"' not in output
 
 
 @pytest.mark.parametrize("variable", ["skip_worker=true", "accelmon_skip_worker=true"])

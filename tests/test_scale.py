@@ -1,0 +1,187 @@
+"""Scale-out with the master role's Prometheus config, run by real Prometheus servers: sharding splits the workers
+between shards with nothing lost or doubled, HA replicas scrape the same targets, and every shard remote-writes
+its samples, with the shard and replica labels, into a Prometheus-compatible store (a Prometheus whose
+remote-write receiver is on)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import render_role_template
+from test_cloudwatch import free_port
+
+NODES = [f"gpu-{n:02d}" for n in range(10)]
+SHARDS, REPLICAS = 2, 2
+
+
+def get(base: str, path: str, **params: str) -> dict:
+    with urllib.request.urlopen(f"{base}{path}?{urllib.parse.urlencode(params)}", timeout=5) as response:
+        return json.load(response)["data"]
+
+
+def wait_ready(base: str, deadline: float) -> None:
+    while True:
+        try:
+            urllib.request.urlopen(f"{base}/-/ready", timeout=2).read()
+            return
+        except OSError:
+            assert time.monotonic() < deadline, f"{base} did not start"
+            time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    """A remote-write store and SHARDS x REPLICAS Prometheus servers configured by the role for a 10-worker fleet."""
+    prometheus = shutil.which("prometheus")
+    assert prometheus, "install Debian's prometheus (setup.sh unpacks it into .tools)"
+    work = tmp_path_factory.mktemp("scale")
+    targets = work / "targets"
+    targets.mkdir()
+    # Every worker's exporter and node_exporter, on ports where nothing listens: up == 0 is a sample like any other.
+    for job, base_port in (("accelmon", 20000), ("node", 21000)):
+        groups = [{"targets": [f"127.0.0.1:{base_port + i}"], "labels": {"node": node}} for i, node in enumerate(NODES)]
+        (targets / f"{job}.json").write_text(json.dumps(groups))
+    processes, servers = [], []
+    store_port = free_port()
+    store = work / "store"
+    store.mkdir()
+    (store / "prometheus.yml").write_text("global: {}\n")
+    processes.append(
+        subprocess.Popen(
+            [
+                prometheus,
+                f"--config.file={store / 'prometheus.yml'}",
+                f"--storage.tsdb.path={store / 'data'}",
+                f"--web.listen-address=127.0.0.1:{store_port}",
+                "--web.enable-remote-write-receiver",
+            ],
+            stderr=subprocess.DEVNULL,
+        )
+    )
+    variables = {
+        "accelmon_master_shards": SHARDS,
+        "accelmon_master_replicas": REPLICAS,
+        "accelmon_master_external_labels": {"cluster": "test"},
+        "accelmon_master_remote_write": [
+            {"url": f"http://127.0.0.1:{store_port}/api/v1/write", "queue_config": {"batch_send_deadline": "1s"}}
+        ],
+        "accelmon_master_prometheus_scrape_interval": "1s",
+    }
+    for position in range(SHARDS * REPLICAS):
+        home = work / f"master-{position}"
+        home.mkdir()
+        here = {**variables, "__accelmon_master_position": position}
+        render_role_template("accelmon_master", "prometheus.yml.j2", home / "prometheus.yml", here)
+        config = home / "prometheus.yml"
+        config.write_text(config.read_text().replace("/etc/prometheus/targets/", f"{targets}/"))
+        port = free_port()
+        processes.append(
+            subprocess.Popen(
+                [
+                    prometheus,
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={home / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                ],
+                stderr=subprocess.DEVNULL,
+            )
+        )
+        servers.append((position, f"http://127.0.0.1:{port}", config))
+    try:
+        deadline = time.monotonic() + 60
+        for _, base, _ in servers:
+            wait_ready(base, deadline)
+        wait_ready(f"http://127.0.0.1:{store_port}", deadline)
+        yield servers, f"http://127.0.0.1:{store_port}"
+    finally:
+        for process in processes:
+            process.terminate()
+        stop_by = time.monotonic() + 5  # one deadline for all: a server still flushing its remote-write queue is killed
+        for process in processes:
+            try:
+                process.wait(max(0.1, stop_by - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(5)
+
+
+def scraped_nodes(base: str) -> dict[str, set[str]]:
+    """job -> the nodes this Prometheus keeps as targets (after its relabelling)."""
+    deadline = time.monotonic() + 30
+    while True:
+        active = get(base, "/api/v1/targets", state="active")["activeTargets"]
+        if active or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    kept: dict[str, set[str]] = {"accelmon": set(), "node": set()}
+    for target in active:
+        if target["labels"]["job"] in kept:  # not the server's own `prometheus` job
+            kept[target["labels"]["job"]].add(target["labels"]["node"])
+    return kept
+
+
+def test_shards_split_the_workers_and_replicas_share_them(fleet):
+    servers, _ = fleet
+    kept = {position: scraped_nodes(base) for position, base, _ in servers}
+    shards = []
+    for shard in range(SHARDS):
+        first, second = kept[shard * REPLICAS], kept[shard * REPLICAS + 1]
+        assert first == second, "the two replicas of a shard scrape the same targets"
+        assert first["accelmon"] == first["node"], "a worker's exporter and node_exporter stay on one shard"
+        assert first["accelmon"], f"shard {shard} got no worker"
+        shards.append(first["accelmon"])
+    assert shards[0].isdisjoint(shards[1]) and shards[0] | shards[1] == set(NODES)
+
+
+def test_every_series_reaches_the_store_once_per_replica(fleet):
+    _, store = fleet
+    deadline = time.monotonic() + 60
+    while True:  # bounded: remote_write sends within a few seconds of the first scrapes
+        per_series = get(
+            store, "/api/v1/query", query='count by (job, node) (up{cluster="test",job=~"accelmon|node"})'
+        )["result"]
+        if len(per_series) == 2 * len(NODES) and all(r["value"][1] == str(REPLICAS) for r in per_series):
+            break
+        assert time.monotonic() < deadline, per_series
+        time.sleep(1)
+    origins = get(store, "/api/v1/query", query='count by (shard, replica) (up{cluster="test",job=~"accelmon|node"})')[
+        "result"
+    ]
+    assert {(r["metric"]["shard"], r["metric"]["replica"]) for r in origins} == {
+        (str(s), str(r)) for s in range(SHARDS) for r in range(REPLICAS)
+    }
+    # After deduplication by replica (the store's job: here max by the other labels) each series is there once.
+    deduplicated = get(
+        store, "/api/v1/query", query='count(max without (replica) (up{cluster="test",job=~"accelmon|node"}))'
+    )["result"]
+    assert deduplicated[0]["value"][1] == str(2 * len(NODES))
+
+
+def test_rendered_config_names_credentials_by_file_only(tmp_path):
+    secret = "hunter2-remote-write"
+    variables = {
+        "accelmon_master_remote_write": [
+            {"url": "https://vm.example/api/v1/write", "basic_auth_username": "acc", "basic_auth_password": secret},
+            {"url": "https://mimir.example/api/v1/push", "bearer_token": "tok-" + secret, "tls_ca": "PEM"},
+        ]
+    }
+    render_role_template("accelmon_master", "prometheus.yml.j2", tmp_path / "prometheus.yml", variables)
+    text = (tmp_path / "prometheus.yml").read_text()
+    assert secret not in text
+    assert "password_file: /etc/prometheus/secrets/remote-write/0-password" in text
+    assert "credentials_file: /etc/prometheus/secrets/remote-write/1-token" in text
+    assert "ca_file: /etc/prometheus/secrets/remote-write/1-ca.crt" in text
+    promtool = shutil.which("promtool")
+    assert promtool
+    result = subprocess.run([promtool, "check", "config", "--syntax-only", str(tmp_path / "prometheus.yml")],
+                            capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert Path(tmp_path / "prometheus.yml").exists()
