@@ -60,6 +60,14 @@ def test_report_finds_the_jobs_nodes_gpus_window_and_energy(job_100):
     )
 
 
+def test_a_short_recent_job_is_found_with_the_default_30_day_lookback(prometheus, tmp_path):  # noqa: F811
+    """Over 30 days the first pass steps 238 s; a job younger than one step, or between two points, was missed
+    (points counted from the window's start stopped up to a step short of now; plain selectors saw only instants)."""
+    result = report("100", "--prometheus", prometheus, "--out", str(tmp_path / "r"))
+    assert result.returncode == 0, result.stderr
+    assert "job 100: 2 GPU(s) on 1 node(s)" in result.stdout
+
+
 def test_the_slower_gpu_is_named_a_straggler(job_100):
     _, summary, _ = job_100
     # GPU 1 runs at 20 % where the job's median is 30 %: below 80 % of it all the time. GPU 3 is not.

@@ -113,6 +113,9 @@ class Prometheus:
         return answer["data"]
 
     def range(self, query: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        """A range query whose last point is `end` itself (Prometheus counts its points from `start`: a window
+        that is not a whole number of steps would stop short of `end` and miss what happened there)."""
+        start = end - math.ceil((end - start) / step) * step
         return self.get("/api/v1/query_range", query=query, start=f"{start:.3f}", end=f"{end:.3f}", step=f"{step:g}")[
             "result"
         ]
@@ -164,8 +167,14 @@ class Job:
 def find_job(prometheus: Prometheus, job_id: str, lookback: float, now: float) -> Job:
     """The job's window (first and last time its info series were seen), its GPUs, user and account."""
     selector = f'accelmon_gpu_job_info{{job_id="{job_id}"}}'
+
+    def held(step: float) -> str:
+        # max_over_time over each step's whole span: a job shorter than the step is still seen (a plain selector
+        # is evaluated at the step's instant only, and a 45 s job falls between two points 4 minutes apart).
+        return f"max by (node, gpu, uuid, user, account) (max_over_time({selector}[{int(step)}s]))"
+
     coarse = step_for(lookback, 15)
-    series = prometheus.range(f"max by (node, gpu, uuid, user, account) ({selector})", now - lookback, now, coarse)
+    series = prometheus.range(held(coarse), now - lookback, now, coarse)
     if not series:
         raise ReportError(
             f"job {job_id}: no GPU was attributed to it in the last {lookback / 86400:g} days: an unknown job id, a "
@@ -173,11 +182,11 @@ def find_job(prometheus: Prometheus, job_id: str, lookback: float, now: float) -
             3,
         )
     seen = [float(t) for s in series for t, _ in s["values"]]
-    first, last = min(seen), max(seen)
+    first, last = min(seen) - coarse, max(seen)  # a coarse point covers the step before it
     # The coarse pass finds the job to within a step; a second pass over that neighbourhood finds its edges.
     start, end = max(now - lookback, first - coarse), min(now, last + coarse)
     step = step_for(end - start)
-    series = prometheus.range(f"max by (node, gpu, uuid, user, account) ({selector})", start, end, step)
+    series = prometheus.range(held(step), start, end, step)
     seen = [float(t) for s in series for t, _ in s["values"]] or [first, last]
     first, last = min(seen), max(seen)
     retention = prometheus.retention_seconds()
@@ -268,41 +277,43 @@ def summarize(job: Job, frame: Any) -> dict[str, Any]:
     def series(name: str) -> Any:
         return frame[frame.metric == name]
 
-    def mean_of(name: str, uuid: str) -> float | None:
+    # A GPU is (node, uuid): UUIDs are unique on real hardware, but a copied fixture or a cloned VM may repeat one.
+    def of_gpu(name: str, node: str, uuid: str) -> Any:
         values = series(name)
-        values = values[values.uuid == uuid].value
+        return values[(values.node == node) & (values.uuid == uuid)].sort_values("time").value
+
+    def mean_of(name: str, node: str, uuid: str) -> float | None:
+        values = of_gpu(name, node, uuid)
         return float(values.mean()) if len(values) else None
 
-    def max_of(name: str, uuid: str) -> float | None:
-        values = series(name)
-        values = values[values.uuid == uuid].value
+    def max_of(name: str, node: str, uuid: str) -> float | None:
+        values = of_gpu(name, node, uuid)
         return float(values.max()) if len(values) else None
 
     gpus: list[dict[str, Any]] = []
     energy_total = 0.0
     idle_seconds = 0.0
     for node, gpu, uuid in job.gpus:
-        energy = series("energy_joules_total")
-        energy = energy[energy.uuid == uuid].sort_values("time").value.tolist()
+        energy = of_gpu("energy_joules_total", node, uuid).tolist()
         joules = counter_increase(energy) if len(energy) >= 2 else None
         energy_total += joules or 0.0
-        busy = series("utilization")
-        busy = busy[busy.uuid == uuid].value
+        busy = of_gpu("utilization", node, uuid)
         idle = float((busy < IDLE_BELOW).sum()) * job.step
         idle_seconds += idle
-        memory_peak, memory_total = max_of("memory_used_bytes", uuid), max_of("memory_total_bytes", uuid)
+        memory_peak = max_of("memory_used_bytes", node, uuid)
+        memory_total = max_of("memory_total_bytes", node, uuid)
         gpus.append(
             {
                 "node": node,
                 "gpu": gpu,
                 "uuid": uuid,
-                "utilization_mean": mean_of("utilization", uuid),
-                "sm_active_mean": mean_of("sm_active", uuid),
+                "utilization_mean": mean_of("utilization", node, uuid),
+                "sm_active_mean": mean_of("sm_active", node, uuid),
                 "memory_peak_bytes": memory_peak,
                 "memory_total_bytes": memory_total,
                 "memory_peak_ratio": memory_peak / memory_total if memory_peak is not None and memory_total else None,
-                "power_mean_watts": mean_of("power_watts", uuid),
-                "temperature_max_celsius": max_of("temperature_celsius", uuid),
+                "power_mean_watts": mean_of("power_watts", node, uuid),
+                "temperature_max_celsius": max_of("temperature_celsius", node, uuid),
                 "energy_joules": joules,
                 "idle_hours": idle / 3600,
             }
@@ -363,24 +374,28 @@ def stragglers(job: Job, frame: Any) -> list[dict[str, Any]]:
         values = frame[frame.metric == name]
         if values.empty:
             continue
-        wide = values.pivot_table(index="time", columns="uuid", values="value", aggfunc="mean")
+        keyed = values.assign(key=values.node + "\t" + values.uuid)  # a GPU is (node, uuid)
+        wide = keyed.pivot_table(index="time", columns="key", values="value", aggfunc="mean")
         if wide.shape[1] < 2:
             continue
         median = wide.median(axis=1)
         active = median > (0.05 if name in ("utilization", "sm_active") else 0)
         lagging = wide.lt(median * STRAGGLER_RATIO, axis=0) & active.to_numpy()[:, None]
         share = lagging.sum() / max(1, int(active.sum()))
-        for uuid, part in share.items():
+        for key, part in share.items():
             if part >= STRAGGLER_SHARE:
-                entry = found.setdefault(str(uuid), {"uuid": str(uuid), "metrics": {}, "reasons": []})
+                node, uuid = str(key).split("\t", 1)
+                entry = found.setdefault(str(key), {"node": node, "uuid": uuid, "metrics": {}, "reasons": []})
                 entry["metrics"][name] = round(float(part), 3)
-    gpus = {uuid: (node, gpu) for node, gpu, uuid in job.gpus}
-    for uuid, entry in found.items():
-        entry["node"], entry["gpu"] = gpus.get(uuid, ("", ""))
-        events = frame[(frame.metric == "clock_events") & (frame.uuid == uuid)].value
+    index = {(node, uuid): gpu for node, gpu, uuid in job.gpus}
+    for entry in found.values():
+        node, uuid = entry["node"], entry["uuid"]
+        entry["gpu"] = index.get((node, uuid), "")
+        this_gpu = (frame.node == node) & (frame.uuid == uuid)
+        events = frame[(frame.metric == "clock_events") & this_gpu].value
         if len(events) and events.max() > 0:
             entry["reasons"].append("clock events active (throttling: thermal, power or other capping)")
-        xids = frame[(frame.metric == "xid_events_total") & (frame.uuid == uuid)].sort_values("time").value.tolist()
+        xids = frame[(frame.metric == "xid_events_total") & this_gpu].sort_values("time").value.tolist()
         if len(xids) >= 2 and counter_increase(xids) > 0:
             entry["reasons"].append("XID errors during the job")
         if "sm_clock_hertz" in entry["metrics"]:
