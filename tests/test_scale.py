@@ -49,23 +49,10 @@ def fleet(tmp_path_factory):
     for job, base_port in (("accelmon", 20000), ("node", 21000)):
         groups = [{"targets": [f"127.0.0.1:{base_port + i}"], "labels": {"node": node}} for i, node in enumerate(NODES)]
         (targets / f"{job}.json").write_text(json.dumps(groups))
-    processes, servers = [], []
     store_port = free_port()
     store = work / "store"
     store.mkdir()
     (store / "prometheus.yml").write_text("global: {}\n")
-    processes.append(
-        subprocess.Popen(
-            [
-                prometheus,
-                f"--config.file={store / 'prometheus.yml'}",
-                f"--storage.tsdb.path={store / 'data'}",
-                f"--web.listen-address=127.0.0.1:{store_port}",
-                "--web.enable-remote-write-receiver",
-            ],
-            stderr=subprocess.DEVNULL,
-        )
-    )
     variables = {
         "accelmon_master_shards": SHARDS,
         "accelmon_master_replicas": REPLICAS,
@@ -75,6 +62,8 @@ def fleet(tmp_path_factory):
         ],
         "accelmon_master_prometheus_scrape_interval": "1s",
     }
+    # Every config is rendered before any server starts: a failed rendering leaves no server behind.
+    servers = []
     for position in range(SHARDS * REPLICAS):
         home = work / f"master-{position}"
         home.mkdir()
@@ -82,20 +71,17 @@ def fleet(tmp_path_factory):
         render_role_template("accelmon_master", "prometheus.yml.j2", home / "prometheus.yml", here)
         config = home / "prometheus.yml"
         config.write_text(config.read_text().replace("/etc/prometheus/targets/", f"{targets}/"))
-        port = free_port()
-        processes.append(
-            subprocess.Popen(
-                [
-                    prometheus,
-                    f"--config.file={config}",
-                    f"--storage.tsdb.path={home / 'data'}",
-                    f"--web.listen-address=127.0.0.1:{port}",
-                ],
-                stderr=subprocess.DEVNULL,
-            )
-        )
-        servers.append((position, f"http://127.0.0.1:{port}", config))
+        servers.append((position, f"http://127.0.0.1:{free_port()}", config))
+    commands = [
+        [prometheus, f"--config.file={store / 'prometheus.yml'}", f"--storage.tsdb.path={store / 'data'}",
+         f"--web.listen-address=127.0.0.1:{store_port}", "--web.enable-remote-write-receiver"],
+        *([prometheus, f"--config.file={config}", f"--storage.tsdb.path={config.parent / 'data'}",
+           f"--web.listen-address={base.removeprefix('http://')}"] for _, base, config in servers),
+    ]  # fmt: skip
+    processes: list[subprocess.Popen[bytes]] = []
     try:
+        for command in commands:
+            processes.append(subprocess.Popen(command, stderr=subprocess.DEVNULL))
         deadline = time.monotonic() + 60
         for _, base, _ in servers:
             wait_ready(base, deadline)
