@@ -107,6 +107,15 @@ def run_once(args: list[str], env: dict[str, str]) -> subprocess.CompletedProces
     )
 
 
+def free_port() -> int:
+    """A TCP port free on loopback now, for a server a test starts."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 def wait_until_serving(port: int, timeout: float = 30.0) -> None:
     """Until an exporter started in another process answers /metrics on the loopback port."""
     import time

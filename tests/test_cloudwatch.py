@@ -19,7 +19,7 @@ from accelmon.collectors import nvml
 from accelmon.core import Catalogue, Samples
 from accelmon.registry import ConfigError, known_metrics
 from cloudwatch_doubles import FakeImds, RecordingProxy, SilentSocket
-from conftest import ROOT, exporter_env, promtool_check, sample_value, wait_until_serving
+from conftest import ROOT, exporter_env, free_port, promtool_check, sample_value, wait_until_serving
 from neuron_reports import line, report
 
 boto3 = pytest.importorskip("boto3")
@@ -332,14 +332,6 @@ def scrape(port: int) -> tuple[str, float]:
     begin = time.monotonic()
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     return text, time.monotonic() - begin
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_exporter_publishes_gpu_and_neuron_metrics_with_instance_dimensions(moto, fake_nvml_dir, tmp_path):

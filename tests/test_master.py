@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ import urllib.request
 import pytest
 import yaml
 
-from conftest import ROOT, exporter_env, render_role_template
+from conftest import ROOT, exporter_env, free_port, render_role_template
 from ib_fixture import standard_tree
 from jobs_fixture import nvidia_procfs
 from neuron_reports import line, report
@@ -90,12 +89,6 @@ def test_dashboards_are_well_formed():
             assert all(t["datasource"]["uid"] == "${datasource}" for t in panel["targets"])
             assert panel["fieldConfig"]["defaults"].get("unit"), (dashboard["uid"], panel["title"])
             assert panel["targets"], panel["title"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def get(url: str) -> dict:

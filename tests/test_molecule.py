@@ -6,7 +6,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, render_role_template
+from conftest import ROOT, free_port, render_role_template
 
 IMAGES = ROOT / "molecule" / "images"
 SCENARIOS = sorted(p.parent.name for p in (ROOT / "molecule").glob("*/molecule.yml"))
@@ -55,12 +54,6 @@ def test_scenario(scenario: str, images: None, tmp_path: Path) -> None:
         )
     print(f"molecule scenario {scenario}: {time.monotonic() - started:.0f} s")
     assert result.returncode == 0, f"molecule test -s {scenario} failed:\n" + log.read_text()[-8000:]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def render_compose(tmp_path: Path, prometheus_port: int, alertmanager_port: int) -> Path:

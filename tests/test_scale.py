@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import render_role_template
-from test_cloudwatch import free_port
+from conftest import free_port, render_role_template
 
 NODES = [f"gpu-{n:02d}" for n in range(10)]
 SHARDS, REPLICAS = 2, 2

@@ -21,11 +21,10 @@ import logging
 import math
 import threading
 import time
-import urllib.error
 import urllib.request
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from dataclasses import dataclass, field, fields
+from typing import Any, Iterable
 
 from accelmon.core import Catalogue, MetricSpec, Samples
 from accelmon.registry import ConfigError, finite
@@ -79,23 +78,6 @@ PRICES_AS_OF = "2026-11-23, us-east-1"
 METRIC_PRICE_TIERS = ((10_000, 0.30), (240_000, 0.10), (750_000, 0.05), (math.inf, 0.02))  # metrics a month, $ each
 REQUEST_PRICE_PER_1000 = 0.01
 HOURS_PER_MONTH = 730  # AWS's own convention for monthly estimates
-
-_OPTIONS = {
-    "enabled",
-    "region",
-    "namespace",
-    "period_seconds",
-    "storage_resolution",
-    "dimensions",
-    "gpu_dimension",
-    "metrics",
-    "endpoint_url",
-    "imds_endpoint",
-    "imds_timeout_seconds",
-    "request_timeout_seconds",
-    "max_attempts",
-    "max_pending_datums",
-}
 
 
 @dataclass(frozen=True)
@@ -171,9 +153,10 @@ def parse_settings(data: Any, known_metrics: dict[str, MetricSpec], where: str =
         return CloudWatchSettings()
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
-    unknown = sorted(set(data) - _OPTIONS)
+    allowed = {option.name for option in fields(CloudWatchSettings)}
+    unknown = sorted(set(data) - allowed)
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(_OPTIONS))}")
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
     defaults = CloudWatchSettings()
     enabled = data.get("enabled", False)
     if not isinstance(enabled, bool):
@@ -471,17 +454,13 @@ class Publisher:
         self,
         settings: CloudWatchSettings,
         specs: dict[str, MetricSpec],
-        client_factory: Callable[[str], Any] | None = None,
-        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
         self._aggregator = Aggregator(settings, specs)
         self._lock = threading.Lock()  # guards the aggregator: samplers observe, the publisher closes periods
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._client_factory = client_factory or self._boto3_client
         self._client: Any = None
-        self._wall_clock = wall_clock
         self._identity: dict[str, str] | None = None
         self._next_identity_try = 0.0
         self._pending: deque[dict[str, Any]] = deque()
@@ -550,12 +529,12 @@ class Publisher:
     def _run(self) -> None:
         period = self.settings.period_seconds
         # Periods line up with the wall clock (as CloudWatch's own), each datum stamped with its period's start.
-        start = math.floor(self._wall_clock() / period) * period
+        start = math.floor(time.time() / period) * period
         self._instance()
         self._connect()  # boto3's import and client (~0.4 s of CPU) once, before the first period ends
         while True:
             end = start + period
-            stopping = self._stop.wait(max(0.0, end - self._wall_clock()))
+            stopping = self._stop.wait(max(0.0, end - time.time()))
             self._close_period(start)
             self._send(final=stopping)
             if stopping:
@@ -567,7 +546,7 @@ class Publisher:
         if self._client is None:
             region = self.settings.region or (self._identity or {}).get("Region", "")
             try:
-                self._client = self._client_factory(region)
+                self._client = self._boto3_client(region)
             # NoRegionError, a broken AWS config file: said, and tried again next period.
             except Exception as error:  # noqa: BLE001 (whatever boto3 raises must not end the publisher)
                 self._count_failure(f"cannot make a CloudWatch client: {error}")
@@ -618,7 +597,7 @@ class Publisher:
                 self.requests["success"] += 1
                 self.retries += response.get("ResponseMetadata", {}).get("RetryAttempts", 0)
                 self.sent += len(batch)
-                self.last_success = self._wall_clock()
+                self.last_success = time.time()
                 self._drop_sent(len(batch))
 
     def _drop_sent(self, count: int) -> None:
