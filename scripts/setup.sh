@@ -3,8 +3,8 @@
 #   - system packages (apt): a C compiler for the fake NVML driver, Python venv support, podman with runc, the CNI
 #     dnsname plugin (containers of the simulated cluster find each other by name through it), debootstrap,
 #     poppler-utils (the job report's PDF is rendered to images to check its pages);
-#   - Prometheus, promtool and node_exporter binaries, unpacked from Debian's packages into .tools/ rather than
-#     installed: installing the packages would enable and start servers on :9090 and :9100 where systemd runs;
+#   - Prometheus, promtool, node_exporter, VictoriaMetrics and vmalert binaries, unpacked from Debian's packages into
+#     .tools/ rather than installed: installing the packages would enable and start servers where systemd runs;
 #   - a virtualenv (.venv) with the project and its Python tools.
 # Safe to run again; quick when all is there.
 set -euo pipefail
@@ -12,7 +12,8 @@ cd "$(dirname "$0")/.."
 
 packages=(gcc libc6-dev python3-venv python3-dev podman runc golang-github-containernetworking-plugin-dnsname
           debootstrap uidmap slirp4netns fuse-overlayfs iproute2 curl poppler-utils)
-tool_packages=(prometheus prometheus-node-exporter)
+tool_packages=(prometheus prometheus-node-exporter victoria-metrics)
+tool_binaries=(prometheus promtool prometheus-node-exporter victoria-metrics vmalert)
 tools=.tools
 
 missing=()
@@ -20,7 +21,7 @@ for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
 done
 need_tools=false
-for binary in prometheus promtool prometheus-node-exporter; do
+for binary in "${tool_binaries[@]}"; do
   [ -x "$tools/usr/bin/$binary" ] || need_tools=true
 done
 
@@ -44,7 +45,9 @@ if $need_tools; then
     dpkg-deb -x "$deb" "$downloads/root"
   done
   mkdir -p "$tools/usr/bin"
-  cp "$downloads"/root/usr/bin/* "$tools/usr/bin/"  # the binaries alone: no configs, units or examples
+  for binary in "${tool_binaries[@]}"; do  # the binaries alone: no configs, units or examples
+    cp "$downloads/root/usr/bin/$binary" "$tools/usr/bin/"
+  done
   rm -rf "$downloads"
 fi
 

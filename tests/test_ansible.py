@@ -39,7 +39,7 @@ def deploy(tmp_path: Path, *variables: str, group: str = "worker") -> subprocess
     host = f"localhost ansible_connection=local ansible_python_interpreter={sys.executable}"
     inventory = tmp_path / "host.ini"
     inventory.write_text(
-        f"[master]\n{host if group == 'master' else ''}\n\n[worker]\n{host if group == 'worker' else ''}\n"
+        "".join(f"[{name}]\n{host if group == name else ''}\n\n" for name in ("master", "worker", "store"))
     )
     env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "NO_COLOR": "1"}
     args = [arg for variable in variables for arg in ("-e", variable)]
@@ -116,6 +116,8 @@ def test_bad_variable_fails_in_preflight_naming_it(tmp_path, variable, message):
         ('{"accelmon_master_remote_write": [{"uri": "https://a/w"}]}', "url"),
         ("accelmon_master_shards=2", "needs that many hosts in the group"),
         ("accelmon_master_replicas=zero", "accelmon_master_replicas"),
+        ("accelmon_master_query_url=store-01:8428", "must be empty or an http:// or https:// URL"),
+        ("accelmon_master_fleet_rules=shard", "accelmon_master_fleet_rules"),
     ],
 )
 def test_bad_scale_out_variable_fails_in_preflight(tmp_path, variable, message):
@@ -126,6 +128,25 @@ def test_bad_scale_out_variable_fails_in_preflight(tmp_path, variable, message):
     assert message in output, output[-3000:]
     assert "PLAY [Masters]" not in output
     assert "secret" not in output and '"p"' not in output
+
+
+@pytest.mark.parametrize(
+    ("variables", "message"),
+    [
+        ((), "missing required arguments: accelmon_store_listen_address"),
+        (("accelmon_store_listen_address=store.example.com",), "must be IP addresses"),
+        (("accelmon_store_listen_address=10.0.0.5", "accelmon_store_retention_period=forever"), "retention_period"),
+        (("accelmon_store_listen_address=10.0.0.5", "accelmon_store_dedup_interval=often"), "dedup_interval"),
+        (("accelmon_store_listen_address=10.0.0.5", "accelmon_store_package_version=9.9.9-1"), "is not offered"),
+    ],
+)
+def test_bad_store_variable_fails_in_preflight(tmp_path, variables, message):
+    """The store's address is asked for (its API has no authentication), and every value is checked first."""
+    result = deploy(tmp_path, *variables, group="store")
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert message in output, output[-3000:]
+    assert "PLAY [Store]" not in output
 
 
 @pytest.mark.parametrize("variable", ["skip_worker=true", "accelmon_skip_worker=true"])

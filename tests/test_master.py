@@ -15,10 +15,8 @@ import urllib.request
 import pytest
 import yaml
 
-from conftest import ROOT, exporter_env, free_port, render_role_template
-from ib_fixture import standard_tree
-from jobs_fixture import nvidia_procfs
-from neuron_reports import line, report
+from conftest import ROOT, free_port, render_role_template
+from simulated_node import start_exporter, start_node_exporter
 
 MASTER = ROOT / "master"
 RULES = sorted((MASTER / "prometheus" / "rules").glob("*.yml"))
@@ -101,42 +99,7 @@ def prometheus(tmp_path_factory, fake_nvml_dir):
     """A real Prometheus scraping accelmon-exporter (8 fake GPUs with a lost one and an XID, GPM profiling,
     fixture IB ports, a fake neuron-monitor) and node_exporter, every second, with the master's rules."""
     work = tmp_path_factory.mktemp("contract")
-    nvml = work / "fake-nvml.conf"
-    # Energy counters that grow by each GPU's power, read every second: the job report's energy is checked on them.
-    nvml.write_text("gpus 8\nlost 5\nxid 2 79\nenergy_follows_power 1\n" + "".join(f"gpm {i}\n" for i in range(8)))
-    sysfs = standard_tree(work / "sys")
-    procfs = nvidia_procfs(work / "proc", gpus=8)
-    jobs = work / "jobs"
-    jobs.mkdir()
-    # Two Slurm jobs sharing GPU minor 1: the per-job rules join through both.
-    (jobs / "slurm-100").write_text("scheduler=slurm\njob_id=100\nuser=alice\naccount=ml\ngpus=0,1\n")
-    (jobs / "slurm-200").write_text("scheduler=slurm\njob_id=200\nuser=bob\naccount=hpc\ngpus=1\n")
-    reports = work / "reports.jsonl"
-    reports.write_text("\n".join(line(report(i)) for i in range(1, 4)) + "\n")
     ports = {name: free_port() for name in ("exporter", "node", "prometheus")}
-    settings = work / "accelmon.yml"
-    settings.write_text(
-        yaml.safe_dump(
-            {
-                "web": {"listen_address": f"127.0.0.1:{ports['exporter']}"},
-                "paths": {"sysfs": str(sysfs), "procfs": str(procfs)},
-                "collectors": {
-                    "nvml": {"enabled": True, "pcie_interval_seconds": 1, "slow_interval_seconds": 1},
-                    "infiniband": {"enabled": True, "interval_seconds": 1},
-                    "neuron": {
-                        "enabled": True,
-                        "interval_seconds": 1,
-                        "period_seconds": 1,
-                        "monitor_path": str(ROOT / "tests" / "fakeneuron" / "neuron-monitor"),
-                    },
-                    "profiling": {"enabled": True, "backend": "gpm"},
-                    "jobs": {"interval_seconds": 1, "state_dir": str(jobs)},
-                },
-            }
-        )
-    )
-    env = exporter_env(fake_nvml_dir, nvml)
-    env.update(FAKE_NEURON_LINES=str(reports), FAKE_NEURON_THEN="repeat", FAKE_NEURON_DELAY="0.5")
     config = work / "prometheus.yml"
     config.write_text(
         yaml.safe_dump(
@@ -164,22 +127,8 @@ def prometheus(tmp_path_factory, fake_nvml_dir):
     prometheus_binary = shutil.which("prometheus")
     assert node_exporter and prometheus_binary, "install Debian's prometheus and prometheus-node-exporter"
     processes = [
-        subprocess.Popen(
-            [sys.executable, "-m", "accelmon", "--config", str(settings)], env=env, stderr=subprocess.DEVNULL
-        ),
-        subprocess.Popen(
-            [
-                node_exporter,
-                f"--web.listen-address=127.0.0.1:{ports['node']}",
-                "--collector.disable-defaults",
-                "--collector.cpu",
-                "--collector.meminfo",
-                "--collector.filesystem",
-                "--collector.netdev",
-                "--collector.loadavg",
-            ],
-            stderr=subprocess.DEVNULL,
-        ),
+        start_exporter(work, ports["exporter"], fake_nvml_dir),
+        start_node_exporter(node_exporter, ports["node"]),
         subprocess.Popen(
             [
                 prometheus_binary,

@@ -14,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import free_port, render_role_template
 
@@ -170,3 +171,33 @@ def test_rendered_config_names_credentials_by_file_only(tmp_path):
                             capture_output=True, text=True)  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert Path(tmp_path / "prometheus.yml").exists()
+
+
+def test_replicas_write_identical_series_and_send_alerts_once(tmp_path):
+    """drop_replica_label strips the replica label from what goes to the store (after the external labels are
+    added, ahead of the endpoint's own relabelling); Alertmanager gets the replicas' alerts without it too."""
+    variables = {
+        "accelmon_master_shards": 1,
+        "accelmon_master_replicas": 2,
+        "accelmon_master_group": "masters",
+        "__accelmon_master_position": 1,
+        "accelmon_master_alertmanager_enabled": True,
+        "accelmon_master_remote_write": [
+            {"url": "http://vm:8428/api/v1/write", "drop_replica_label": True,
+             "write_relabel_configs": [{"action": "drop", "source_labels": ["__name__"], "regex": "go_.*"}]},
+            {"url": "http://thanos:19291/api/v1/receive"},
+        ],
+    }  # fmt: skip
+    render_role_template("accelmon_master", "prometheus.yml.j2", tmp_path / "prometheus.yml", variables)
+    config = yaml.safe_load((tmp_path / "prometheus.yml").read_text())
+    assert config["global"]["external_labels"] == {"replica": "1"}
+    vm, thanos = config["remote_write"]
+    assert vm["write_relabel_configs"] == [
+        {"action": "labeldrop", "regex": "replica"},
+        {"action": "drop", "source_labels": ["__name__"], "regex": "go_.*"},
+    ]
+    assert "write_relabel_configs" not in thanos  # a store that deduplicates by the label keeps it
+    assert config["alerting"]["alert_relabel_configs"] == [{"action": "labeldrop", "regex": "replica"}]
+    result = subprocess.run([shutil.which("promtool") or "promtool", "check", "config", "--syntax-only",
+                             str(tmp_path / "prometheus.yml")], capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -1,0 +1,246 @@
+"""The global store of a sharded HA fleet, run by real servers configured by the roles: two shards of two replicas
+(the master role's Prometheus config) scrape two simulated workers and remote-write into VictoriaMetrics with the
+accelmon_store role's flags, whose vmalert evaluates the fleet-wide rules. Every worker's series is in the store
+once, the fleet rules see the whole fleet, every dashboard panel has data from the store, and stopping a replica
+loses no samples."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+import shutil
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, free_port, render_role_template
+from simulated_node import start_exporter, start_node_exporter
+from test_master import METRIC, VARIABLES, panels
+
+RULES = ROOT / "master" / "prometheus" / "rules"
+SHARDS, REPLICAS = 2, 2
+
+
+def shard_of(node: str, shards: int) -> int:
+    """Prometheus's hashmod relabelling of one label value: the MD5's last 8 bytes, big-endian, modulo."""
+    return int.from_bytes(hashlib.md5(node.encode()).digest()[8:], "big") % shards
+
+
+def one_node_per_shard() -> list[str]:
+    names = (f"gpu-node-{n}" for n in range(1, 100))
+    chosen: dict[int, str] = {}
+    for name in names:
+        chosen.setdefault(shard_of(name, SHARDS), name)
+        if len(chosen) == SHARDS:
+            return [chosen[shard] for shard in range(SHARDS)]
+    raise AssertionError("no names found for every shard")
+
+
+NODES = one_node_per_shard()  # NODES[s] is scraped by shard s
+
+
+def exec_start(unit: Path) -> list[str]:
+    """The command of a rendered systemd unit's ExecStart (continuation lines joined)."""
+    text = unit.read_text().replace("\\\n", " ")
+    line = next(entry for entry in text.splitlines() if entry.startswith("ExecStart="))
+    return shlex.split(line.removeprefix("ExecStart="))
+
+
+def get(base: str, path: str, **params: str) -> dict:
+    with urllib.request.urlopen(f"{base}{path}?{urllib.parse.urlencode(params)}", timeout=10) as response:
+        answer = json.load(response)
+    assert answer["status"] == "success", answer
+    return answer["data"]
+
+
+def instant(base: str, expr: str, **params: str) -> list:
+    for name, value in VARIABLES.items():
+        expr = expr.replace(name, value)
+    return get(base, "/api/v1/query", query=expr, **params)["result"]
+
+
+def wait_for(base: str, expr: str, deadline: float) -> list:
+    while True:  # bounded by the deadline
+        try:
+            result = instant(base, expr)
+            if result:
+                return result
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, f"{base}: no data for {expr}"
+        time.sleep(1)
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(5)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory, fake_nvml_dir):
+    binaries = {name: shutil.which(name) for name in ("prometheus", "victoria-metrics", "vmalert")}
+    binaries["node_exporter"] = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+    assert all(binaries.values()), f"setup.sh unpacks these into .tools: {binaries}"
+    work = tmp_path_factory.mktemp("store")
+    store_port, vmalert_port = free_port(), free_port()
+    store = f"http://127.0.0.1:{store_port}"
+
+    # The store, with the role's units' commands.
+    store_vars = {
+        "accelmon_store_listen_address": "127.0.0.1",
+        "accelmon_store_port": store_port,
+        "accelmon_store_vmalert_port": vmalert_port,
+        "accelmon_store_dedup_interval": "1s",  # the masters scrape every second here
+        "accelmon_store_evaluation_interval": "1s",
+    }
+    for unit in ("accelmon-store.service", "accelmon-store-vmalert.service"):
+        render_role_template("accelmon_store", f"{unit}.j2", work / unit, store_vars)
+    victoria = exec_start(work / "accelmon-store.service")
+    victoria[0] = binaries["victoria-metrics"]
+    victoria = [a.replace("/var/lib/accelmon-store", str(work / "store-data")) for a in victoria]
+    victoria.append("-search.latencyOffset=0s")  # test only: queries see samples at once, not 30 s later
+    vmalert = exec_start(work / "accelmon-store-vmalert.service")
+    vmalert[0] = binaries["vmalert"]
+    vmalert = [a.replace("/etc/accelmon-store/rules/*.yml", str(RULES / "accelmon-fleet-*.yml")) for a in vmalert]
+
+    # The masters: what the role writes on each, for 2 shards x 2 replicas remote-writing into the store.
+    targets = work / "targets"
+    targets.mkdir()
+    exporter_ports = [free_port() for _ in NODES]
+    node_exporter_port = free_port()
+    (targets / "accelmon.json").write_text(
+        json.dumps([{"targets": [f"127.0.0.1:{p}"], "labels": {"node": n}} for p, n in zip(exporter_ports, NODES)])
+    )
+    # One node_exporter stands for both workers' (two targets: the same address with each worker's node label).
+    (targets / "node.json").write_text(
+        json.dumps([{"targets": [f"127.0.0.1:{node_exporter_port}"], "labels": {"node": n}} for n in NODES])
+    )
+    # What the role copies to a sharded master: every rule file but the fleet-wide ones.
+    local_rules = work / "rules"
+    local_rules.mkdir()
+    for path in RULES.glob("*.yml"):
+        if not path.name.startswith("accelmon-fleet-"):
+            shutil.copy(path, local_rules)
+    master_vars = {
+        "accelmon_master_shards": SHARDS,
+        "accelmon_master_replicas": REPLICAS,
+        "accelmon_master_external_labels": {"cluster": "test"},
+        "accelmon_master_remote_write": [
+            {"url": f"{store}/api/v1/write", "drop_replica_label": True, "queue_config": {"batch_send_deadline": "1s"}}
+        ],
+        "accelmon_master_prometheus_scrape_interval": "1s",
+    }
+    masters = []
+    for position in range(SHARDS * REPLICAS):
+        home = work / f"master-{position}"
+        home.mkdir()
+        config = home / "prometheus.yml"
+        render_role_template(
+            "accelmon_master", "prometheus.yml.j2", config, {**master_vars, "__accelmon_master_position": position}
+        )
+        text = config.read_text().replace("/etc/prometheus/targets/", f"{targets}/")
+        config.write_text(text.replace("/etc/prometheus/rules/", f"{local_rules}/"))
+        base = f"http://127.0.0.1:{free_port()}"
+        command = [binaries["prometheus"], f"--config.file={config}", f"--storage.tsdb.path={home / 'data'}",
+                   f"--web.listen-address={base.removeprefix('http://')}"]  # fmt: skip
+        masters.append((base, command))
+
+    processes: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        processes["store"] = subprocess.Popen(victoria, stderr=subprocess.DEVNULL)
+        processes["vmalert"] = subprocess.Popen(vmalert, stderr=subprocess.DEVNULL)
+        for index, (node, port) in enumerate(zip(NODES, exporter_ports)):
+            (work / node).mkdir()
+            processes[f"exporter-{index}"] = start_exporter(work / node, port, fake_nvml_dir)
+        processes["node_exporter"] = start_node_exporter(binaries["node_exporter"], node_exporter_port)
+        for position, (_, command) in enumerate(masters):
+            processes[f"master-{position}"] = subprocess.Popen(command, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 90
+        # vmalert's results over both shards' data, and the neuron-monitor's (the slowest to start).
+        wait_for(store, "cluster:accelmon_gpus_up:sum == 14", deadline)
+        wait_for(store, "cluster:accelmon_neuroncore_utilization_ratio:avg", deadline)
+        wait_for(store, "job_id:accelmon_gpus:count", deadline)
+        time.sleep(4)  # rate() and increase() want a few samples
+        yield {"store": store, "masters": [base for base, _ in masters], "processes": processes}
+    finally:
+        for process in processes.values():
+            process.terminate()
+        stop_by = time.monotonic() + 5  # one deadline for all: a Prometheus still flushing to the store is killed
+        for process in processes.values():
+            try:
+                process.wait(max(0.1, stop_by - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(5)
+
+
+def series(base: str, expr: str, drop: tuple[str, ...] = ()) -> list[tuple]:
+    """The label sets of `expr`'s series, without the labels in `drop`, sorted (duplicates kept)."""
+    result = instant(base, expr)
+    return sorted(tuple(sorted((k, v) for k, v in r["metric"].items() if k not in drop)) for r in result)
+
+
+def test_each_shard_scrapes_its_worker(fleet):
+    for position, base in enumerate(fleet["masters"]):
+        shard = position // REPLICAS
+        active = get(base, "/api/v1/targets", state="active")["activeTargets"]
+        nodes = {t["labels"]["node"] for t in active if t["labels"]["job"] in ("accelmon", "node")}
+        assert nodes == {NODES[shard]}, (position, nodes)
+
+
+def test_every_workers_series_is_in_the_store_exactly_once(fleet):
+    store, masters = fleet["store"], fleet["masters"]
+    for expr in ('up{job=~"accelmon|node"}', "accelmon_gpu_power_watts", "accelmon_infiniband_state_id",
+                 "node:accelmon_gpu_power_watts:sum", "accelmon_gpu_job_info"):  # fmt: skip
+        # What the shards hold (one replica of each), against what the store holds: same series, none twice.
+        expected = sorted(s for shard in range(SHARDS) for s in series(masters[shard * REPLICAS], expr))
+        in_store = series(store, expr, drop=("cluster", "shard"))  # the external labels a shard adds on the way
+        assert expected, expr
+        assert in_store == expected, expr
+    assert not instant(store, '{replica!=""}'), "the replica label is dropped on the way to the store"
+    assert {r["metric"]["shard"] for r in instant(store, "up")} == {str(s) for s in range(SHARDS)}
+
+
+def test_vmalert_evaluates_the_fleet_rules_over_the_whole_fleet(fleet):
+    store, masters = fleet["store"], fleet["masters"]
+    # Each worker has 7 answering GPUs of 8: a shard alone would count 7.
+    assert instant(store, "cluster:accelmon_gpus_up:sum")[0]["value"][1] == "14"
+    assert instant(store, "cluster:accelmon_gpus_lost:sum")[0]["value"][1] == "2"
+    # Job 100 holds GPUs 0 and 1 of each simulated worker (the same job ids on both: 4 GPUs in all).
+    counts = {r["metric"]["job_id"]: r["value"][1] for r in instant(store, "job_id:accelmon_gpus:count")}
+    assert counts == {"100": "4", "200": "2"}
+    for base in masters:  # the shards leave the fleet-wide rules to the store
+        names = {r["name"] for g in get(base, "/api/v1/rules")["groups"] for r in g["rules"]}
+        assert "node:accelmon_gpu_power_watts:sum" in names
+        assert not {n for n in names if n.startswith(("cluster:", "job_id:"))}, names
+
+
+@pytest.mark.parametrize(("expr", "expect_data"), list(panels()))
+def test_every_panel_query_returns_data_from_the_store(fleet, expr, expect_data):
+    for name in METRIC.findall(expr):
+        assert instant(fleet["store"], f'count({{__name__="{name}"}})'), f"{name} is not in the store"
+    if expect_data:
+        assert instant(fleet["store"], expr), f"no data for {expr}"
+
+
+def test_stopping_a_replica_loses_no_samples(fleet):
+    """The last test of the module: it stops a server of the fleet."""
+    store, masters = fleet["store"], fleet["masters"]
+    stop(fleet["processes"]["master-1"])  # shard 0's second replica
+    stopped = time.time()
+    time.sleep(10)
+    window = int(time.time() - stopped) - 1
+    expr = f'count_over_time(up{{job="accelmon",node="{NODES[0]}"}}[{window}s])'
+    survivor = float(instant(masters[0], expr)[0]["value"][1])
+    in_store = float(instant(store, expr)[0]["value"][1])
+    assert survivor >= window - 2, (survivor, window)  # it scraped every second
+    assert in_store >= survivor - 1, (in_store, survivor)  # and all of it reached the store (the edge sample aside)
