@@ -15,11 +15,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grafana_foundation_sdk.builders import bargauge, common, heatmap, prometheus, stat, table, timeseries
+from grafana_foundation_sdk.builders import bargauge, heatmap, prometheus, stat, table, timeseries
 from grafana_foundation_sdk.builders import dashboard as sdk_dashboard
 from grafana_foundation_sdk.cog.builder import Builder
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
-from grafana_foundation_sdk.models import common as common_model
 from grafana_foundation_sdk.models import dashboard as model
 from grafana_foundation_sdk.models import prometheus as prometheus_model
 
@@ -89,7 +88,7 @@ FLEET = Dashboard(
         Panel(
             "GPU utilization (heatmap over GPUs)",
             "percentunit",
-            [("accelmon_gpu_utilization_ratio", "{{node}} GPU {{gpu}}")],
+            [("cluster:accelmon_gpus_by_utilization:count", "{{le}}")],
             "heatmap",
             12,
             9,
@@ -655,15 +654,14 @@ def build_panel(panel: Panel, panel_id: int, x: int, y: int) -> Builder:
         query = prometheus.Dataquery().expr(expr).legend_format(legend).ref_id(chr(ord("A") + number))
         if panel.kind == "table":
             query = query.format(prometheus_model.PromQueryFormat.TABLE).instant()
+        elif panel.kind == "bargauge":  # bars show the present: one instant query, not a range of top-k's
+            query = query.instant()
+        elif panel.kind == "heatmap":  # cumulative `le` buckets from a recording rule, as Grafana reads histograms
+            query = query.format(prometheus_model.PromQueryFormat.HEATMAP)
         built = built.with_target(query.datasource(DATASOURCE))
     if panel.kind == "heatmap":
-        # Grafana buckets the GPUs' values itself: a heatmap of how many GPUs sit at each utilization.
-        buckets = common.HeatmapCalculationBucketConfig().mode(common_model.HeatmapCalculationMode.COUNT).value("10")
-        built = (
-            built.calculate(True)
-            .calculation(common.HeatmapCalculationOptions().y_buckets(buckets))
-            .y_axis(heatmap.YAxisConfig().unit(panel.unit))
-        )
+        # How many GPUs sit at each utilization, from buckets the fleet rules count: Grafana draws them as they are.
+        built = built.calculate(False).y_axis(heatmap.YAxisConfig().unit(panel.unit))
     return built
 
 

@@ -1,0 +1,347 @@
+"""How many GPUs one master holds: a Prometheus with the master role's config and rules scraping N simulated
+workers, N growing, and what it costs at each step.
+
+Each simulated worker serves what a real one does: the exposition of accelmon-exporter over 8 fake H100s (GPM
+profiling on) and 4 InfiniBand ports, and a node_exporter's (its per-CPU series copied to a GPU node's 192 CPUs),
+both recorded from the real programs at the start of the run; at every scrape the values move (gauges by a few
+percent, counters by increments), so the TSDB compresses what it would compress in production. One HTTP server
+on loopback serves all the workers, one path each (the targets' `__metrics_path__`), labelled `node` as the
+role's targets are.
+
+Prometheus runs the role's rendered prometheus.yml (scrape and rule interval: the role's default, 15 s) and every
+rule file of master/prometheus/rules (one shard: the fleet-wide rules too). At each step, after the new targets
+have been scraped a few times, it prints: active series, samples ingested per second, Prometheus's peak RSS and
+CPU (from /proc, over the window), the slowest rule group's evaluation time, and the latency of
+every Fleet-dashboard panel query as a range query of 720 steps, the points Grafana asks for over the dashboard's
+6 h at a 30 s step (the TSDB holds only the run's minutes, so the range is those minutes cut in 720 steps: as
+many points per series as over 6 h, fewer raw samples decoded). It ends with a straight-line extrapolation to
+1,250 nodes x 8 GPUs = 10,000 GPUs.
+
+Run: .venv/bin/python bench/master_capacity.py [--nodes 25,50,100,200] [--settle 75] [--window 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "master" / "grafana"))
+import generate  # noqa: E402
+
+from conftest import build_fake_nvml, render_role_template  # noqa: E402
+from ib_fixture import add_device  # noqa: E402
+
+GPUS_PER_NODE = 8
+FLEET_GPUS = 10_000
+COUNTER = re.compile(r"(_total|_count|_sum|_bucket|_seconds_total)(\{|$)")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def fetch(url: str, timeout: float = 30) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return response.read()
+
+
+def wait_serving(url: str, seconds: float = 60) -> bytes:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return fetch(url)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)
+
+
+def with_cpus(text: str, cpus: int) -> str:
+    """node_exporter's exposition as on a host with `cpus` CPUs: the per-CPU series of CPU 0, once per CPU."""
+    lines = []
+    for line in text.splitlines():
+        if 'cpu="0"' in line:
+            lines.extend(line.replace('cpu="0"', f'cpu="{cpu}"') for cpu in range(cpus))
+        elif not re.search(r'cpu="[0-9]+"', line):
+            lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def record_bodies(work: Path, node_cpus: int) -> dict[str, str]:
+    """One scrape of accelmon-exporter (8 fake H100s, GPM, 4 IB ports) and of node_exporter, as text."""
+    fake_dir = build_fake_nvml(work / "fake").parent
+    nvml = work / "nvml.conf"
+    nvml.write_text("gpus 8\nprofile h100\n" + "".join(f"gpm {i}\n" for i in range(GPUS_PER_NODE)))
+    sysfs = work / "sys"
+    for index in range(4):  # 4 NDR ports, one per HCA, as on a typical 8-GPU node's compute fabric
+        add_device(sysfs, f"mlx5_{index}", {1: {"base": 10 + index}}, pci_address=f"0000:{0x17 + index:02x}:00.0")
+    port, node_port = free_port(), free_port()
+    settings = work / "accelmon.yml"
+    settings.write_text(
+        yaml.safe_dump(
+            {
+                "web": {"listen_address": f"127.0.0.1:{port}"},
+                "paths": {"sysfs": str(sysfs)},
+                "collectors": {
+                    "nvml": {"enabled": True},
+                    "infiniband": {"enabled": True},
+                    "profiling": {"enabled": True, "backend": "gpm"},
+                    "neuron": {"enabled": False},
+                },
+            }
+        )
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "exporters"), "LD_LIBRARY_PATH": str(fake_dir),
+           "FAKE_NVML_CONFIG": str(nvml)}  # fmt: skip
+    node_exporter = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+    assert node_exporter, "setup.sh unpacks node_exporter into .tools/usr/bin"
+    processes = [
+        subprocess.Popen([sys.executable, "-m", "accelmon", "--config", str(settings)], env=env,
+                         stderr=subprocess.DEVNULL),
+        subprocess.Popen([node_exporter, f"--web.listen-address=127.0.0.1:{node_port}"], stderr=subprocess.DEVNULL),
+    ]  # fmt: skip
+    try:
+        wait_serving(f"http://127.0.0.1:{port}/metrics")
+        time.sleep(4)  # past the first samples of every collector
+        return {
+            "accelmon": fetch(f"http://127.0.0.1:{port}/metrics").decode(),
+            "node": with_cpus(wait_serving(f"http://127.0.0.1:{node_port}/metrics").decode(), node_cpus),
+        }
+    finally:
+        for process in processes:
+            process.terminate()
+            process.wait(10)
+
+
+class MovingBody:
+    """An exposition whose sample values move at every rendering, differently for each worker."""
+
+    def __init__(self, text: str) -> None:
+        self.comments = "".join(line + "\n" for line in text.splitlines() if line.startswith("#"))
+        self.samples: list[tuple[str, float, bool]] = []
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                series, value = line.rsplit(" ", 1)
+                base = float(value)
+                self.samples.append((series, base if math.isfinite(base) else 0.0, bool(COUNTER.search(series))))
+
+    def render(self, worker: int, scrape: int) -> bytes:
+        rng = random.Random(worker * 1_000_003 + scrape)
+        lines = [self.comments]
+        for series, base, counter in self.samples:
+            if counter:  # grows, by a worker-specific amount per scrape
+                value = base + (abs(base) * 0.001 + 1) * scrape * (1 + worker % 7)
+            else:  # wanders a few percent around its recorded value
+                value = base * (1 + 0.05 * (rng.random() - 0.5)) if base else float(rng.random() < 0.01)
+            lines.append(f"{series} {value:.6g}\n")
+        return "".join(lines).encode()
+
+
+class Fleet(ThreadingHTTPServer):
+    """Serves /w<index>/<job> for every simulated worker."""
+
+    daemon_threads = True
+
+    def __init__(self, bodies: dict[str, str]) -> None:
+        self.bodies = {job: MovingBody(text) for job, text in bodies.items()}
+        self.scrapes: dict[tuple[int, str], int] = {}
+        self.lock = threading.Lock()
+        super().__init__(("127.0.0.1", 0), FleetHandler)
+
+
+class FleetHandler(BaseHTTPRequestHandler):
+    server: Fleet
+
+    def do_GET(self) -> None:
+        _, worker, job = self.path.split("/")
+        key = (int(worker.removeprefix("w")), job)
+        with self.server.lock:
+            scrape = self.server.scrapes[key] = self.server.scrapes.get(key, 0) + 1
+        body = self.server.bodies[job].render(key[0], scrape)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def write_targets(directory: Path, fleet_port: int, nodes: int) -> None:
+    """The role's target files (targets.json.j2's shape) for `nodes` workers, written atomically."""
+    for job in ("accelmon", "node"):
+        groups = [
+            {"targets": [f"127.0.0.1:{fleet_port}"],
+             "labels": {"node": f"gpu-{n:05d}", "__metrics_path__": f"/w{n}/{job}"}}
+            for n in range(nodes)
+        ]  # fmt: skip
+        partial = directory / f".{job}.json"
+        partial.write_text(json.dumps(groups))
+        partial.rename(directory / f"{job}.json")
+
+
+class Prometheus:
+    def __init__(self, base: str) -> None:
+        self.base = base
+
+    def query(self, expr: str, **params: str) -> list:
+        url = f"{self.base}/api/v1/query?{urllib.parse.urlencode({'query': expr, **params})}"
+        return json.loads(fetch(url))["data"]["result"]
+
+    def value(self, expr: str) -> float:
+        result = self.query(expr)
+        return float(result[0]["value"][1]) if result else float("nan")
+
+    def range_seconds(self, expr: str, start: float, end: float, step: float) -> tuple[float, int]:
+        params = urllib.parse.urlencode({"query": expr, "start": start, "end": end, "step": step})
+        started = time.perf_counter()
+        answer = json.loads(fetch(f"{self.base}/api/v1/query_range?{params}", timeout=120))
+        assert answer["status"] == "success", (expr, answer)
+        return time.perf_counter() - started, len(answer["data"]["result"])
+
+
+def fleet_queries() -> list[tuple[str, str]]:
+    dashboard = next(d for d in generate.DASHBOARDS if d.uid == "accelmon-fleet")
+    return [(panel.title, expr.replace("$__rate_interval", "1m"))
+            for panel in dashboard.panels for expr, _ in panel.queries]  # fmt: skip
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure_step(prometheus: Prometheus, pid: int, window: float) -> dict[str, float]:
+    def appended() -> tuple[float, float]:
+        """Prometheus's count of appended samples and the time of its self-scrape that read it."""
+        name = 'prometheus_tsdb_head_samples_appended_total{job="prometheus"}'
+        return prometheus.value(name), prometheus.value(f"timestamp({name})")
+
+    (appended_before, at_before), cpu_before, started = appended(), cpu_seconds(pid), time.monotonic()
+    peak_rss = 0.0
+    rule_seconds = 0.0
+    while time.monotonic() - started < window:
+        peak_rss = max(peak_rss, int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
+        durations = prometheus.query('max(prometheus_rule_group_last_duration_seconds{job="prometheus"})')
+        if durations:
+            rule_seconds = max(rule_seconds, float(durations[0]["value"][1]))
+        time.sleep(5)
+    cpu = (cpu_seconds(pid) - cpu_before) / (time.monotonic() - started)
+    appended_after, at_after = appended()
+    return {
+        "series": prometheus.value('prometheus_tsdb_head_series{job="prometheus"}'),
+        "samples_per_second": (appended_after - appended_before) / max(at_after - at_before, 1e-9),
+        "cpu_cores": cpu,
+        "rss_bytes": peak_rss,
+        "rule_seconds": rule_seconds,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", default="25,50,100,200", help="worker counts, in increasing order")
+    parser.add_argument("--settle", type=float, default=75.0, help="seconds after adding workers before measuring")
+    parser.add_argument("--window", type=float, default=60.0, help="seconds of measurement per step")
+    # A GPU node has many more CPUs than this machine: node_exporter's per-CPU series are scaled to it.
+    parser.add_argument("--node-cpus", type=int, default=192, help="CPUs of a simulated worker (default 2 x 96)")
+    args = parser.parse_args()
+    steps = [int(n) for n in args.nodes.split(",")]
+    prometheus_binary = shutil.which("prometheus")
+    assert prometheus_binary, "setup.sh unpacks Prometheus into .tools/usr/bin"
+    version = subprocess.run([prometheus_binary, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+
+    with tempfile.TemporaryDirectory(prefix="accelmon-capacity-") as scratch:
+        work = Path(scratch)
+        bodies = record_bodies(work, args.node_cpus)
+        per_node = {job: sum(1 for line in text.splitlines() if line and not line.startswith("#"))
+                    for job, text in bodies.items()}  # fmt: skip
+        fleet = Fleet(bodies)
+        threading.Thread(target=fleet.serve_forever, daemon=True).start()
+        targets = work / "targets"
+        targets.mkdir()
+        write_targets(targets, fleet.server_address[1], 0)
+        config = work / "prometheus.yml"
+        render_role_template("accelmon_master", "prometheus.yml.j2", config, {})
+        text = config.read_text().replace("/etc/prometheus/targets/", f"{targets}/")
+        port = free_port()
+        text = text.replace("/etc/prometheus/rules/", f"{ROOT}/master/prometheus/rules/")
+        config.write_text(text.replace("localhost:9090", f"127.0.0.1:{port}"))  # its self-scrape
+        process = subprocess.Popen(
+            [prometheus_binary, f"--config.file={config}", f"--storage.tsdb.path={work / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{port}"],
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        prometheus = Prometheus(f"http://127.0.0.1:{port}")
+        queries = fleet_queries()
+        results = []
+        try:
+            wait_serving(f"{prometheus.base}/-/ready")
+            print(f"{version}; the master role's config (15 s scrapes and rules) and rules; 2-core machine")
+            print(f"per simulated worker: accelmon {per_node['accelmon']} series (8 GPUs, GPM, 4 IB ports), "
+                  f"node_exporter {per_node['node']} ({args.node_cpus} CPUs); "
+                  f"Fleet dashboard: {len(queries)} queries of 720 steps")  # fmt: skip
+            print(f"{'nodes':>6} {'GPUs':>6} {'series':>9} {'samples/s':>10} {'RSS MiB':>8} {'CPU cores':>9} "
+                  f"{'rules ms':>8} {'Fleet query max ms':>19}  slowest panel")  # fmt: skip
+            began = time.time()
+            for nodes in steps:
+                write_targets(targets, fleet.server_address[1], nodes)
+                time.sleep(args.settle)
+                figures = measure_step(prometheus, process.pid, args.window)
+                end = time.time()
+                step = max(1.0, (end - began) / 720)
+                latencies = [(prometheus.range_seconds(expr, end - 720 * step, end, step)[0], title)
+                             for title, expr in queries]  # fmt: skip
+                slowest = max(latencies)
+                figures.update(nodes=nodes, query_seconds=slowest[0])
+                results.append(figures)
+                print(f"{nodes:>6} {nodes * GPUS_PER_NODE:>6} {figures['series']:>9.0f} "
+                      f"{figures['samples_per_second']:>10.0f} {figures['rss_bytes'] / 2**20:>8.0f} "
+                      f"{figures['cpu_cores']:>9.3f} {figures['rule_seconds'] * 1000:>8.1f} "
+                      f"{slowest[0] * 1000:>19.0f}  {slowest[1]}", flush=True)  # fmt: skip
+        finally:
+            process.terminate()
+            process.wait(30)
+            fleet.shutdown()
+
+    if len(results) >= 2:
+        first, last = results[0], results[-1]
+        nodes = FLEET_GPUS // GPUS_PER_NODE
+        series_per_node = (last["series"] - first["series"]) / (last["nodes"] - first["nodes"])
+        series = last["series"] + series_per_node * (nodes - last["nodes"])
+        bytes_per_series = (last["rss_bytes"] - first["rss_bytes"]) / (last["series"] - first["series"])
+        rss = last["rss_bytes"] + bytes_per_series * (series - last["series"])
+        cpu_per_sample = last["cpu_cores"] / last["samples_per_second"]
+        samples = series / 15
+        print(f"\nExtrapolated, straight lines through the first and last step, to {nodes} nodes "
+              f"x {GPUS_PER_NODE} GPUs = {FLEET_GPUS} GPUs:")  # fmt: skip
+        print(f"  {series_per_node:.0f} series per node -> {series / 1e6:.2f} M active series, "
+              f"{samples:,.0f} samples/s at 15 s")  # fmt: skip
+        print(f"  {bytes_per_series / 1024:.1f} KiB of RSS per added series -> about {rss / 2**30:.1f} GiB RSS")
+        print(f"  {cpu_per_sample * 1e6:.1f} us of CPU per ingested sample -> about {cpu_per_sample * samples:.2f} "
+              "cores for ingestion and rules (queries on top)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
