@@ -39,6 +39,7 @@ import urllib.parse
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -233,7 +234,7 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def measure_step(prometheus: Prometheus, pid: int, window: float) -> dict[str, float]:
+def measure_step(prometheus: Prometheus, pid: int, window: float) -> dict[str, Any]:
     def appended() -> tuple[float, float]:
         """Prometheus's count of appended samples and the time of its self-scrape that read it."""
         name = 'prometheus_tsdb_head_samples_appended_total{job="prometheus"}'
@@ -241,14 +242,16 @@ def measure_step(prometheus: Prometheus, pid: int, window: float) -> dict[str, f
 
     (appended_before, at_before), cpu_before, started = appended(), cpu_seconds(pid), time.monotonic()
     peak_rss = 0.0
-    rule_seconds = 0.0
+    rule_seconds, rule_group = 0.0, ""
     while time.monotonic() - started < window:
         peak_rss = max(peak_rss, int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
-        durations = prometheus.query('max(prometheus_rule_group_last_duration_seconds{job="prometheus"})')
-        if durations:
-            rule_seconds = max(rule_seconds, float(durations[0]["value"][1]))
+        for group in prometheus.query('prometheus_rule_group_last_duration_seconds{job="prometheus"}'):
+            if float(group["value"][1]) > rule_seconds:
+                rule_seconds, rule_group = float(group["value"][1]), group["metric"]["rule_group"].split(";")[-1]
         time.sleep(5)
     cpu = (cpu_seconds(pid) - cpu_before) / (time.monotonic() - started)
+    rules = json.loads(fetch(f"{prometheus.base}/api/v1/rules"))["data"]["groups"]
+    slowest_rule = max((r["evaluationTime"], r["name"]) for g in rules for r in g["rules"])
     appended_after, at_after = appended()
     return {
         "series": prometheus.value('prometheus_tsdb_head_series{job="prometheus"}'),
@@ -256,6 +259,8 @@ def measure_step(prometheus: Prometheus, pid: int, window: float) -> dict[str, f
         "cpu_cores": cpu,
         "rss_bytes": peak_rss,
         "rule_seconds": rule_seconds,
+        "rule_group": rule_group,
+        "slowest_rule": f"{slowest_rule[1]} {slowest_rule[0] * 1000:.0f} ms",
     }
 
 
@@ -313,13 +318,19 @@ def main() -> None:
                 step = max(1.0, (end - began) / 720)
                 latencies = [(prometheus.range_seconds(expr, end - 720 * step, end, step)[0], title)
                              for title, expr in queries]  # fmt: skip
-                slowest = max(latencies)
+                latencies.sort(reverse=True)
+                slowest = latencies[0]
                 figures.update(nodes=nodes, query_seconds=slowest[0])
                 results.append(figures)
                 print(f"{nodes:>6} {nodes * GPUS_PER_NODE:>6} {figures['series']:>9.0f} "
                       f"{figures['samples_per_second']:>10.0f} {figures['rss_bytes'] / 2**20:>8.0f} "
                       f"{figures['cpu_cores']:>9.3f} {figures['rule_seconds'] * 1000:>8.1f} "
                       f"{slowest[0] * 1000:>19.0f}  {slowest[1]}", flush=True)  # fmt: skip
+                following = ", ".join(f"{title} {seconds * 1000:.0f} ms" for seconds, title in latencies[1:3])
+                print(
+                    f"{'':>6} slowest rule group: {figures['rule_group']}, rule: {figures['slowest_rule']}; "
+                    f"next panels: {following}"
+                )
         finally:
             process.terminate()
             process.wait(30)

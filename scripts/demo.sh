@@ -4,7 +4,8 @@
 #                                       InfiniBand ports and 2 Neuron runtimes each, as podman containers
 #                                       (accelmon-demo-*), deployed by ansible/deploy.yaml; then checks that every
 #                                       target is up with its data, and exits non-zero saying why if not; then
-#                                       runs a 45 s simulated Slurm job on both workers and writes its report
+#                                       runs a 45 s Slurm job on both workers (a real Slurm over the fake GPUs)
+#                                       and writes its report
 #   ./scripts/demo.sh -i host.ini [...] your own cluster: ansible-playbook -i host.ini ansible/deploy.yaml [...]
 #   ./scripts/demo.sh --down            remove the local simulated cluster (containers, network, state)
 # The test suite's cluster is accelmon-cluster-*, with state of its own: running the tests leaves the demo up.
@@ -48,17 +49,18 @@ if ! python3 scripts/check_cluster.py --url http://127.0.0.1:9090 --timeout 120;
   echo "the demo is up but not whole (above: what is down and why); remove it with: $0 --down" >&2
   exit 1
 fi
-# A short simulated Slurm job on both workers, through the prolog and epilog the role installed (run as slurmd
-# runs them: root, the job's variables, no PATH), then its report from Prometheus.
-job=$(date +%s)
-for worker in accelmon-demo-worker-1 accelmon-demo-worker-2; do
-  podman exec "$worker" env -i SLURM_JOB_ID="$job" SLURM_JOB_USER=demo SLURM_JOB_ACCOUNT=demo \
-    SLURM_JOB_GPUS=0,1,2,3 /bin/sh /etc/slurm/prolog.d/50-accelmon.sh
-done
-echo "demo: simulated job $job holds GPUs 0-3 of both workers for 45 s"
-sleep 45
-for worker in accelmon-demo-worker-1 accelmon-demo-worker-2; do
-  podman exec "$worker" env -i SLURM_JOB_ID="$job" /bin/sh /etc/slurm/epilog.d/50-accelmon.sh
+# A short Slurm job on both workers: the real Slurm of the simulated cluster (slurmctld on worker-1, 8 GRES GPUs
+# per node), whose prolog and epilog the role installed; then its report from Prometheus.
+if ! podman exec accelmon-demo-worker-1 sh -c 'command -v sbatch' >/dev/null; then
+  echo "this demo cluster was made before it ran Slurm: remove it ($0 --down) and run $0 again" >&2
+  exit 1
+fi
+job=$(podman exec accelmon-demo-worker-1 su alice -c \
+  'sbatch --parsable --chdir=/tmp --job-name=demo --nodes=2 --gres=gpu:4 --wrap "srun sleep 45"')
+echo "demo: Slurm job $job (user alice) holds 4 GPUs on each worker for 45 s"
+for _ in $(seq 1 60); do  # bounded: the job ends after 45 s
+  [ -z "$(podman exec accelmon-demo-worker-1 squeue --noheader --jobs "$job" 2>/dev/null)" ] && break
+  sleep 2
 done
 sleep 5  # the last scrape sees the job gone
 report_dir="$PWD/.cache/demo-report"
@@ -72,7 +74,8 @@ deployed and checked in $(( $(date +%s) - started )) s:
   Prometheus   http://127.0.0.1:9090   (this host only; from another machine: ssh -L 9090:127.0.0.1:9090 $(id -un)@$(hostname -f 2>/dev/null || hostname)
                then open http://127.0.0.1:9090 there; try accelmon_gpu_power_watts, accelmon_gpu_up == 0)
   exporters    podman exec accelmon-demo-master curl -s http://accelmon-demo-worker-1:19470/metrics
-  job report   $report_dir/report.html (and .pdf, data.csv, data.parquet, summary.json) of simulated job $job
+  job report   $report_dir/report.html (and .pdf, data.csv, data.parquet, summary.json) of Slurm job $job
+  Slurm        podman exec accelmon-demo-worker-1 su alice -c 'sbatch --chdir=/tmp -N2 --gres=gpu:2 --wrap "srun sleep 60"'
   Grafana      not started here: Grafana runs on a real master (deploy.yaml, port 3000). This machine reaches no
                container registry that ships Grafana's image, and Debian does not package Grafana, so the
                dashboards are only checked here against this Prometheus (tests/test_master.py).

@@ -134,7 +134,7 @@ FLEET = Dashboard(
         Panel(
             "Row remapping (pending or failed GPUs)",
             "short",
-            [("sum by (node) (accelmon_gpu_remapped_rows_pending + accelmon_gpu_remapped_rows_failure)", "{{node}}")],
+            [("node:accelmon_gpus_remapped_rows_pending_or_failed:sum", "{{node}}")],
             width=8,
         ),
         Panel("Lost GPUs", "short", [("accelmon_gpu_up == 0", "{{node}} GPU {{gpu}} {{uuid}}")], "table", 12),

@@ -3,11 +3,14 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
+
+import testinfra
 
 ROOT = Path(os.environ["MOLECULE_PROJECT_DIRECTORY"])
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -85,6 +88,57 @@ def test_exporters_answer_only_over_mutual_tls_with_the_password(host):
     assert status(tls) == "401"  # no password
     assert status(f"--cacert {secrets}/exporter-ca.crt {auth}") == "000"  # no client certificate: no handshake
     assert status(auth, f"http://{worker}:19470/metrics") == "000"  # plain HTTP
+
+
+def published_prometheus() -> str:
+    """The master's Prometheus as the host reaches it (a port published on its loopback)."""
+    published = subprocess.run(
+        ["podman", "port", f"{CLUSTER}-master", "9090/tcp"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    return f"http://{published[0]}"
+
+
+def minor_to_uuid(worker) -> dict[str, str]:
+    """The driver's own map (procfs `information` files) from device minor, Slurm's GPU index, to UUID."""
+    text = worker.check_output("cat /opt/fake-proc/driver/nvidia/gpus/*/information")
+    uuids = re.findall(r"GPU UUID:\s*(\S+)", text)
+    minors = re.findall(r"Device Minor:\s*(\d+)", text)
+    return dict(zip(minors, uuids))
+
+
+def test_a_slurm_job_is_attributed_while_it_runs_and_reported_after(host, tmp_path):
+    """A real Slurm job asks for 2 GPUs on each of 2 nodes: its GPUs carry its job id in Prometheus while it runs
+    (by UUID: Slurm's indices are device minors, out of NVML's order here), none after, and accelmon-report finds
+    its nodes, GPUs, window and energy."""
+    controller = testinfra.get_host(f"podman://{CLUSTER}-worker-1")
+    job = controller.check_output(
+        "su alice -c 'sbatch --parsable --chdir=/tmp --nodes=2 --gres=gpu:2 --wrap \"srun sleep 30\"'"
+    ).strip()
+    attributed = f"/api/v1/query?query=accelmon_gpu_job_info%7Bjob_id%3D%22{job}%22%7D"
+    series = wait_for(lambda: len(query(host, attributed)["result"]) == 4 and query(host, attributed)["result"])
+    assert series, controller.check_output(f"scontrol show job {job}")
+    for worker in WORKERS:
+        expected = minor_to_uuid(testinfra.get_host(f"podman://{worker}"))
+        held = {r["metric"]["uuid"] for r in series if r["metric"]["node"] == worker}
+        assert held == {expected["0"], expected["1"]}, (worker, held, expected)
+    assert {r["metric"]["user"] for r in series} == {"alice"}
+    # When the job ends the epilog removes its record, and the series go stale.
+    assert wait_for(lambda: not query(host, attributed)["result"], timeout=120), "still attributed after the job"
+    out = tmp_path / "report"
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "accelmon-report"), job, "--prometheus", published_prometheus(),
+         "--out", str(out), "--lookback", "1h"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert sorted(summary["nodes"]) == sorted(WORKERS) and summary["user"] == "alice"
+    assert len(summary["gpus"]) == 4
+    assert 20 <= summary["duration_seconds"] <= 60, summary["duration_seconds"]  # `sleep 30`, seen every 2 s
+    for gpu in summary["gpus"]:  # the fake driver's energy counters grow by its power draw
+        expected_joules = gpu["power_mean_watts"] * summary["duration_seconds"]
+        assert abs(gpu["energy_joules"] - expected_joules) <= gpu["power_mean_watts"] * 6, (gpu, expected_joules)
+    assert (out / "report.html").stat().st_size > 10_000 and (out / "report.pdf").exists()
 
 
 def test_day_two_keeps_the_metrics(host):
