@@ -4,7 +4,8 @@ workers, N growing, and what it costs at each step.
 Each simulated worker serves what a real one does: the exposition of accelmon-exporter over 8 fake H100s (GPM
 profiling on) and 4 InfiniBand ports, and a node_exporter's (its per-CPU series copied to a GPU node's 192 CPUs),
 both recorded from the real programs at the start of the run; at every scrape the values move (gauges by a few
-percent, counters by increments), so the TSDB compresses what it would compress in production. One HTTP server
+percent, counters by increments; what was recorded at zero, as a healthy node's error counters and flags are,
+stays zero, so no alert fires), so the TSDB compresses what it would compress in production. One HTTP server
 on loopback serves all the workers, one path each (the targets' `__metrics_path__`), labelled `node` as the
 role's targets are.
 
@@ -151,10 +152,12 @@ class MovingBody:
         rng = random.Random(worker * 1_000_003 + scrape)
         lines = [self.comments]
         for series, base, counter in self.samples:
-            if counter:  # grows, by a worker-specific amount per scrape
+            if not base:  # zero stays zero: a healthy fleet's error counters and flags (XIDs, ECC, remaps, lost)
+                value = 0.0
+            elif counter:  # grows, by a worker-specific amount per scrape
                 value = base + (abs(base) * 0.001 + 1) * scrape * (1 + worker % 7)
             else:  # wanders a few percent around its recorded value
-                value = base * (1 + 0.05 * (rng.random() - 0.5)) if base else float(rng.random() < 0.01)
+                value = base * (1 + 0.05 * (rng.random() - 0.5))
             lines.append(f"{series} {value:.6g}\n")
         return "".join(lines).encode()
 

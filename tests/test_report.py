@@ -15,6 +15,7 @@ import time
 import pytest
 
 from cloudwatch_doubles import LoopbackServer, QuietHandler, SilentSocket
+from conftest import ROOT
 from jobs_fixture import uuid
 from test_master import prometheus  # noqa: F401 (the fixture: a real Prometheus over the simulated node)
 
@@ -121,6 +122,49 @@ def test_pdf_pages_are_not_blank(job_100, tmp_path):
     assert len(pages) >= 3  # the summary, then the plots two to a page
     for page in pages:
         assert mpimg.imread(page).std() > 0.01, f"{page.name} is blank"
+
+
+def chromium(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    binary = shutil.which("chromium") or shutil.which("chromium-browser")
+    if binary is None:
+        pytest.fail("chromium not found: scripts/setup.sh installs Debian's chromium")
+    # Root (our CI) needs --no-sandbox; nothing here is fetched from the network (the page is offline by design).
+    command = [binary, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+
+
+def test_the_html_renders_in_a_browser_with_every_plot_drawn(job_100, tmp_path):
+    """Headless Chromium opens report.html: every plot decodes to an image with pixels, and a full-page screenshot
+    (kept in .cache/test-artifacts/) is not blank."""
+    out, _, _ = job_100
+    # A copy of the page that writes, once loaded, each image's decoded size into the DOM Chromium prints.
+    probe = tmp_path / "probe.html"
+    probe.write_text(
+        (out / "report.html")
+        .read_text()
+        .replace(
+            "</body>",
+            "<script>window.addEventListener('load', () => document.body.setAttribute('data-images',"
+            " Array.from(document.images).map(i => i.naturalWidth + 'x' + i.naturalHeight).join(',')));"
+            "</script></body>",
+        )
+    )
+    dom = chromium("--virtual-time-budget=10000", "--dump-dom", probe.as_uri())
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    sizes = re.search(r'data-images="([^"]*)"', dom.stdout)
+    assert sizes, "the page did not finish loading"
+    decoded = sizes.group(1).split(",")
+    assert len(decoded) == len(re.findall(r"<img ", (out / "report.html").read_text())) >= 6
+    assert all(int(size.split("x")[0]) > 100 and int(size.split("x")[1]) > 100 for size in decoded), decoded
+    artifacts = ROOT / ".cache" / "test-artifacts"
+    artifacts.mkdir(parents=True, exist_ok=True)
+    screenshot = artifacts / "report-screenshot.png"
+    shot = chromium("--window-size=1280,5000", f"--screenshot={screenshot}", (out / "report.html").as_uri())
+    assert shot.returncode == 0 and screenshot.exists(), shot.stderr[-2000:]
+    import matplotlib.image as mpimg
+
+    pixels = mpimg.imread(screenshot)
+    assert pixels.std() > 0.05, "the screenshot is blank"
 
 
 def test_html_escapes_what_job_records_say():
