@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import free_port, render_role_template
+from conftest import ROOT, free_port, render_role_template
 
 NODES = [f"gpu-{n:02d}" for n in range(10)]
 SHARDS, REPLICAS = 2, 2
@@ -201,3 +201,20 @@ def test_replicas_write_identical_series_and_send_alerts_once(tmp_path):
     result = subprocess.run([shutil.which("promtool") or "promtool", "check", "config", "--syntax-only",
                              str(tmp_path / "prometheus.yml")], capture_output=True, text=True)  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("variables", "url"),
+    [
+        ({}, "http://accelmon-prometheus:9090"),  # its own Prometheus, over the containers' network
+        ({"accelmon_master_network": "host"}, "http://127.0.0.1:9090"),
+        ({"accelmon_master_query_url": "http://10.0.0.40:8428"}, "http://10.0.0.40:8428"),  # the global store
+    ],
+)
+def test_grafanas_datasource_reads_the_global_store_when_one_is_given(tmp_path, variables, url):
+    """Grafana's provisioned datasource takes its URL from PROMETHEUS_URL (master/grafana/provisioning)."""
+    render_role_template("accelmon_master", "compose.yaml.j2", tmp_path / "compose.yaml", variables)
+    grafana = yaml.safe_load((tmp_path / "compose.yaml").read_text())["services"]["grafana"]
+    assert grafana["environment"]["PROMETHEUS_URL"] == url
+    datasources = ROOT / "master" / "grafana" / "provisioning" / "datasources" / "prometheus.yml"
+    assert yaml.safe_load(datasources.read_text())["datasources"][0]["url"] == "${PROMETHEUS_URL}"
