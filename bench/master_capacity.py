@@ -47,7 +47,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "master" / "grafana"))
-import generate  # noqa: E402
+from contract import concrete, panel_queries  # noqa: E402
 
 from conftest import build_fake_nvml, render_role_template  # noqa: E402
 from ib_fixture import add_device  # noqa: E402
@@ -227,9 +227,7 @@ class Prometheus:
 
 
 def fleet_queries() -> list[tuple[str, str]]:
-    dashboard = next(d for d in generate.DASHBOARDS if d.uid == "accelmon-fleet")
-    return [(panel.title, expr.replace("$__rate_interval", "1m"))
-            for panel in dashboard.panels for expr, _ in panel.queries]  # fmt: skip
+    return [(q.panel, concrete(q.expr)) for q in panel_queries() if q.dashboard == "accelmon-fleet"]
 
 
 def cpu_seconds(pid: int) -> float:

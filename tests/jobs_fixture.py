@@ -39,3 +39,18 @@ def nvidia_procfs(root: Path, gpus: int = 4, minors: tuple[int, ...] = MINORS) -
         )
     (root / "driver" / "nvidia" / "version").write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.0\n")
     return root
+
+
+def slurm_job_cgroup(cgroup_root: Path, job: int, pids: tuple[int, ...], version: int = 2, uid: int = 1000) -> Path:
+    """A Slurm job's cgroup with `pids` in its first step's task, where Slurm's cgroup plugin puts it: v2 under
+    system.slice/slurmstepd.scope, v1 under every controller's slurm/uid_<uid> (Slurm's cgroup.conf layout)."""
+    if version == 2:
+        jobs = [cgroup_root / "system.slice" / "slurmstepd.scope"]
+    else:
+        jobs = [cgroup_root / controller / "slurm" / f"uid_{uid}" for controller in ("freezer", "memory", "devices")]
+    for parent in jobs:
+        task = parent / f"job_{job}" / "step_0" / "user" / "task_0"
+        task.mkdir(parents=True, exist_ok=True)
+        (task / "cgroup.procs").write_text("".join(f"{pid}\n" for pid in pids))
+        (parent / f"job_{job}" / "cgroup.procs").write_text("")  # v2: no process in an inner node
+    return cgroup_root

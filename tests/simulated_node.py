@@ -1,6 +1,6 @@
 """One simulated worker for tests with a real Prometheus: accelmon-exporter over 8 fake GPUs (a lost one, an XID,
 GPM profiling, energy counters that follow power), fixture InfiniBand ports, a fake neuron-monitor and two Slurm
-jobs sharing a GPU, sampled every second."""
+jobs sharing a GPU (the first with a Neuron runtime in its cgroup), sampled every second."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import yaml
 
 from conftest import ROOT, exporter_env
 from ib_fixture import standard_tree
-from jobs_fixture import nvidia_procfs
+from jobs_fixture import nvidia_procfs, slurm_job_cgroup
 from neuron_reports import line, report
 
 
@@ -22,6 +22,7 @@ def start_exporter(work: Path, port: int, fake_nvml_dir: Path) -> subprocess.Pop
     # Energy counters that grow by each GPU's power, read every second: the job report's energy is checked on them.
     nvml.write_text("gpus 8\nlost 5\nxid 2 79\nenergy_follows_power 1\n" + "".join(f"gpm {i}\n" for i in range(8)))
     sysfs = standard_tree(work / "sys")
+    slurm_job_cgroup(sysfs / "fs" / "cgroup", 100, (3101,))  # the Neuron runtime llama-serve runs in job 100
     procfs = nvidia_procfs(work / "proc", gpus=8)
     jobs = work / "jobs"
     jobs.mkdir()

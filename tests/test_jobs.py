@@ -9,7 +9,7 @@ import pytest
 
 from accelmon.collectors import jobs
 from conftest import ROOT, exporter_env, promtool_check, run_once, sample_value
-from jobs_fixture import MINORS, nvidia_procfs, uuid
+from jobs_fixture import MINORS, nvidia_procfs, slurm_job_cgroup, uuid
 
 SCRIPTS = ROOT / "ansible" / "roles" / "accelmon_exporter" / "files"
 
@@ -129,3 +129,34 @@ def test_exporter_serves_job_info_that_passes_promtool(tmp_path, fake_nvml_dir):
     assert sample_value(result.stdout, "accelmon_gpu_up", gpu="3", uuid=uuid(3)) == 1
     others = [line for line in result.stdout.splitlines() if not line.startswith("accelmon_gpu_job_info")]
     assert not [line for line in others if "job_id" in line], "device series carry no job labels"
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_processes_are_placed_in_jobs_by_their_cgroup(tmp_path, version):
+    root = slurm_job_cgroup(tmp_path / "cgroup", 77, (3101, 3102), version=version)
+    slurm_job_cgroup(root, 78, (4242,), version=version, uid=1001)
+    (root / "system.slice" / "sshd.service").mkdir(parents=True)
+    (root / "system.slice" / "sshd.service" / "cgroup.procs").write_text("555\n")
+    assert jobs.job_pids(str(root)) == {3101: "77", 3102: "77", 4242: "78"}
+
+
+def test_a_job_directory_deeper_than_slurm_puts_it_is_not_read(tmp_path):
+    deep = tmp_path / "a" / "b" / "c" / "d" / "e" / "f" / "g"
+    slurm_job_cgroup(deep, 9, (99,))
+    assert jobs.job_pids(str(tmp_path)) == {}
+    assert jobs.job_pids(str(tmp_path / "a" / "b" / "c" / "d" / "e")) == {99: "9"}
+    assert jobs.job_pids(str(tmp_path / "missing")) == {}
+
+
+def test_the_cgroup_tree_is_read_again_only_for_unknown_processes_and_at_most_every_period(tmp_path):
+    root = slurm_job_cgroup(tmp_path / "cgroup", 77, (3101,))
+    now = [0.0]
+    job_of = jobs.JobOfProcess(str(root), refresh_seconds=5, clock=lambda: now[0])
+    assert job_of(3101) == "77"
+    slurm_job_cgroup(root, 78, (4242,))
+    now[0] = 1.0
+    assert job_of(3101) == "77"  # known: no walk
+    assert job_of(4242) == ""  # unknown, but the tree was read 1 s ago
+    now[0] = 5.0
+    assert job_of(4242) == "78"  # read again
+    assert job_of(1) == ""  # a process in no job

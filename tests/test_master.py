@@ -22,16 +22,7 @@ MASTER = ROOT / "master"
 RULES = sorted((MASTER / "prometheus" / "rules").glob("*.yml"))
 sys.path.insert(0, str(MASTER / "grafana"))
 import generate  # noqa: E402
-
-METRIC = re.compile(r"\b((?:accelmon|node)_[a-zA-Z0-9_]+|(?:node|cluster|job_id):[a-z0-9_:]+[a-z0-9_]|up(?=\{))")
-VARIABLES = {
-    "$__rate_interval": "1m",
-    "$node": ".*",
-    "$gpu": ".*",
-    "$device": ".*",
-    "$runtime_tag": ".*",
-    "$job_id": ".*",
-}
+from contract import METRIC, concrete, panel_queries  # noqa: E402
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess[str]:
@@ -160,18 +151,14 @@ def prometheus(tmp_path_factory, fake_nvml_dir):
 
 
 def query(base: str, expr: str) -> list:
-    for name, value in VARIABLES.items():
-        expr = expr.replace(name, value)
-    answer = get(f"{base}/api/v1/query?query={urllib.parse.quote(expr)}")
+    answer = get(f"{base}/api/v1/query?query={urllib.parse.quote(concrete(expr))}")
     assert answer["status"] == "success", expr
     return answer["data"]["result"]
 
 
 def panels():
-    for dashboard in generate.DASHBOARDS:
-        for panel in dashboard.panels:
-            for expr, _ in panel.queries:
-                yield pytest.param(expr, panel.expect_data, id=f"{dashboard.uid}:{panel.title}:{expr[:40]}")
+    for entry in panel_queries():
+        yield pytest.param(entry.expr, entry.expect_data, id=f"{entry.dashboard}:{entry.panel}:{entry.expr[:40]}")
 
 
 @pytest.mark.parametrize(("expr", "expect_data"), list(panels()))

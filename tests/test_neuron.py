@@ -10,8 +10,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from accelmon.collectors.neuron import NeuronCollector
 from accelmon.core import render
+from accelmon.registry import Paths, collectors
 from conftest import ROOT, check_golden, promtool_check
 from conftest import sample_value as value
+from jobs_fixture import slurm_job_cgroup
 from neuron_reports import line, report, runtime
 
 FAKE_MONITOR = str(ROOT / "tests" / "fakeneuron" / "neuron-monitor")
@@ -105,6 +107,23 @@ def test_group_errors_are_counted_not_exported_as_data():
     assert value(text, "accelmon_neuron_monitor_group_errors_total", group="neuroncore_counters") == 1
     assert value(text, "accelmon_neuroncore_utilization_ratio", runtime_tag="llama-serve") is None
     assert value(text, "accelmon_neuroncore_utilization_ratio", runtime_tag="4242") == pytest.approx(0.4201)
+
+
+def test_a_runtime_in_a_job_carries_the_job_on_its_info_series(tmp_path):
+    # The collector as the exporter builds it: the cgroup tree under the configured sysfs root.
+    slurm_job_cgroup(tmp_path / "fs" / "cgroup", 77, (3101,))
+    registration = collectors()["neuron"]
+    options = {option.name: option.default for option in registration.options}
+    collector = registration.build({**options, "monitor_path": "/nonexistent"}, Paths(sysfs=str(tmp_path)))
+    feed(collector, line(report(1)))
+    text = sample(collector)
+    promtool_check(text)
+    assert value(text, "accelmon_neuron_runtime_info", runtime_tag="llama-serve", pid="3101", job_id="77") == 1
+    assert value(text, "accelmon_neuron_runtime_info", runtime_tag="4242", pid="4242", job_id="") == 1
+    # Only the info series names the job: per-runtime data is joined to it on runtime_tag at query time.
+    assert value(text, "accelmon_neuroncore_utilization_ratio", runtime_tag="llama-serve", neuroncore="1") == 0.875
+    others = [entry for entry in text.splitlines() if not entry.startswith(("#", "accelmon_neuron_runtime_info"))]
+    assert not [entry for entry in others if "job_id" in entry]
 
 
 def run_with_fake(tmp_path: Path, monkeypatch, lines: list[str], then: str, **options) -> NeuronCollector:

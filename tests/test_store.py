@@ -20,7 +20,7 @@ import pytest
 
 from conftest import ROOT, free_port, render_role_template
 from simulated_node import start_exporter, start_node_exporter
-from test_master import METRIC, VARIABLES, panels
+from test_master import METRIC, concrete, panels
 
 RULES = ROOT / "master" / "prometheus" / "rules"
 SHARDS, REPLICAS = 2, 2
@@ -59,9 +59,7 @@ def get(base: str, path: str, **params: str) -> dict:
 
 
 def instant(base: str, expr: str, **params: str) -> list:
-    for name, value in VARIABLES.items():
-        expr = expr.replace(name, value)
-    return get(base, "/api/v1/query", query=expr, **params)["result"]
+    return get(base, "/api/v1/query", query=concrete(expr), **params)["result"]
 
 
 def wait_for(base: str, expr: str, deadline: float) -> list:

@@ -56,7 +56,7 @@ GPU_METRICS = (
     ("xid_events_total", "accelmon_gpu_xid_events_total", "", "XID events"),
     ("clock_events", "max by (instance, uuid) (accelmon_gpu_clock_event_active)", "", "Clock events active"),
 )
-# Per node: (name, PromQL with {nodes} and {window}, unit, title).
+# Per node: (name, PromQL with {nodes}, {window} and {job}, unit, title).
 NODE_METRICS = (
     ("cpu_utilization", '1 - avg by (node) (rate(node_cpu_seconds_total{{mode="idle",node=~"{nodes}"}}[{window}]))',
      "ratio", "Host CPU utilization"),
@@ -70,7 +70,10 @@ NODE_METRICS = (
     ("infiniband_transmit_bytes_per_second",
      'sum by (node) (rate(accelmon_infiniband_port_data_transmitted_bytes_total{{node=~"{nodes}"}}[{window}]))',
      "B/s", "InfiniBand transmitted"),
-    ("neuroncore_utilization", 'avg by (node) (accelmon_neuroncore_utilization_ratio{{node=~"{nodes}"}})',
+    # The cores of the job's own Neuron runtimes (placed in the job by their cgroup), not the whole node's.
+    ("neuroncore_utilization",
+     'avg by (node) (accelmon_neuroncore_utilization_ratio{{node=~"{nodes}"}} * on (instance, runtime_tag)'
+     ' group_left () max by (instance, runtime_tag) (accelmon_neuron_runtime_info{{job_id="{job}"}}))',
      "ratio", "NeuronCore utilization"),
 )  # fmt: skip
 PLOTTED = ("utilization", "memory_used_bytes", "power_watts", "temperature_celsius", "sm_active", "sm_clock_hertz")
@@ -245,7 +248,8 @@ def collect(prometheus: Prometheus, job: Job) -> Any:
     nodes = "|".join(regex_literal(node) for node in job.nodes)
     window = f"{int(max(60, 4 * job.step))}s"
     for name, template, _, _ in NODE_METRICS:
-        rows.add(prometheus.range(template.format(nodes=nodes, window=window), job.start, job.end, job.step), name)
+        query = template.format(nodes=nodes, window=window, job=job.job_id)
+        rows.add(prometheus.range(query, job.start, job.end, job.step), name)
     frame = pd.DataFrame(vars(rows))
     frame["time"] = pd.to_datetime(frame["time"], unit="s", utc=True)
     return frame

@@ -13,6 +13,11 @@ device minor number (/dev/nvidiaN), which is not always NVML's index (NVML count
 resolved through `<procfs>/driver/nvidia/gpus/<bus id>/information`, which gives each GPU's minor number, UUID
 and bus location, and NVML's index is the GPU's place in bus order. A malformed line is skipped and counted;
 a GPU the host does not have is counted in `accelmon_jobs_unresolved_gpus`, never guessed.
+
+Processes are put in jobs by their cgroup (`JobOfProcess`, for the Neuron collector's runtimes): Slurm's cgroup
+plugins make a directory `job_<id>` for each job, whose tree lists the job's processes in world-readable
+`cgroup.procs` files, so this works where the exporter's hardening (ProtectProc=invisible) hides other users'
+processes in /proc.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from accelmon.core import Catalogue, Collector, Samples
@@ -53,6 +60,10 @@ KEYS = ("scheduler", "job_id", "user", "account", "gpus")
 MAX_VALUE = 256  # a label value longer than this is cut: a record is input from a script, not trusted to be small
 MAX_RECORD_BYTES = 64 * 1024
 UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z-]+$")
+# Slurm's job cgroup: cgroup v1 <controller>/slurm[_<node>]/uid_<uid>/job_<id>, cgroup v2
+# system.slice/slurmstepd.scope/job_<id>; the steps and tasks below it.
+SLURM_JOB_CGROUP = re.compile(r"^job_(\d+)$")
+MAX_CGROUP_DEPTH = 6  # from the cgroup root down to a job's directory (v1: 4, v2: 3); deeper trees are not read
 
 
 @dataclass(frozen=True)
@@ -86,6 +97,52 @@ def driver_gpus(procfs: str) -> tuple[dict[str, Gpu], dict[str, Gpu]]:
         if gpu.uuid:
             by_uuid[gpu.uuid] = gpu
     return by_minor, by_uuid
+
+
+def job_pids(cgroup_root: str) -> dict[int, str]:
+    """Every process in a batch job's cgroup, with its job id."""
+    pids: dict[int, str] = {}
+    base_depth = cgroup_root.rstrip(os.sep).count(os.sep)
+    for directory, subdirectories, _ in os.walk(cgroup_root):  # symlinks (v1's cpu -> cpu,cpuacct) not followed
+        job = SLURM_JOB_CGROUP.match(os.path.basename(directory))
+        if job is None:
+            if directory.count(os.sep) - base_depth >= MAX_CGROUP_DEPTH:
+                subdirectories.clear()
+            continue
+        subdirectories.clear()  # the job's own tree is read below, once
+        for inner, _, files in os.walk(directory):
+            if "cgroup.procs" not in files:
+                continue
+            try:
+                with open(os.path.join(inner, "cgroup.procs"), encoding="ascii", errors="replace") as stream:
+                    for line in stream:
+                        if line.strip().isdigit():
+                            pids.setdefault(int(line), job.group(1))
+            except OSError:
+                continue  # the step ended while being read
+    return pids
+
+
+class JobOfProcess:
+    """The batch job a process runs in ("" for none), from the cgroup tree under `cgroup_root`. The tree is read
+    again only when asked about a process it did not hold, and at most every `refresh_seconds`: a new runtime is
+    placed within that time, and a node without jobs costs one walk per period, not one per question."""
+
+    def __init__(
+        self, cgroup_root: str, refresh_seconds: float = 5.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.cgroup_root = cgroup_root
+        self.refresh_seconds = refresh_seconds
+        self._clock = clock
+        self._pids: dict[int, str] = {}
+        self._read_at: float | None = None
+
+    def __call__(self, pid: int) -> str:
+        now = self._clock()
+        if pid not in self._pids and (self._read_at is None or now - self._read_at >= self.refresh_seconds):
+            self._pids = job_pids(self.cgroup_root)
+            self._read_at = now
+        return self._pids.get(pid, "")
 
 
 def _clean(value: str) -> str:

@@ -10,7 +10,8 @@ exits, or prints nothing for `stall_seconds`, it is restarted with exponential b
 busy loop. Counts that neuron-monitor reports per period (execution errors and outcomes, ECC events, context
 switches) are accumulated into `_total` counters; a metric group's counts are added once per capture (a
 report that repeats a group with the same `period` is the same capture). Per-runtime series carry the
-runtime tag (NEURON_PROCESS_TAG, else the pid) and vanish with the runtime.
+runtime tag (NEURON_PROCESS_TAG, else the pid) and vanish with the runtime. A runtime inside a batch job (its pid in
+the job's cgroup, `jobs.JobOfProcess`) carries the job id on its info series, for joins at query time.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import time
 from collections import defaultdict
 from typing import Any, Callable
 
+from accelmon.collectors.jobs import JobOfProcess
 from accelmon.core import Catalogue, Collector, Samples
 from accelmon.registry import Option, Paths, Registration, register, seconds
 
@@ -144,7 +146,11 @@ DEVICES = C.gauge("accelmon_neuron_devices", "Neuron devices on the instance.", 
 CORES_PER_DEVICE = C.gauge("accelmon_neuroncores_per_device", "NeuronCores on each Neuron device.", ())
 DEVICE_MEMORY = C.gauge("accelmon_neuron_device_memory_total_bytes", "Memory of each Neuron device.", ())
 # Runtime-level groups.
-RUNTIME_INFO = C.gauge("accelmon_neuron_runtime_info", "A Neuron runtime being monitored; value is 1.", [*RT, "pid"])
+RUNTIME_INFO = C.gauge(
+    "accelmon_neuron_runtime_info",
+    "A Neuron runtime being monitored; value is 1. job_id: the batch job whose cgroup holds its pid, if any.",
+    [*RT, "pid", "job_id"],
+)
 UTILIZATION = C.gauge(
     "accelmon_neuroncore_utilization_ratio",
     "NeuronCore utilization over the captured period (0..1).",
@@ -384,8 +390,10 @@ class NeuronCollector(Collector):
         stall_seconds: float | None = None,
         max_backoff_seconds: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        job_of: Callable[[int], str] = lambda pid: "",
     ) -> None:
         self.monitor = monitor
+        self.job_of = job_of  # pid -> batch job id ("" for none)
         self.period_seconds = period_seconds
         self.stall_seconds = stall_seconds if stall_seconds is not None else max(30.0, 3 * period_seconds)
         self.max_backoff_seconds = max_backoff_seconds
@@ -601,10 +609,11 @@ class NeuronCollector(Collector):
                 if value is not None:
                     out.add(spec, (), value)
 
-    @staticmethod
-    def _add_runtime(runtime: dict[str, Any], out: Samples) -> None:
+    def _add_runtime(self, runtime: dict[str, Any], out: Samples) -> None:
         tag = runtime_tag(runtime)
-        out.add(RUNTIME_INFO, (tag, str(runtime.get("pid", ""))), 1)
+        pid = runtime.get("pid")
+        job = self.job_of(pid) if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else ""
+        out.add(RUNTIME_INFO, (tag, "" if pid is None else str(pid), job), 1)
         if runtime.get("error"):
             return
         groups = runtime.get("report") or {}
@@ -657,7 +666,9 @@ register(
         help="AWS Neuron devices through neuron-monitor, run and supervised by the exporter (default: on where "
         "/dev/neuron* or neuron-monitor exists)",
         build=lambda options, paths: NeuronCollector(
-            monitor=options["monitor_path"], period_seconds=options["period_seconds"]
+            monitor=options["monitor_path"],
+            period_seconds=options["period_seconds"],
+            job_of=JobOfProcess(os.path.join(paths.sysfs, "fs", "cgroup")),
         ),
         catalogue=CATALOGUE,
         options=(INTERVAL, PERIOD, MONITOR_PATH),

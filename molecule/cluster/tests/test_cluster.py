@@ -14,7 +14,9 @@ import testinfra
 
 ROOT = Path(os.environ["MOLECULE_PROJECT_DIRECTORY"])
 sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "molecule" / "shared"))
 from check_cluster import wait_until_whole  # noqa: E402
+from verify import wait_for  # noqa: E402
 
 CLUSTER = os.environ.get("ACCELMON_CLUSTER", "accelmon-cluster")  # the prefix molecule.yml names the hosts by
 testinfra_hosts = [f"podman://{CLUSTER}-master"]
@@ -23,15 +25,6 @@ WORKERS = {f"{CLUSTER}-worker-1", f"{CLUSTER}-worker-2"}
 
 def query(host, path):
     return json.loads(host.check_output(f"curl -sf 'http://127.0.0.1:9090{path}'"))["data"]
-
-
-def wait_for(check, timeout=90):
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result or time.monotonic() > deadline:
-            return result
-        time.sleep(2)
 
 
 def playbook(name, *extra):
