@@ -118,6 +118,30 @@ def test_bad_variable_fails_in_preflight_naming_it(tmp_path, variable, message):
         ("accelmon_master_replicas=zero", "accelmon_master_replicas"),
         ("accelmon_master_query_url=store-01:8428", "must be empty or an http:// or https:// URL"),
         ("accelmon_master_fleet_rules=shard", "accelmon_master_fleet_rules"),
+        # Grafana's credentials for the global store.
+        ("accelmon_master_query_bearer_token=secret", "they need the URL set"),
+        (
+            '{"accelmon_master_query_url": "https://vm:8428", "accelmon_master_query_basic_auth_password": "secret"}',
+            "basic_auth_username and basic_auth_password go together",
+        ),
+        (
+            '{"accelmon_master_query_url": "https://vm:8428", "accelmon_master_query_basic_auth_username": "u",'
+            ' "accelmon_master_query_basic_auth_password": "secret", "accelmon_master_query_bearer_token": "secret"}',
+            "basic auth or bearer_token, not both",
+        ),
+        (
+            '{"accelmon_master_query_url": "https://mimir", "accelmon_master_query_headers": {"X Scope": "secret"}}',
+            "a mapping of header names",
+        ),
+        (
+            '{"accelmon_master_query_url": "https://m", "accelmon_master_query_headers": {"authorization": "secret"}}',
+            "no Authorization",
+        ),
+        (
+            '{"accelmon_master_query_url": "http://vm:8428", "accelmon_master_query_tls_ca": "secret"}',
+            "a PEM certificate, for an https:// URL",
+        ),
+        ("accelmon_master_query_headers=secret", "accelmon_master_query_headers"),
     ],
 )
 def test_bad_scale_out_variable_fails_in_preflight(tmp_path, variable, message):
@@ -138,15 +162,37 @@ def test_bad_scale_out_variable_fails_in_preflight(tmp_path, variable, message):
         (("accelmon_store_listen_address=10.0.0.5", "accelmon_store_retention_period=forever"), "retention_period"),
         (("accelmon_store_listen_address=10.0.0.5", "accelmon_store_dedup_interval=often"), "dedup_interval"),
         (("accelmon_store_listen_address=10.0.0.5", "accelmon_store_package_version=9.9.9-1"), "is not offered"),
+        (
+            ("accelmon_store_listen_address=10.0.0.5", "accelmon_store_basic_auth_password=secret-secret-1"),
+            "go together",
+        ),
+        (
+            (
+                "accelmon_store_listen_address=10.0.0.5",
+                "accelmon_store_basic_auth_username=fleet",
+                "accelmon_store_basic_auth_password=secret",
+            ),
+            "a password of 12 or more",
+        ),
+        (
+            (
+                "accelmon_store_listen_address=10.0.0.5",
+                "accelmon_store_basic_auth_username=fleet",
+                "accelmon_store_basic_auth_password='secret secret$1'",
+            ),
+            "a password of 12 or more",
+        ),
+        (("accelmon_store_listen_address=10.0.0.5", "accelmon_store_tls_cert=secret"), "a PEM certificate"),
     ],
 )
 def test_bad_store_variable_fails_in_preflight(tmp_path, variables, message):
-    """The store's address is asked for (its API has no authentication), and every value is checked first."""
+    """The store's address is asked for, and every value is checked first, its secrets never printed."""
     result = deploy(tmp_path, *variables, group="store")
     assert result.returncode != 0
     output = result.stdout + result.stderr
     assert message in output, output[-3000:]
     assert "PLAY [Store]" not in output
+    assert "secret" not in output
 
 
 @pytest.mark.parametrize("variable", ["skip_worker=true", "accelmon_skip_worker=true"])

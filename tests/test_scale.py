@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, free_port, render_role_template
+from conftest import free_port, render_role_template
 
 NODES = [f"gpu-{n:02d}" for n in range(10)]
 SHARDS, REPLICAS = 2, 2
@@ -203,6 +203,15 @@ def test_replicas_write_identical_series_and_send_alerts_once(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def grafana_datasource(tmp_path: Path, variables: dict) -> dict:
+    """The role's provisioned datasource as Grafana reads it: YAML, then $$ back to $ (Grafana expands $NAME)."""
+    render_role_template("accelmon_master", "grafana-datasource.yml.j2", tmp_path / "prometheus.yml", variables)
+    text = (tmp_path / "prometheus.yml").read_text()
+    assert "$" not in text.replace("$$", ""), "a lone $ would be expanded by Grafana"
+    [datasource] = yaml.safe_load(text.replace("$$", "$"))["datasources"]
+    return datasource
+
+
 @pytest.mark.parametrize(
     ("variables", "url"),
     [
@@ -212,9 +221,48 @@ def test_replicas_write_identical_series_and_send_alerts_once(tmp_path):
     ],
 )
 def test_grafanas_datasource_reads_the_global_store_when_one_is_given(tmp_path, variables, url):
-    """Grafana's provisioned datasource takes its URL from PROMETHEUS_URL (master/grafana/provisioning)."""
-    render_role_template("accelmon_master", "compose.yaml.j2", tmp_path / "compose.yaml", variables)
-    grafana = yaml.safe_load((tmp_path / "compose.yaml").read_text())["services"]["grafana"]
-    assert grafana["environment"]["PROMETHEUS_URL"] == url
-    datasources = ROOT / "master" / "grafana" / "provisioning" / "datasources" / "prometheus.yml"
-    assert yaml.safe_load(datasources.read_text())["datasources"][0]["url"] == "${PROMETHEUS_URL}"
+    datasource = grafana_datasource(tmp_path, variables)
+    assert datasource["url"] == url and datasource["uid"] == "accelmon-prometheus"
+    assert "basicAuth" not in datasource and "secureJsonData" not in datasource  # nothing asked, nothing sent
+
+
+def test_grafanas_datasource_carries_the_stores_credentials_verbatim(tmp_path):
+    """Basic auth, a CA and a tenant header (Mimir's X-Scope-OrgID): Grafana gets each value as given, a $ in the
+    password included, secrets in secureJsonData (which Grafana encrypts), never in jsonData."""
+    ca = "-----BEGIN CERTIFICATE-----\nMIIB$x\n-----END CERTIFICATE-----"
+    datasource = grafana_datasource(
+        tmp_path,
+        {
+            "accelmon_master_query_url": "https://store-01:8428",
+            "accelmon_master_query_basic_auth_username": "grafana",
+            "accelmon_master_query_basic_auth_password": "pa$$word$HOME\"'",
+            "accelmon_master_query_headers": {"X-Scope-OrgID": "tenant-$1"},
+            "accelmon_master_query_tls_ca": ca,
+        },
+    )
+    assert datasource["basicAuth"] is True and datasource["basicAuthUser"] == "grafana"
+    assert datasource["jsonData"] == {
+        "httpMethod": "POST",
+        "tlsAuthWithCACert": True,
+        "httpHeaderName1": "X-Scope-OrgID",
+    }
+    assert datasource["secureJsonData"] == {
+        "basicAuthPassword": "pa$$word$HOME\"'",
+        "tlsCACert": ca + "\n",
+        "httpHeaderValue1": "tenant-$1",
+    }
+
+
+def test_grafanas_datasource_sends_a_bearer_token_as_its_authorization_header(tmp_path):
+    datasource = grafana_datasource(
+        tmp_path,
+        {
+            "accelmon_master_query_url": "https://thanos-query:9090",
+            "accelmon_master_query_bearer_token": "t0ken",
+            "accelmon_master_query_headers": {"X-Scope-OrgID": "fleet"},
+        },
+    )
+    assert "basicAuth" not in datasource
+    names = {k: v for k, v in datasource["jsonData"].items() if k.startswith("httpHeaderName")}
+    assert names == {"httpHeaderName1": "X-Scope-OrgID", "httpHeaderName2": "Authorization"}
+    assert datasource["secureJsonData"] == {"httpHeaderValue1": "fleet", "httpHeaderValue2": "Bearer t0ken"}

@@ -1,22 +1,28 @@
 """The global store of a sharded HA fleet, run by real servers configured by the roles: two shards of two replicas
 (the master role's Prometheus config) scrape two simulated workers and remote-write into VictoriaMetrics with the
-accelmon_store role's flags, whose vmalert evaluates the fleet-wide rules. Every worker's series is in the store
-once, the fleet rules see the whole fleet, every dashboard panel has data from the store, and stopping a replica
-loses no samples."""
+accelmon_store role's flags, whose vmalert evaluates the fleet-wide rules. The store takes HTTPS and basic auth
+only, as the role sets it up; the masters write and Grafana's provisioned datasource reads with the credentials
+and CA the roles gave them. Every worker's series is in the store once, the fleet rules see the whole fleet, every
+dashboard panel has data from the store, and stopping a replica loses no samples."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
+import os
 import shlex
 import shutil
+import ssl
 import subprocess
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import ROOT, free_port, render_role_template
 from simulated_node import start_exporter, start_node_exporter
@@ -24,6 +30,10 @@ from test_master import METRIC, concrete, panels
 
 RULES = ROOT / "master" / "prometheus" / "rules"
 SHARDS, REPLICAS = 2, 2
+STORE_USER, STORE_PASSWORD = "fleet", "store-test-password-1"  # test credentials
+STORE_NAME = "store.test"  # the name in the store's certificate (besides 127.0.0.1)
+# How to reach a base URL that asks for TLS and credentials: its SSL context and Authorization header.
+CLIENTS: dict[str, tuple[ssl.SSLContext, str]] = {}
 
 
 def shard_of(node: str, shards: int) -> int:
@@ -51,8 +61,43 @@ def exec_start(unit: Path) -> list[str]:
     return shlex.split(line.removeprefix("ExecStart="))
 
 
+def openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+def make_pki(directory: Path) -> None:
+    """A CA and the store's certificate signed by it, for the store's name and 127.0.0.1."""
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=accelmon test CA",
+            "-keyout", str(directory / "ca.key"), "-out", str(directory / "ca.crt"))  # fmt: skip
+    (directory / "store.ext").write_text(f"subjectAltName=DNS:{STORE_NAME},IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=store", "-keyout", str(directory / "store.key"),
+            "-out", str(directory / "store.csr"))  # fmt: skip
+    openssl("x509", "-req", "-in", str(directory / "store.csr"), "-CA", str(directory / "ca.crt"),
+            "-CAkey", str(directory / "ca.key"), "-CAcreateserial", "-days", "2",
+            "-extfile", str(directory / "store.ext"), "-out", str(directory / "store.crt"))  # fmt: skip
+
+
+def client_of(datasource: dict) -> tuple[ssl.SSLContext, str]:
+    """What Grafana does with its provisioned datasource: trust its CA, send its basic auth."""
+    secure = datasource["secureJsonData"]
+    context = ssl.create_default_context(cadata=secure["tlsCACert"])
+    user_password = f"{datasource['basicAuthUser']}:{secure['basicAuthPassword']}"
+    return context, "Basic " + base64.b64encode(user_password.encode()).decode()
+
+
+def environment_file(path: Path) -> dict[str, str]:
+    """A systemd EnvironmentFile's assignments (the role writes plain KEY=VALUE lines)."""
+    lines = [line for line in path.read_text().splitlines() if line and not line.startswith("#")]
+    return dict(line.split("=", 1) for line in lines)
+
+
 def get(base: str, path: str, **params: str) -> dict:
-    with urllib.request.urlopen(f"{base}{path}?{urllib.parse.urlencode(params)}", timeout=10) as response:
+    request = urllib.request.Request(f"{base}{path}?{urllib.parse.urlencode(params)}")
+    context = None
+    if base in CLIENTS:
+        context, authorization = CLIENTS[base]
+        request.add_header("Authorization", authorization)
+    with urllib.request.urlopen(request, timeout=10, context=context) as response:
         answer = json.load(response)
     assert answer["status"] == "success", answer
     return answer["data"]
@@ -90,25 +135,52 @@ def fleet(tmp_path_factory, fake_nvml_dir):
     assert all(binaries.values()), f"setup.sh unpacks these into .tools: {binaries}"
     work = tmp_path_factory.mktemp("store")
     store_port, vmalert_port = free_port(), free_port()
-    store = f"http://127.0.0.1:{store_port}"
+    store = f"https://127.0.0.1:{store_port}"
+    pki = work / "pki"
+    pki.mkdir()
+    make_pki(pki)
 
-    # The store, with the role's units' commands.
+    # The store, with the role's units' commands and its environment file, HTTPS and basic auth on.
     store_vars = {
         "accelmon_store_listen_address": "127.0.0.1",
         "accelmon_store_port": store_port,
         "accelmon_store_vmalert_port": vmalert_port,
         "accelmon_store_dedup_interval": "1s",  # the masters scrape every second here
         "accelmon_store_evaluation_interval": "1s",
+        "accelmon_store_basic_auth_username": STORE_USER,
+        "accelmon_store_basic_auth_password": STORE_PASSWORD,
+        "accelmon_store_tls_cert": (pki / "store.crt").read_text(),
+        "accelmon_store_tls_key": (pki / "store.key").read_text(),
+        "accelmon_store_tls_server_name": STORE_NAME,
     }
-    for unit in ("accelmon-store.service", "accelmon-store-vmalert.service"):
-        render_role_template("accelmon_store", f"{unit}.j2", work / unit, store_vars)
-    victoria = exec_start(work / "accelmon-store.service")
-    victoria[0] = binaries["victoria-metrics"]
-    victoria = [a.replace("/var/lib/accelmon-store", str(work / "store-data")) for a in victoria]
+    for template in ("accelmon-store.service", "accelmon-store-vmalert.service", "auth.env"):
+        render_role_template("accelmon_store", f"{template}.j2", work / template, store_vars)
+    # What systemd does: the environment file's flags; the role's paths are this test's files.
+    on_host = {"/var/lib/accelmon-store": str(work / "store-data"), "/etc/accelmon-store/tls/": f"{pki}/",
+               "/etc/accelmon-store/rules/*.yml": str(RULES / "accelmon-fleet-*.yml")}  # fmt: skip
+
+    def command(unit: str, binary: str) -> list[str]:
+        arguments = exec_start(work / unit)
+        arguments[0] = binaries[binary]
+        for path, here in on_host.items():
+            arguments = [a.replace(path, here) for a in arguments]
+        return arguments
+
+    store_environment = {**os.environ, **environment_file(work / "auth.env")}
+    victoria = command("accelmon-store.service", "victoria-metrics")
     victoria.append("-search.latencyOffset=0s")  # test only: queries see samples at once, not 30 s later
-    vmalert = exec_start(work / "accelmon-store-vmalert.service")
-    vmalert[0] = binaries["vmalert"]
-    vmalert = [a.replace("/etc/accelmon-store/rules/*.yml", str(RULES / "accelmon-fleet-*.yml")) for a in vmalert]
+    vmalert = command("accelmon-store-vmalert.service", "vmalert")
+    # Grafana's datasource as the master role provisions it, the store's credentials and CA given to the role.
+    grafana_vars = {
+        "accelmon_master_query_url": store,
+        "accelmon_master_query_basic_auth_username": STORE_USER,
+        "accelmon_master_query_basic_auth_password": STORE_PASSWORD,
+        "accelmon_master_query_tls_ca": (pki / "ca.crt").read_text(),
+    }
+    render_role_template("accelmon_master", "grafana-datasource.yml.j2", work / "datasource.yml", grafana_vars)
+    [datasource] = yaml.safe_load((work / "datasource.yml").read_text().replace("$$", "$"))["datasources"]
+    assert datasource["url"] == store
+    CLIENTS[store] = client_of(datasource)
 
     # The masters: what the role writes on each, for 2 shards x 2 replicas remote-writing into the store.
     targets = work / "targets"
@@ -133,10 +205,22 @@ def fleet(tmp_path_factory, fake_nvml_dir):
         "accelmon_master_replicas": REPLICAS,
         "accelmon_master_external_labels": {"cluster": "test"},
         "accelmon_master_remote_write": [
-            {"url": f"{store}/api/v1/write", "drop_replica_label": True, "queue_config": {"batch_send_deadline": "1s"}}
+            {
+                "url": f"{store}/api/v1/write",
+                "drop_replica_label": True,
+                "queue_config": {"batch_send_deadline": "1s"},
+                "basic_auth_username": STORE_USER,
+                "basic_auth_password": STORE_PASSWORD,
+                "tls_ca": (pki / "ca.crt").read_text(),
+            }
         ],
         "accelmon_master_prometheus_scrape_interval": "1s",
     }
+    # The remote-write secrets as the master role writes them (remote-write/<position>-<kind>).
+    secrets = work / "secrets"
+    (secrets / "remote-write").mkdir(parents=True)
+    (secrets / "remote-write" / "0-password").write_text(STORE_PASSWORD)
+    shutil.copy(pki / "ca.crt", secrets / "remote-write" / "0-ca.crt")
     masters = []
     for position in range(SHARDS * REPLICAS):
         home = work / f"master-{position}"
@@ -146,6 +230,7 @@ def fleet(tmp_path_factory, fake_nvml_dir):
             "accelmon_master", "prometheus.yml.j2", config, {**master_vars, "__accelmon_master_position": position}
         )
         text = config.read_text().replace("/etc/prometheus/targets/", f"{targets}/")
+        text = text.replace("/etc/prometheus/secrets/", f"{secrets}/")
         config.write_text(text.replace("/etc/prometheus/rules/", f"{local_rules}/"))
         base = f"http://127.0.0.1:{free_port()}"
         command = [binaries["prometheus"], f"--config.file={config}", f"--storage.tsdb.path={home / 'data'}",
@@ -154,8 +239,8 @@ def fleet(tmp_path_factory, fake_nvml_dir):
 
     processes: dict[str, subprocess.Popen[bytes]] = {}
     try:
-        processes["store"] = subprocess.Popen(victoria, stderr=subprocess.DEVNULL)
-        processes["vmalert"] = subprocess.Popen(vmalert, stderr=subprocess.DEVNULL)
+        processes["store"] = subprocess.Popen(victoria, stderr=subprocess.DEVNULL, env=store_environment)
+        processes["vmalert"] = subprocess.Popen(vmalert, stderr=subprocess.DEVNULL, env=store_environment)
         for index, (node, port) in enumerate(zip(NODES, exporter_ports)):
             (work / node).mkdir()
             processes[f"exporter-{index}"] = start_exporter(work / node, port, fake_nvml_dir)
@@ -168,8 +253,9 @@ def fleet(tmp_path_factory, fake_nvml_dir):
         wait_for(store, "cluster:accelmon_neuroncore_utilization_ratio:avg", deadline)
         wait_for(store, "job_id:accelmon_gpus:count", deadline)
         time.sleep(4)  # rate() and increase() want a few samples
-        yield {"store": store, "masters": [base for base, _ in masters], "processes": processes}
+        yield {"store": store, "masters": [base for base, _ in masters], "processes": processes, "pki": pki}
     finally:
+        CLIENTS.pop(store, None)
         for process in processes.values():
             process.terminate()
         stop_by = time.monotonic() + 5  # one deadline for all: a Prometheus still flushing to the store is killed
@@ -206,6 +292,36 @@ def test_every_workers_series_is_in_the_store_exactly_once(fleet):
         assert in_store == expected, expr
     assert not instant(store, '{replica!=""}'), "the replica label is dropped on the way to the store"
     assert {r["metric"]["shard"] for r in instant(store, "up")} == {str(s) for s in range(SHARDS)}
+
+
+def status_of(url: str, context: ssl.SSLContext, authorization: str = "", data: bytes | None = None) -> int:
+    request = urllib.request.Request(url, data=data)
+    if authorization:
+        request.add_header("Authorization", authorization)
+    try:
+        with urllib.request.urlopen(request, timeout=10, context=context) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def test_the_store_answers_only_https_with_its_credentials(fleet):
+    store = fleet["store"]
+    context = ssl.create_default_context(cafile=str(fleet["pki"] / "ca.crt"))
+    query = f"{store}/api/v1/query?query=up"
+    wrong = "Basic " + base64.b64encode(f"{STORE_USER}:wrong-password".encode()).decode()
+    for authorization in ("", wrong):
+        assert status_of(query, context, authorization) == 401
+        assert status_of(f"{store}/api/v1/write", context, authorization, data=b"") == 401
+    assert status_of(query, *CLIENTS[store]) == 200
+    # Plain HTTP gets no answer; a client that does not trust the test CA refuses the certificate.
+    with pytest.raises(OSError):
+        urllib.request.urlopen(query.replace("https://", "http://"), timeout=5)
+    with pytest.raises(ssl.SSLCertVerificationError):
+        try:
+            urllib.request.urlopen(query, timeout=5, context=ssl.create_default_context())
+        except urllib.error.URLError as error:
+            raise error.reason from None
 
 
 def test_vmalert_evaluates_the_fleet_rules_over_the_whole_fleet(fleet):

@@ -1,7 +1,8 @@
 """Verify the HA fleet and its store: VictoriaMetrics and vmalert run as hardened, unprivileged services where asked,
-both replicas scrape every worker, every worker's series is in the store once (no replica label, deduplicated),
-vmalert evaluates the fleet-wide rules over the whole fleet, Grafana's datasource is the store and every dashboard
-panel has data there, and stopping a replica loses no sample."""
+the store answers HTTPS with its credentials only, both replicas scrape every worker, every worker's series is in
+the store once (no replica label, deduplicated), vmalert evaluates the fleet-wide rules over the whole fleet,
+Grafana's provisioned datasource (URL, credentials, CA) reaches the store and every dashboard panel has data
+there, and stopping a replica loses no sample."""
 
 import base64
 import json
@@ -10,6 +11,7 @@ import time
 from pathlib import Path
 
 import testinfra
+import yaml
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "master" / "grafana"))
@@ -22,37 +24,76 @@ STORE_HOST = testinfra.get_host("podman://accelmon-store")
 MASTERS = [testinfra.get_host(f"podman://accelmon-store-master-{r}") for r in ("a", "b")]
 WORKERS = [testinfra.get_host(f"podman://accelmon-store-worker-{n}") for n in (1, 2)]
 WORKER_NODES = {"accelmon-store-worker-1", "accelmon-store-worker-2"}
-STORE = "http://127.0.0.1:8428"  # asked from the store host
 PROMETHEUS = "http://127.0.0.1:9090"  # asked from a master
-DATASOURCE = "http://accelmon-store:8428"  # the scenario's accelmon_master_query_url
+STORE = "https://accelmon-store:8428"  # the scenario's accelmon_master_query_url
+DATASOURCE_FILE = "/opt/accelmon-master/grafana/provisioning/datasources/prometheus.yml"
 
-# Asks a Prometheus-compatible API many instant queries in one process on a host (argv: base URL, then the
-# queries as base64 JSON) and prints, for each, how many series answered.
-ASK_ALL = """
-import base64, json, sys, urllib.parse, urllib.request
-counts = []
-for expr in json.loads(base64.b64decode(sys.argv[2])):
-    url = sys.argv[1] + "/api/v1/query?" + urllib.parse.urlencode({"query": expr, "latency_offset": "0s"})
-    with urllib.request.urlopen(url, timeout=30) as answer:
-        counts.append(len(json.load(answer)["data"]["result"]))
-print(json.dumps(counts))
+# Asks a Prometheus-compatible API instant queries in one process on a host, as Grafana's datasource would: with
+# its CA and its basic auth when given. argv[1]: base64 JSON {base, ca, user, password, queries: [[expr, params]]};
+# prints each query's result.
+ASK = """
+import base64, json, ssl, sys, urllib.parse, urllib.request
+job = json.loads(base64.b64decode(sys.argv[1]))
+context = ssl.create_default_context(cadata=job["ca"]) if job.get("ca") else None
+answers = []
+for expr, params in job["queries"]:
+    query = urllib.parse.urlencode({"query": expr, "latency_offset": "0s", **params})
+    request = urllib.request.Request(job["base"] + "/api/v1/query?" + query)
+    if job.get("user"):
+        secret = base64.b64encode((job["user"] + ":" + job["password"]).encode()).decode()
+        request.add_header("Authorization", "Basic " + secret)
+    with urllib.request.urlopen(request, timeout=30, context=context) as answer:
+        body = json.load(answer)
+    assert body["status"] == "success", body
+    answers.append(body["data"]["result"])
+print(json.dumps(answers))
 """
 
 
+def grafana_datasource(master) -> dict:
+    """The datasource the master role provisioned for Grafana, read as Grafana reads it ($$ is one $)."""
+    text = master.file(DATASOURCE_FILE).content_string
+    [datasource] = yaml.safe_load(text.replace("$$", "$"))["datasources"]
+    return datasource
+
+
+def ask(host, base, queries, datasource=None):
+    """Each (expr, params) of `queries` asked of `base` from `host`, through `datasource`'s credentials if given."""
+    job = {"base": base, "queries": queries}
+    if datasource:
+        secure = datasource.get("secureJsonData", {})
+        job.update(ca=secure.get("tlsCACert"), user=datasource.get("basicAuthUser"),
+                   password=secure.get("basicAuthPassword"))  # fmt: skip
+    encoded = base64.b64encode(json.dumps(job).encode()).decode()
+    return json.loads(host.check_output(f"python3 -c '{ASK}' {encoded}"))
+
+
 def query(host, base, expr, **params):
-    # latency_offset=0s: VictoriaMetrics shows a sample 30 s after its time by default; Prometheus ignores it.
-    arguments = " ".join(f"-d {name}={value}" for name, value in {"latency_offset": "0s", **params}.items())
-    answer = json.loads(
-        host.check_output(f"curl -sf --get {base}/api/v1/query {arguments} --data-urlencode 'query={expr}'")
-    )
-    assert answer["status"] == "success"
-    return answer["data"]["result"]
+    """One instant query of a master's own Prometheus (`host`, `base`), or of the store (`host` None), the store
+    asked from the first master through Grafana's datasource, the way Grafana asks it."""
+    if host is None:
+        return ask(MASTERS[0], STORE, [[expr, params]], grafana_datasource(MASTERS[0]))[0]
+    return ask(host, base, [[expr, params]])[0]
 
 
 def series(host, base, expr, drop=()):
     """The label sets of `expr`'s series, without the labels in `drop`, sorted (duplicates kept)."""
     result = query(host, base, expr)
     return sorted(tuple(sorted((k, v) for k, v in r["metric"].items() if k not in drop)) for r in result)
+
+
+def store_credentials():
+    """The store's basic auth, as the role wrote it (root-only) for the services."""
+    lines = STORE_HOST.file("/etc/accelmon-store/auth.env").content_string.splitlines()
+    assignments = dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
+    return assignments["httpAuth_username"], assignments["httpAuth_password"]
+
+
+def curl_store(arguments):
+    """curl on the store host to its own HTTPS name, trusting the certificate the role installed."""
+    return STORE_HOST.check_output(
+        f"curl -gs --resolve accelmon-store:8428:127.0.0.1 --cacert /etc/accelmon-store/tls/store.crt {arguments}"
+    )
 
 
 def test_store_services_run_unprivileged_and_hardened():
@@ -90,16 +131,52 @@ def test_admin_endpoints_need_the_root_only_key():
     assert len(key) == 64
     unit = STORE_HOST.check_output("systemctl show accelmon-store.service -p ExecStart")
     assert key not in unit and key not in STORE_HOST.check_output("ps -eo args")
+    user, password = store_credentials()
 
-    def status(path):
-        return STORE_HOST.check_output(f"curl -gs -o /dev/null -w '%{{http_code}}' '{STORE}{path}'")
+    def status(path):  # a client with the store's credentials, without the admin key
+        return curl_store(f"-u {user}:{password} -o /dev/null -w '%{{http_code}}' '{STORE}{path}'")
 
     for path in ("/api/v1/admin/tsdb/delete_series?match[]=up", "/snapshot/create", "/internal/force_merge",
                  "/debug/pprof/", "/flags"):  # fmt: skip
         assert status(path) in ("400", "401"), path
-    assert query(STORE_HOST, STORE, 'up{job="accelmon"}'), "nothing was deleted"
+    assert query(None, STORE, 'up{job="accelmon"}'), "nothing was deleted"
     # With the key, the operator can (a series that does not exist, so the data stays).
     assert status(f"/api/v1/admin/tsdb/delete_series?match[]=no_such&authKey={key}") == "204"
+
+
+def test_the_store_answers_https_with_its_credentials_only():
+    auth, key = STORE_HOST.file("/etc/accelmon-store/auth.env"), STORE_HOST.file("/etc/accelmon-store/tls/store.key")
+    assert (auth.user, auth.mode) == ("root", 0o600)
+    assert (key.user, key.group, key.mode) == ("root", "accelmon-store-tls", 0o640)
+    # Only VictoriaMetrics joins the key's group; vmalert does not.
+    for unit, groups in (("accelmon-store.service", "accelmon-store-tls"), ("accelmon-store-vmalert.service", "")):
+        assert STORE_HOST.check_output(f"systemctl show -p SupplementaryGroups --value {unit}") == groups, unit
+    user, password = store_credentials()
+    assert (user, password) == ("fleet", "molecule-store-password-1")  # molecule.yml's, passed on verbatim
+    commands = STORE_HOST.check_output(
+        "systemctl show accelmon-store.service accelmon-store-vmalert.service -p ExecStart"
+    )
+    assert password not in commands and password not in STORE_HOST.check_output("ps -eo args")
+
+    def status(arguments):
+        return curl_store(f"-o /dev/null -w '%{{http_code}}' {arguments}")
+
+    query_url = f"'{STORE}/api/v1/query?query=up'"
+    assert status(query_url) == "401"
+    assert status(f"-u {user}:wrong-password {query_url}") == "401"
+    assert status(f"-X POST --data-binary '' {STORE}/api/v1/write") == "401"
+    assert status(f"-u {user}:{password} {query_url}") == "200"
+    # Plain HTTP on the same port is not served.
+    assert STORE_HOST.run("curl -sf -m 5 'http://127.0.0.1:8428/api/v1/query?query=up'").rc != 0
+    # Grafana's datasource on each master: the store's URL, its user and password, the test CA; root and
+    # Grafana's group (0) read it, nobody else.
+    for master in MASTERS:
+        datasource = grafana_datasource(master)
+        assert datasource["url"] == STORE and datasource["basicAuthUser"] == "fleet"
+        assert datasource["secureJsonData"]["basicAuthPassword"] == "molecule-store-password-1"
+        assert "BEGIN CERTIFICATE" in datasource["secureJsonData"]["tlsCACert"]
+        provisioned = master.file(DATASOURCE_FILE)
+        assert (provisioned.user, provisioned.group, provisioned.mode) == ("root", "root", 0o440)
 
 
 def test_both_replicas_scrape_every_worker():
@@ -117,8 +194,8 @@ def test_a_job_runs_on_both_workers():
             "env SLURM_JOB_ID=100 SLURM_JOB_USER=alice SLURM_JOB_ACCOUNT=ml SLURM_JOB_GPUS=0,1 "
             "/etc/slurm/prolog.d/50-accelmon.sh"
         )
-    info = wait_for(lambda: len(query(STORE_HOST, STORE, 'accelmon_gpu_job_info{job_id="100"}')) == 4)
-    assert info, query(STORE_HOST, STORE, "accelmon_gpu_job_info")
+    info = wait_for(lambda: len(query(None, STORE, 'accelmon_gpu_job_info{job_id="100"}')) == 4)
+    assert info, query(None, STORE, "accelmon_gpu_job_info")
 
 
 def test_every_workers_series_is_in_the_store_exactly_once():
@@ -127,19 +204,19 @@ def test_every_workers_series_is_in_the_store_exactly_once():
         # What each replica holds, against what the store holds: the same series, none twice.
         held = [series(master, PROMETHEUS, expr) for master in MASTERS]
         assert held[0] and held[0] == held[1], expr
-        in_store = series(STORE_HOST, STORE, expr, drop=("cluster",))  # the external label added on the way
+        in_store = series(None, STORE, expr, drop=("cluster",))  # the external label added on the way
         assert in_store == held[0], expr
-        assert {r["metric"].get("cluster") for r in query(STORE_HOST, STORE, expr)} == {"molecule"}, expr
-    assert not query(STORE_HOST, STORE, '{replica!=""}'), "the replica label is dropped on the way to the store"
+        assert {r["metric"].get("cluster") for r in query(None, STORE, expr)} == {"molecule"}, expr
+    assert not query(None, STORE, '{replica!=""}'), "the replica label is dropped on the way to the store"
 
 
 def test_vmalert_evaluates_the_fleet_rules_over_the_whole_fleet():
     # Each worker has 7 answering GPUs of 8 (/etc/fake-nvml.conf loses GPU 5).
-    assert query(STORE_HOST, STORE, "cluster:accelmon_gpus_up:sum")[0]["value"][1] == "14"
-    assert query(STORE_HOST, STORE, "cluster:accelmon_gpus_lost:sum")[0]["value"][1] == "2"
+    assert query(None, STORE, "cluster:accelmon_gpus_up:sum")[0]["value"][1] == "14"
+    assert query(None, STORE, "cluster:accelmon_gpus_lost:sum")[0]["value"][1] == "2"
 
     def gpus_per_job():
-        return {r["metric"]["job_id"]: r["value"][1] for r in query(STORE_HOST, STORE, "job_id:accelmon_gpus:count")}
+        return {r["metric"]["job_id"]: r["value"][1] for r in query(None, STORE, "job_id:accelmon_gpus:count")}
 
     # vmalert evaluates every 2 s: the roll-up counts both workers' info series one evaluation after they arrive.
     assert wait_for(lambda: gpus_per_job() == {"100": "4"}), gpus_per_job()
@@ -151,15 +228,13 @@ def test_vmalert_evaluates_the_fleet_rules_over_the_whole_fleet():
 
 
 def test_grafana_reads_the_store_and_every_panel_has_data_there():
-    for master in MASTERS:
-        inspect = json.loads(master.check_output("podman inspect accelmon-grafana"))[0]
-        assert f"PROMETHEUS_URL={DATASOURCE}" in inspect["Config"]["Env"]
-    # Asked from a master, through the datasource's own URL: the name resolves and the store answers there.
+    # Asked from a master, through the datasource Grafana was given (URL, credentials, CA): the name resolves, the
+    # certificate verifies and the store answers every panel's query there.
     entries = list(panel_queries())
     names = sorted({name for entry in entries for name in METRIC.findall(entry.expr)})
     exprs = [concrete(entry.expr) for entry in entries] + [f'count({{__name__="{name}"}})' for name in names]
-    encoded = base64.b64encode(json.dumps(exprs).encode()).decode()
-    counts = json.loads(MASTERS[0].check_output(f"python3 -c '{ASK_ALL}' {DATASOURCE} {encoded}"))
+    results = ask(MASTERS[0], STORE, [[expr, {}] for expr in exprs], grafana_datasource(MASTERS[0]))
+    counts = [len(result) for result in results]
     missing = [name for name, count in zip(names, counts[len(entries) :]) if not count]
     assert not missing, f"not in the store: {missing}"
     empty = [entry for entry, count in zip(entries, counts) if entry.expect_data and not count]
@@ -175,6 +250,6 @@ def test_zz_stopping_a_replica_loses_no_samples():
     at, window = stopped + 12, 11
     expr = f'count_over_time(up{{job="accelmon",node="accelmon-store-worker-1"}}[{window}s])'
     survivor = float(query(MASTERS[0], PROMETHEUS, expr, time=at)[0]["value"][1])
-    in_store = float(query(STORE_HOST, STORE, expr, time=at)[0]["value"][1])
+    in_store = float(query(None, STORE, expr, time=at)[0]["value"][1])
     assert survivor >= window / 2 - 1, (survivor, window)  # it scraped every 2 s
     assert in_store >= survivor - 1, (in_store, survivor)  # and all of it reached the store (the edge sample aside)
