@@ -18,7 +18,13 @@ every Fleet-dashboard panel query as a range query of 720 steps, the points Graf
 many points per series as over 6 h, fewer raw samples decoded). It ends with a straight-line extrapolation to
 1,250 nodes x 8 GPUs = 10,000 GPUs.
 
-Run: .venv/bin/python bench/master_capacity.py [--nodes 25,50,100,200] [--settle 75] [--window 60]
+With --store, the master also remote-writes everything into a VictoriaMetrics started with the accelmon_store
+role's rendered unit (as the HA pairs and shards of "Scaling out" do), and each step adds the store's figures:
+active series, samples/s received, RSS and CPU, bytes per stored sample on disk (what its parts hold after the
+run's minutes: before the background merges of a long run, so an upper bound) and the slowest Fleet panel query
+asked of the store; the extrapolation then sizes the store too.
+
+Run: .venv/bin/python bench/master_capacity.py [--nodes 25,50,100,200] [--settle 75] [--window 60] [--store]
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "master" / "grafana"))
 from contract import concrete, panel_queries  # noqa: E402
 
-from conftest import build_fake_nvml, render_role_template  # noqa: E402
+from conftest import build_fake_nvml, exec_start, render_role_template  # noqa: E402
 from ib_fixture import add_device  # noqa: E402
 
 GPUS_PER_NODE = 8
@@ -207,6 +213,8 @@ def write_targets(directory: Path, fleet_port: int, nodes: int) -> None:
 
 
 class Prometheus:
+    """A PromQL endpoint: the master's Prometheus, or the store (VictoriaMetrics answers the same API)."""
+
     def __init__(self, base: str) -> None:
         self.base = base
 
@@ -245,7 +253,7 @@ def measure_step(prometheus: Prometheus, pid: int, window: float) -> dict[str, A
     peak_rss = 0.0
     rule_seconds, rule_group = 0.0, ""
     while time.monotonic() - started < window:
-        peak_rss = max(peak_rss, int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
+        peak_rss = max(peak_rss, rss_bytes(pid))
         for group in prometheus.query('prometheus_rule_group_last_duration_seconds{job="prometheus"}'):
             if float(group["value"][1]) > rule_seconds:
                 rule_seconds, rule_group = float(group["value"][1]), group["metric"]["rule_group"].split(";")[-1]
@@ -265,6 +273,74 @@ def measure_step(prometheus: Prometheus, pid: int, window: float) -> dict[str, A
     }
 
 
+def rss_bytes(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def store_metrics(base: str) -> dict[str, float]:
+    """The figures VictoriaMetrics's /metrics gives: samples received by remote_write, active series, stored
+    samples and their bytes on disk (the data parts, without the index)."""
+    values: dict[str, float] = {}
+    for line in fetch(f"{base}/metrics").decode().splitlines():
+        name, _, value = line.rpartition(" ")
+        values[name] = float(value) if value and not line.startswith("#") else 0.0
+    return {
+        "received": values['vm_rows_inserted_total{type="promremotewrite"}'],
+        "series": values['vm_cache_entries{type="storage/hour_metric_ids"}'],
+        "rows": values['vm_rows{type="storage/small"}'] + values['vm_rows{type="storage/big"}'],
+        "bytes": values['vm_data_size_bytes{type="storage/small"}'] + values['vm_data_size_bytes{type="storage/big"}'],
+    }
+
+
+class StoreWatch(threading.Thread):
+    """The store's peak RSS, CPU and ingestion over a measurement window, read beside the master's."""
+
+    def __init__(self, base: str, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.base, self.pid, self.peak_rss, self.running = base, pid, 0, True
+        self.before, self.cpu_before, self.started = store_metrics(base), cpu_seconds(pid), time.monotonic()
+
+    def run(self) -> None:
+        while self.running:
+            self.peak_rss = max(self.peak_rss, rss_bytes(self.pid))
+            time.sleep(2)
+
+    def finish(self) -> dict[str, float]:
+        self.running = False
+        elapsed = time.monotonic() - self.started
+        after = store_metrics(self.base)
+        return {
+            "series": after["series"],
+            "samples_per_second": (after["received"] - self.before["received"]) / elapsed,
+            "rss_bytes": max(self.peak_rss, rss_bytes(self.pid)),
+            "cpu_cores": (cpu_seconds(self.pid) - self.cpu_before) / elapsed,
+            "bytes_per_sample": after["bytes"] / max(after["rows"], 1),
+        }
+
+
+def start_store(work: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """VictoriaMetrics with the accelmon_store role's rendered unit's command (its dedup and retention)."""
+    binary = shutil.which("victoria-metrics")
+    assert binary, "setup.sh unpacks VictoriaMetrics into .tools/usr/bin"
+    port = free_port()
+    unit = work / "accelmon-store.service"
+    variables = {"accelmon_store_listen_address": "127.0.0.1", "accelmon_store_port": port}
+    render_role_template("accelmon_store", "accelmon-store.service.j2", unit, variables)
+    command = [binary] + [a.replace("/var/lib/accelmon-store", str(work / "store")) for a in exec_start(unit)[1:]]
+    base = f"http://127.0.0.1:{port}"
+    process = subprocess.Popen(command, stderr=subprocess.DEVNULL)
+    wait_serving(f"{base}/health")
+    return process, base
+
+
+def slowest_query(endpoint: Prometheus, queries: list[tuple[str, str]], began: float) -> list[tuple[float, str]]:
+    """Every Fleet panel's range query of 720 steps over the run so far, slowest first."""
+    end = time.time()
+    step = max(1.0, (end - began) / 720)
+    latencies = [(endpoint.range_seconds(expr, end - 720 * step, end, step)[0], title) for title, expr in queries]
+    return sorted(latencies, reverse=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", default="25,50,100,200", help="worker counts, in increasing order")
@@ -272,6 +348,7 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=60.0, help="seconds of measurement per step")
     # A GPU node has many more CPUs than this machine: node_exporter's per-CPU series are scaled to it.
     parser.add_argument("--node-cpus", type=int, default=192, help="CPUs of a simulated worker (default 2 x 96)")
+    parser.add_argument("--store", action="store_true", help="remote-write into VictoriaMetrics and measure it too")
     args = parser.parse_args()
     steps = [int(n) for n in args.nodes.split(",")]
     prometheus_binary = shutil.which("prometheus")
@@ -288,8 +365,12 @@ def main() -> None:
         targets = work / "targets"
         targets.mkdir()
         write_targets(targets, fleet.server_address[1], 0)
+        store_process, store_base = start_store(work) if args.store else (None, "")
         config = work / "prometheus.yml"
-        render_role_template("accelmon_master", "prometheus.yml.j2", config, {})
+        remote_write = [{"url": f"{store_base}/api/v1/write"}] if args.store else []
+        render_role_template(
+            "accelmon_master", "prometheus.yml.j2", config, {"accelmon_master_remote_write": remote_write}
+        )
         text = config.read_text().replace("/etc/prometheus/targets/", f"{targets}/")
         port = free_port()
         text = text.replace("/etc/prometheus/rules/", f"{ROOT}/master/prometheus/rules/")
@@ -314,12 +395,11 @@ def main() -> None:
             for nodes in steps:
                 write_targets(targets, fleet.server_address[1], nodes)
                 time.sleep(args.settle)
+                watch = StoreWatch(store_base, store_process.pid) if store_process else None
+                if watch:
+                    watch.start()
                 figures = measure_step(prometheus, process.pid, args.window)
-                end = time.time()
-                step = max(1.0, (end - began) / 720)
-                latencies = [(prometheus.range_seconds(expr, end - 720 * step, end, step)[0], title)
-                             for title, expr in queries]  # fmt: skip
-                latencies.sort(reverse=True)
+                latencies = slowest_query(prometheus, queries, began)
                 slowest = latencies[0]
                 figures.update(nodes=nodes, query_seconds=slowest[0])
                 results.append(figures)
@@ -332,9 +412,21 @@ def main() -> None:
                     f"{'':>6} slowest rule group: {figures['rule_group']}, rule: {figures['slowest_rule']}; "
                     f"next panels: {following}"
                 )
+                if watch:
+                    store = watch.finish()
+                    store_latency = slowest_query(Prometheus(store_base), queries, began)[0]
+                    store.update(nodes=nodes, query_seconds=store_latency[0])
+                    figures["store"] = store
+                    print(f"{'':>6} store: {store['series']:.0f} series, {store['samples_per_second']:.0f} samples/s "
+                          f"received, RSS {store['rss_bytes'] / 2**20:.0f} MiB, CPU {store['cpu_cores']:.3f} cores, "
+                          f"{store['bytes_per_sample']:.2f} B per stored sample, slowest Fleet query "
+                          f"{store_latency[0] * 1000:.0f} ms ({store_latency[1]})", flush=True)  # fmt: skip
         finally:
             process.terminate()
             process.wait(30)
+            if store_process:
+                store_process.terminate()
+                store_process.wait(30)
             fleet.shutdown()
 
     if len(results) >= 2:
@@ -344,7 +436,7 @@ def main() -> None:
         series = last["series"] + series_per_node * (nodes - last["nodes"])
         bytes_per_series = (last["rss_bytes"] - first["rss_bytes"]) / (last["series"] - first["series"])
         rss = last["rss_bytes"] + bytes_per_series * (series - last["series"])
-        cpu_per_sample = last["cpu_cores"] / last["samples_per_second"]
+        cpu_per_sample = last["cpu_cores"] / max(last["samples_per_second"], 1e-9)
         samples = series / 15
         print(f"\nExtrapolated, straight lines through the first and last step, to {nodes} nodes "
               f"x {GPUS_PER_NODE} GPUs = {FLEET_GPUS} GPUs:")  # fmt: skip
@@ -353,6 +445,17 @@ def main() -> None:
         print(f"  {bytes_per_series / 1024:.1f} KiB of RSS per added series -> about {rss / 2**30:.1f} GiB RSS")
         print(f"  {cpu_per_sample * 1e6:.1f} us of CPU per ingested sample -> about {cpu_per_sample * samples:.2f} "
               "cores for ingestion and rules (queries on top)")  # fmt: skip
+        if "store" in last:
+            store_first, store_last = first["store"], last["store"]
+            per_series = (store_last["rss_bytes"] - store_first["rss_bytes"]) / (
+                store_last["series"] - store_first["series"]
+            )
+            store_rss = store_last["rss_bytes"] + per_series * (series - store_last["series"])
+            store_cpu = store_last["cpu_cores"] / store_last["samples_per_second"] * samples
+            disk = store_last["bytes_per_sample"] * samples * 86400 * 30
+            print(f"  the store: {per_series / 1024:.1f} KiB of RSS per added series -> about "
+                  f"{store_rss / 2**30:.1f} GiB RSS, about {store_cpu:.2f} cores, {disk / 1e12:.2f} TB per 30 days at "
+                  f"{store_last['bytes_per_sample']:.2f} B/sample (one copy: HA pairs deduplicated)")  # fmt: skip
 
 
 if __name__ == "__main__":

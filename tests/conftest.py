@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -184,6 +185,13 @@ def run_local_play(
         timeout=300,
         check=False,
     )
+
+
+def exec_start(unit: Path) -> list[str]:
+    """The command of a rendered systemd unit's ExecStart (continuation lines joined)."""
+    text = unit.read_text().replace("\\\n", " ")
+    line = next(entry for entry in text.splitlines() if entry.startswith("ExecStart="))
+    return shlex.split(line.removeprefix("ExecStart="))
 
 
 def render_role_template(role: str, template: str, dest: Path, variables: dict[str, Any]) -> None:

@@ -11,7 +11,6 @@ import base64
 import hashlib
 import json
 import os
-import shlex
 import shutil
 import ssl
 import subprocess
@@ -24,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, free_port, render_role_template
+from conftest import ROOT, exec_start, free_port, render_role_template
 from simulated_node import start_exporter, start_node_exporter
 from test_master import METRIC, concrete, panels
 
@@ -52,13 +51,6 @@ def one_node_per_shard() -> list[str]:
 
 
 NODES = one_node_per_shard()  # NODES[s] is scraped by shard s
-
-
-def exec_start(unit: Path) -> list[str]:
-    """The command of a rendered systemd unit's ExecStart (continuation lines joined)."""
-    text = unit.read_text().replace("\\\n", " ")
-    line = next(entry for entry in text.splitlines() if entry.startswith("ExecStart="))
-    return shlex.split(line.removeprefix("ExecStart="))
 
 
 def openssl(*args: str) -> None:
