@@ -8,7 +8,7 @@ Against moto's CloudWatch server on loopback (the tests' double), over the fake 
     interval, here with the same four values per GPU read through pynvml from the same fake driver) at the same
     interval: its CPU and requests, next to ours.
 Printed: CPU ms per second, peak RSS MiB, requests per period and per month for each.
-Run: .venv/bin/python bench/cloudwatch_bench.py [--gpus 8] [--seconds 60] [--period 10]
+Run: .venv/bin/python -m bench.cloudwatch_bench [--gpus 8] [--seconds 60] [--period 10]
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "bench"))
-from conftest import build_fake_nvml  # noqa: E402
-from exporter_bench import cpu_seconds, free_port, peak_rss_mib, scrape  # noqa: E402
+from tests.support.fakenvml import build_fake_nvml  # noqa: E402
+from tests.support.processes import cpu_seconds, free_port, peak_rss_kib  # noqa: E402
+
+from bench.exporter_bench import scrape  # noqa: E402
 
 MONTH_SECONDS = 730 * 3600
 
@@ -97,7 +97,7 @@ def run_exporter(
         time.sleep(seconds)
         used = cpu_seconds(process.pid) - begin
         after = scrape(port).decode()
-        return 1000 * used / seconds, peak_rss_mib(process.pid), before, after
+        return 1000 * used / seconds, peak_rss_kib(process.pid) / 1024, before, after
     finally:
         process.terminate()
         process.wait(10)

@@ -5,7 +5,7 @@ CPU: the fake driver's cost model burns, on the calling thread, the CPU each NVM
 sample every 1 s with nothing scraping them; printed: CPU ms per GPU per second, our ratio to nvitop-exporter's,
 profiling's extra CPU, peak RSS against the floor of Python + prometheus_client + pynvml + the driver library.
 Latency: with every fake call sleeping 2 ms (no CPU), scrape latency p50/p99 over 1000 scrapes.
-Run: .venv/bin/python bench/exporter_bench.py [--gpus 8] [--cpu-seconds 30]
+Run: .venv/bin/python -m bench.exporter_bench [--gpus 8] [--cpu-seconds 30]
 (nvitop-exporter is installed into .cache/bench-nvitop on first use; --no-peer skips it.)
 For the same measurement on a real GPU, see bench/real_gpu.py.
 """
@@ -16,7 +16,6 @@ import argparse
 import ctypes
 import http.client
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -25,27 +24,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "exporters"))
-from conftest import build_fake_nvml  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def peak_rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+from tests.support.fakenvml import build_fake_nvml  # noqa: E402
+from tests.support.processes import cpu_seconds, free_port, peak_rss_kib  # noqa: E402
 
 
 def scrape(port: int) -> bytes:
@@ -129,9 +110,10 @@ class RunningExporter:
 
 def infiniband_cost(work: Path, devices: int = 8, rounds: int = 200) -> tuple[float, float, int]:
     """ms per sample, ours and node_exporter's own collector timing, on one tree of `devices` single-port HCAs."""
+    from tests.support.infiniband_tree import add_device, node_exporter, scrape_node_exporter
+
     from accelmon.collectors.infiniband import InfinibandCollector
     from accelmon.core import render
-    from ib_fixture import add_device, node_exporter, scrape_node_exporter
 
     sysfs = work / "ib-sys"
     for index in range(devices):
@@ -153,9 +135,10 @@ def infiniband_cost(work: Path, devices: int = 8, rounds: int = 200) -> tuple[fl
 
 def neuron_cost(rounds: int = 200) -> float:
     """ms to parse one neuron-monitor report of a trn1.32xlarge (16 runtimes, 2 cores each) and render it."""
+    from tests.support.neuron_reports import line, report, runtime
+
     from accelmon.collectors.neuron import NeuronCollector
     from accelmon.core import render
-    from neuron_reports import line, report, runtime
 
     collector = NeuronCollector(monitor="/nonexistent")
     text = [
@@ -215,7 +198,7 @@ def main() -> None:
     print(f"host: {gpus} fake H100s, each NVML call burning the CPU it cost on a real H100 (driver 580); 1 s samples")
     with RunningExporter(fake_dir, h100) as exporter:
         ours = exporter.cpu_fraction(args.cpu_seconds)
-        rss = peak_rss_mib(exporter.process.pid)
+        rss = peak_rss_kib(exporter.process.pid) / 1024
     with RunningExporter(
         fake_dir, h100, args=["--no-collector.infiniband", "--no-collector.neuron", "--collector.profiling"]
     ) as exporter:
@@ -234,7 +217,7 @@ def main() -> None:
     else:
         with RunningExporter(fake_dir, h100, command=peer, ready=b"gpu_utilization") as exporter:
             theirs = exporter.cpu_fraction(args.cpu_seconds)
-            their_rss = peak_rss_mib(exporter.process.pid)
+            their_rss = peak_rss_kib(exporter.process.pid) / 1024
         print(
             f"nvitop-exporter 1 s, same fake: {ms_per_gpu_second(theirs):.3f} ms CPU per GPU per second; "
             f"accelmon / nvitop-exporter = {ours / theirs:.2f} (target: at most 0.5)"

@@ -7,7 +7,7 @@ the exporter's CPU (% of a core) and scrape latency p50/p99 over the run, for th
 `--tree DIR` runs the exporter of another checkout (e.g. a `git worktree` of an older commit) with the same
 devices, for a before/after in one run: the script and its fakes come from this checkout.
 
-Run: .venv/bin/python bench/exposition_bench.py [--seconds 120] [--scrape-every 15] [--tree /tmp/before]
+Run: .venv/bin/python -m bench.exposition_bench [--seconds 120] [--scrape-every 15] [--tree /tmp/before]
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,23 +25,12 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-from conftest import build_fake_nvml  # noqa: E402
-from ib_fixture import standard_tree  # noqa: E402
-from neuron_reports import line, report  # noqa: E402
+from tests.support.fakenvml import build_fake_nvml  # noqa: E402
+from tests.support.infiniband_tree import standard_tree  # noqa: E402
+from tests.support.neuron_reports import line, report  # noqa: E402
+from tests.support.processes import cpu_seconds, free_port  # noqa: E402
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def scrape(port: int, accept: str = "") -> tuple[float, int]:

@@ -2,7 +2,7 @@
 
 Prints: 50 concurrent keep-alive scrapers for --seconds (failures, latency p50/p99/max, exporter CPU); RSS under a
 header flood (100 connections x 99 headers of 65 KB) and after it; a normal scrape's latency with 200 slow-header
-clients connected. Run: .venv/bin/python bench/http_bench.py [--seconds 60] [--scrapers 50]
+clients connected. Run: .venv/bin/python -m bench.http_bench [--seconds 60] [--scrapers 50]
 """
 
 from __future__ import annotations
@@ -12,25 +12,17 @@ import http.client
 import os
 import socket
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "bench"))
-from conftest import build_fake_nvml  # noqa: E402
-from exporter_bench import RunningExporter, cpu_seconds  # noqa: E402
-from ib_fixture import add_device  # noqa: E402
+from tests.support.fakenvml import build_fake_nvml  # noqa: E402
+from tests.support.infiniband_tree import add_device  # noqa: E402
+from tests.support.processes import cpu_seconds, rss_kib  # noqa: E402
 
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+from bench.exporter_bench import RunningExporter  # noqa: E402
 
 
 def scrapers(port: int, count: int, seconds: float) -> tuple[list[float], int]:
@@ -109,13 +101,13 @@ def main() -> None:
             f"p50 {q[49]:.1f} ms, p99 {q[98]:.1f} ms, max {max(latencies):.1f} ms; exporter CPU {cpu * 100:.0f} % "
             "of a core (target: 0 failed, p99 < 50 ms)"
         )
-        idle = rss_mib(pid)
+        idle = rss_kib(pid) / 1024
         header_flood(port)
-        flooded = rss_mib(pid)
+        flooded = rss_kib(pid) / 1024
         time.sleep(2)
         print(
             f"header flood (100 connections x 99 headers of 65 KB): RSS {idle:.1f} MiB idle, {flooded:.1f} MiB after, "
-            f"{rss_mib(pid):.1f} MiB 2 s later (target: under 2x idle)"
+            f"{rss_kib(pid) / 1024:.1f} MiB 2 s later (target: under 2x idle)"
         )
         slow = []
         for _ in range(200):

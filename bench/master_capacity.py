@@ -24,7 +24,7 @@ active series, samples/s received, RSS and CPU, bytes per stored sample on disk 
 run's minutes: before the background merges of a long run, so an upper bound) and the slowest Fleet panel query
 asked of the store; the extrapolation then sizes the store too.
 
-Run: .venv/bin/python bench/master_capacity.py [--nodes 25,50,100,200] [--settle 75] [--window 60] [--store]
+Run: .venv/bin/python -m bench.master_capacity [--nodes 25,50,100,200] [--settle 75] [--window 60] [--store]
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ import os
 import random
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -51,22 +50,15 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "master" / "grafana"))
-from contract import concrete, panel_queries  # noqa: E402
-
-from conftest import build_fake_nvml, exec_start, render_role_template  # noqa: E402
-from ib_fixture import add_device  # noqa: E402
+from tests.support.ansible import exec_start, render_role_template  # noqa: E402
+from tests.support.dashboards import concrete, panel_queries  # noqa: E402
+from tests.support.fakenvml import build_fake_nvml  # noqa: E402
+from tests.support.infiniband_tree import add_device  # noqa: E402
+from tests.support.processes import cpu_seconds, free_port  # noqa: E402
 
 GPUS_PER_NODE = 8
 FLEET_GPUS = 10_000
 COUNTER = re.compile(r"(_total|_count|_sum|_bucket|_seconds_total)(\{|$)")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def fetch(url: str, timeout: float = 30) -> bytes:
@@ -236,11 +228,6 @@ class Prometheus:
 
 def fleet_queries() -> list[tuple[str, str]]:
     return [(q.panel, concrete(q.expr)) for q in panel_queries() if q.dashboard == "accelmon-fleet"]
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def measure_step(prometheus: Prometheus, pid: int, window: float) -> dict[str, Any]:

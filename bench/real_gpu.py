@@ -1,7 +1,7 @@
 """The exporter on a real NVIDIA GPU: values against nvidia-smi, GPM under a known load, CPU and RSS against
 nvitop-exporter. Run on a GPU host (DEVELOPERS.md: the device machine) from the repository root:
 
-    PYTHONPATH=exporters python3 bench/real_gpu.py [--seconds 30] [--load-seconds 20]
+    PYTHONPATH=exporters python3 -m bench.real_gpu [--seconds 30] [--load-seconds 20]
 
 1. Idle: accelmon-exporter (NVML at defaults, then with GPM profiling) and nvitop-exporter (if importable) each
    sample for --seconds with nothing scraping them: CPU ms per GPU per second, peak RSS.
@@ -22,8 +22,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
-from exporter_bench import cpu_seconds, free_port, peak_rss_mib, scrape  # noqa: E402
+from tests.support.processes import cpu_seconds, free_port, peak_rss_kib  # noqa: E402
+
+from bench.exporter_bench import scrape  # noqa: E402
 
 SMI_FIELDS = {
     "utilization.gpu": ("accelmon_gpu_utilization_ratio", 0.01),
@@ -136,7 +137,7 @@ def main() -> None:
 
     with Served(nvml_only) as served:
         ours = served.cpu_ms_per_gpu_second(args.seconds, gpus)
-        rss = peak_rss_mib(served.process.pid)
+        rss = peak_rss_kib(served.process.pid) / 1024
     print(f"accelmon, NVML at defaults: {ours:.3f} ms CPU per GPU per second, peak RSS {rss:.1f} MiB")
     profiling = ["--no-collector.infiniband", "--no-collector.neuron", "--collector.profiling"]
     with Served(profiling) as served:
@@ -150,7 +151,7 @@ def main() -> None:
     else:
         with Served([], command=peer) as served:
             theirs = served.cpu_ms_per_gpu_second(args.seconds, gpus)
-            their_rss = peak_rss_mib(served.process.pid)
+            their_rss = peak_rss_kib(served.process.pid) / 1024
         print(
             f"nvitop-exporter: {theirs:.3f} ms CPU per GPU per second, peak RSS {their_rss:.1f} MiB; "
             f"accelmon / nvitop-exporter = {ours / theirs:.2f}"

@@ -1,17 +1,69 @@
 #!/usr/bin/env bash
-# The whole test suite: lint, types, unit and end-to-end tests, Molecule scenarios. Installs what it needs first.
+# accelmon's tests. Installs what they need first (scripts/setup.sh), then:
+#   ./scripts/test.sh            the full suite, what CI runs: lint and types, the unit tier (also on Python 3.9 where
+#                                one is installed), the e2e tier (real Prometheus, node_exporter, VictoriaMetrics,
+#                                Chromium, Ansible) and the Molecule scenarios on podman systemd hosts
+#   ./scripts/test.sh --quick    lint and types, then the unit tier on this Python: no images, servers or containers
+#   ./scripts/test.sh [--quick] -- ARGS   ARGS go to pytest (say -k NAME, or a test file)
+# The Molecule tier runs beside the others, its scenarios in parallel (pytest-xdist), once the images are built;
+# each tier's time is printed at the end. Tiers are pytest markers (tests/conftest.py says which test is which).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+quick=false
+if [ "${1:-}" = "--quick" ]; then
+  quick=true
+  shift
+fi
+[ "${1:-}" != "--" ] || shift
+
+started=$SECONDS
+timings=()
+step() {  # step NAME COMMAND...: runs it, records how long it took
+  local name=$1 begin=$SECONDS
+  shift
+  "$@"
+  timings+=("$(printf '%-34s %5d s' "$name" $((SECONDS - begin)))")
+}
+report() {
+  echo "--- time by tier ---"
+  printf '%s\n' "${timings[@]}"
+  printf '%-34s %5d s\n' "total" $((SECONDS - started))
+}
+
+step "set-up (scripts/setup.sh)" bash scripts/setup.sh
 export PATH="$PWD/.venv/bin:$PWD/.tools/usr/bin:$PATH"  # .tools: Prometheus binaries (setup.sh)
-ruff check exporters tests bench master molecule scripts
-ruff format --check exporters tests bench master molecule scripts
-mypy
-yamllint -s .
-ansible-lint -q
+
+molecule_log=""
+molecule_pid=""
+if ! $quick; then
+  # Images first (debootstrap and apt in containers: mostly waiting on the mirror), then every scenario at once:
+  # they use their own container names, networks and Molecule state, so they do not meet.
+  molecule_log=$(mktemp /tmp/accelmon-molecule.XXXXXX.log)
+  (
+    begin=$SECONDS
+    CONTAINERS_CONF="$PWD/molecule/images/containers.conf" bash molecule/images/build.sh
+    echo "images built in $((SECONDS - begin)) s"
+    scenarios=$(python -m pytest --collect-only -q -m molecule "$@" 2>/dev/null | grep -c '::' || true)
+    exec python -m pytest -p no:cacheprovider -m molecule -n "$(( scenarios > 0 ? scenarios : 1 ))" "$@"
+  ) >"$molecule_log" 2>&1 &
+  molecule_pid=$!
+  molecule_begin=$SECONDS
+  # A step that fails ends this script (set -e): the Molecule tier must not go on alone behind it.
+  trap '[ -z "$molecule_pid" ] || kill -- "$molecule_pid" 2>/dev/null || true' EXIT
+fi
+
+lint() {
+  ruff check exporters tests bench master molecule scripts
+  ruff format --check exporters tests bench master molecule scripts
+  mypy
+  yamllint -s .
+  ansible-lint -q
+}
+step "lint and types" lint
+
 # Workers run the exporter on their system Python, 3.9 and newer: where a 3.9 interpreter exists (pyenv on our
-# machines), the exporter's own tests run on it too (not the master's, Ansible's or the job report's: they run on
-# the controller or an operator's machine).
+# machines), the exporter's unit tier runs on it too (Ansible, the master's tools and the job report run on the
+# controller or an operator's machine, which are newer; their tests need their packages, absent from this venv).
 py39=""
 for candidate in python3.9 "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.9*/bin/python3.9; do
   if "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 9))' 2>/dev/null; then
@@ -19,14 +71,31 @@ for candidate in python3.9 "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.9*/bin/pytho
     break
   fi
 done
-if [ -n "$py39" ]; then
+if $quick; then
+  echo "quick: the Python 3.9 run is left to the full suite"
+elif [ -n "$py39" ]; then
   [ -x .venv39/bin/python ] || "$py39" -m venv .venv39
   .venv39/bin/pip install -q -e '.[test]'
-  .venv39/bin/python -m pytest -q -p no:cacheprovider tests \
-    --ignore=tests/test_molecule.py --ignore=tests/test_ansible.py --ignore=tests/test_master.py \
-    --ignore=tests/test_report.py --ignore=tests/test_scale.py --ignore=tests/test_store.py \
-    --deselect tests/test_registry.py::test_a_toy_collector_reaches_the_roles_config_and_unit
+  step "unit tier on Python 3.9" .venv39/bin/python -m pytest -q -p no:cacheprovider -m unit "$@"
 else
   echo "no Python 3.9 here: the exporter's tests run on $(python --version) only"
 fi
-exec python -m pytest "$@"
+
+status=0
+if $quick; then
+  step "unit tier" python -m pytest -m unit "$@" || status=$?
+  report
+  exit "$status"
+fi
+step "unit and e2e tiers" python -m pytest -m "unit or e2e" "$@" || status=$?
+
+echo "--- Molecule tier (started beside the others; waiting for it) ---"
+molecule_status=0
+wait "$molecule_pid" || molecule_status=$?
+molecule_pid=""
+cat "$molecule_log"
+rm -f "$molecule_log"
+timings+=("$(printf '%-34s %5d s' "Molecule tier (in parallel)" $((SECONDS - molecule_begin)))")
+report
+[ "$status" -ne 0 ] || status=$molecule_status
+exit "$status"

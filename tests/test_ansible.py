@@ -10,7 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, render_role_template
+from tests.support.ansible import render_role_template
+from tests.support.paths import ROOT
+
+pytestmark = pytest.mark.e2e
 
 ROLES = sorted(p.name for p in (ROOT / "ansible" / "roles").iterdir() if (p / "meta" / "argument_specs.yml").exists())
 

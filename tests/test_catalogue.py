@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from accelmon.catalogue import catalogues, markdown
-from conftest import GOLDEN, ROOT
+from tests.support.paths import GOLDEN, ROOT
 
 
 def test_metrics_doc_is_up_to_date():

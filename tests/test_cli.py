@@ -6,7 +6,8 @@ import pytest
 
 from accelmon.cli import build_samplers, parser, settings_from
 from accelmon.config import ConfigError
-from conftest import check_golden, exporter_env, promtool_check, run_once, sample_value, wait_until_serving
+from tests.support.exposition import check_golden, promtool_check, sample_value
+from tests.support.processes import exporter_env, free_port, run_once, start_exporter, wait_until_serving
 
 SCENARIOS = {
     # Eight H100s, one lost, one whose driver lacks the newer calls, MIG on one: what a busy node looks like.
@@ -169,26 +170,15 @@ def test_infiniband_enabled_without_devices_is_visible(tmp_path):
 def test_sigterm_during_a_hung_nvml_call_exits_promptly(tmp_path, fake_nvml_dir):
     """It took 38 s, with nvmlShutdown racing the sampler that was inside the hung call."""
     import signal
-    import socket
     import subprocess
-    import sys
     import time
 
     config = tmp_path / "fake.conf"
     config.write_text("gpus 1\nhang nvmlDeviceGetPowerUsage\n")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "accelmon",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--no-collector.infiniband",
-            "--no-collector.neuron",
-        ],
-        env=exporter_env(fake_nvml_dir, config),
+    port = free_port()
+    process = start_exporter(
+        [f"--web.listen-address=127.0.0.1:{port}", "--no-collector.infiniband", "--no-collector.neuron"],
+        exporter_env(fake_nvml_dir, config),
         stderr=subprocess.PIPE,
         text=True,
     )

@@ -18,9 +18,11 @@ from accelmon.cloudwatch import Aggregator, CloudWatchSettings, MetricChoice, Pu
 from accelmon.collectors import nvml
 from accelmon.core import Catalogue, Samples
 from accelmon.registry import ConfigError, known_metrics
-from cloudwatch_doubles import FakeImds, RecordingProxy, SilentSocket
-from conftest import ROOT, exporter_env, free_port, promtool_check, sample_value, wait_until_serving
-from neuron_reports import line, report
+from tests.support.cloudwatch_doubles import FakeImds, RecordingProxy, SilentSocket
+from tests.support.exposition import promtool_check, sample_value
+from tests.support.neuron_reports import line, report
+from tests.support.paths import FAKE_NEURON_MONITOR, ROOT
+from tests.support.processes import exporter_env, free_port, start_exporter, wait_until_serving
 
 boto3 = pytest.importorskip("boto3")
 moto_server = pytest.importorskip("moto.server")
@@ -283,7 +285,7 @@ def test_an_endpoint_that_keeps_failing_keeps_the_data_and_bounds_the_backlog(aw
 # --- The exporter as a user runs it ---------------------------------------------------------------------------------
 
 
-def start_exporter(tmp_path, fake_nvml_dir, publishing: dict, port: int, extra_env: dict | None = None):
+def start_publishing_exporter(tmp_path, fake_nvml_dir, publishing: dict, port: int, extra_env: dict | None = None):
     nvml_conf = tmp_path / "fake-nvml.conf"
     nvml_conf.write_text("gpus 4\n")
     reports = tmp_path / "reports.jsonl"
@@ -300,7 +302,7 @@ def start_exporter(tmp_path, fake_nvml_dir, publishing: dict, port: int, extra_e
                         "enabled": True,
                         "interval_seconds": 0.5,
                         "period_seconds": 1,
-                        "monitor_path": str(ROOT / "tests" / "fakeneuron" / "neuron-monitor"),
+                        "monitor_path": str(FAKE_NEURON_MONITOR),
                     },
                 },
                 "cloudwatch": {
@@ -324,7 +326,7 @@ def start_exporter(tmp_path, fake_nvml_dir, publishing: dict, port: int, extra_e
     )
     env.update(extra_env or {})
     log = open(tmp_path / "exporter.log", "w")
-    process = subprocess.Popen([sys.executable, "-m", "accelmon", "--config", str(config)], env=env, stderr=log)
+    process = start_exporter(["--config", str(config)], env, stderr=log)
     return process, log
 
 
@@ -336,7 +338,7 @@ def scrape(port: int) -> tuple[str, float]:
 
 def test_exporter_publishes_gpu_and_neuron_metrics_with_instance_dimensions(moto, fake_nvml_dir, tmp_path):
     imds, proxy, space, port = FakeImds(EC2), RecordingProxy(moto), namespace(), free_port()
-    process, log = start_exporter(
+    process, log = start_publishing_exporter(
         tmp_path, fake_nvml_dir, {"namespace": space, "endpoint_url": proxy.url, "imds_endpoint": imds.url}, port
     )
     try:
@@ -387,7 +389,7 @@ def test_a_dead_endpoint_and_a_silent_imds_slow_neither_sampling_nor_metrics(fak
     dead = SilentSocket()
     port = free_port()
     started = time.monotonic()
-    process, log = start_exporter(
+    process, log = start_publishing_exporter(
         tmp_path,
         fake_nvml_dir,
         {

@@ -3,32 +3,19 @@
 from __future__ import annotations
 
 import gzip
-import os
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 
 from accelmon import server as http
 from accelmon.cli import make_server
-from accelmon.core import Catalogue, Collector, Exporter, Sampler, Samples
-from conftest import ROOT, wait_until_serving
-
-VALUE = Catalogue("test", "test").gauge("test_value", "A value.", ["source"])
-
-
-class Steady(Collector):
-    name = "steady"
-
-    def sample(self) -> Samples:
-        samples = Samples()
-        samples.add(VALUE, ["steady"], 1)
-        return samples
+from accelmon.core import Exporter, Sampler
+from tests.support.processes import exporter_env, free_port, rss_kib, start_exporter, wait_until_serving
+from tests.support.toy import Steady
 
 
 @pytest.fixture
@@ -134,24 +121,12 @@ def test_200_slow_header_clients_leave_scrapes_answering(served):
             client.close()
 
 
-def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS")
-
-
 def test_header_flood_does_not_grow_the_exporter(tmp_path):
     """100 connections each sending 99 headers of 65 KB took the exporter from 23.5 MB to 492 MB, kept after
     they left. Now each is cut off at MAX_HEAD_BYTES: RSS stays under twice its idle value."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "exporters")}
+    port = free_port()
     no_collectors = ["--no-collector.nvml", "--no-collector.infiniband", "--no-collector.neuron"]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "accelmon", f"--web.listen-address=127.0.0.1:{port}", *no_collectors], env=env
-    )
+    process = start_exporter([f"--web.listen-address=127.0.0.1:{port}", *no_collectors], exporter_env(None, None))
     try:
         wait_until_serving(port)
         idle = rss_kib(process.pid)

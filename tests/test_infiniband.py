@@ -10,8 +10,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from accelmon.collectors.infiniband import InfinibandCollector
 from accelmon.core import render
-from conftest import check_golden, exporter_env, promtool_check, run_once
-from ib_fixture import add_device, node_exporter, scrape_node_exporter, standard_tree, write
+from tests.support.exposition import check_golden, promtool_check
+from tests.support.infiniband_tree import add_device, node_exporter, scrape_node_exporter, standard_tree, write
+from tests.support.processes import exporter_env, run_once
 
 
 def series(text: str, prefix: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -8,8 +8,10 @@ import subprocess
 import pytest
 
 from accelmon.collectors import jobs
-from conftest import ROOT, exporter_env, promtool_check, run_once, sample_value
-from jobs_fixture import MINORS, nvidia_procfs, slurm_job_cgroup, uuid
+from tests.support.exposition import promtool_check, sample_value
+from tests.support.jobs_tree import MINORS, nvidia_procfs, slurm_job_cgroup, uuid
+from tests.support.paths import ROOT
+from tests.support.processes import exporter_env, run_once
 
 SCRIPTS = ROOT / "ansible" / "roles" / "accelmon_exporter" / "files"
 

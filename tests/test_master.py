@@ -8,21 +8,19 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 import urllib.parse
 import urllib.request
 
 import pytest
 import yaml
 
-from conftest import ROOT, free_port, render_role_template
-from simulated_node import start_exporter, start_node_exporter
+from tests.support.ansible import render_role_template
+from tests.support.dashboards import METRIC, concrete, generate, panel_params
+from tests.support.paths import ROOT
+from tests.support.simulated_node import get
 
 MASTER = ROOT / "master"
 RULES = sorted((MASTER / "prometheus" / "rules").glob("*.yml"))
-sys.path.insert(0, str(MASTER / "grafana"))
-import generate  # noqa: E402
-from contract import METRIC, concrete, panel_queries  # noqa: E402
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess[str]:
@@ -80,88 +78,13 @@ def test_dashboards_are_well_formed():
             assert panel["targets"], panel["title"]
 
 
-def get(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return json.loads(response.read())
-
-
-@pytest.fixture(scope="module")
-def prometheus(tmp_path_factory, fake_nvml_dir):
-    """A real Prometheus scraping accelmon-exporter (8 fake GPUs with a lost one and an XID, GPM profiling,
-    fixture IB ports, a fake neuron-monitor) and node_exporter, every second, with the master's rules."""
-    work = tmp_path_factory.mktemp("contract")
-    ports = {name: free_port() for name in ("exporter", "node", "prometheus")}
-    config = work / "prometheus.yml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                "rule_files": [str(r) for r in RULES],
-                "scrape_configs": [
-                    {
-                        "job_name": "accelmon",
-                        "static_configs": [
-                            {"targets": [f"127.0.0.1:{ports['exporter']}"], "labels": {"node": "gpu-node-1"}}
-                        ],
-                    },
-                    {
-                        "job_name": "node",
-                        "static_configs": [
-                            {"targets": [f"127.0.0.1:{ports['node']}"], "labels": {"node": "gpu-node-1"}}
-                        ],
-                    },
-                ],
-            }
-        )
-    )
-    node_exporter = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
-    prometheus_binary = shutil.which("prometheus")
-    assert node_exporter and prometheus_binary, "install Debian's prometheus and prometheus-node-exporter"
-    processes = [
-        start_exporter(work, ports["exporter"], fake_nvml_dir),
-        start_node_exporter(node_exporter, ports["node"]),
-        subprocess.Popen(
-            [
-                prometheus_binary,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={work / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{ports['prometheus']}",
-            ],
-            stderr=subprocess.DEVNULL,
-        ),
-    ]
-    base = f"http://127.0.0.1:{ports['prometheus']}"
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # bounded: the rules need two evaluations over scraped data
-            try:
-                ready = get(f"{base}/api/v1/query?query=cluster:accelmon_neuroncore_utilization_ratio:avg")
-                if ready["data"]["result"]:
-                    break
-            except OSError:
-                pass
-            time.sleep(1)
-        time.sleep(4)  # rate() and increase() want a few samples
-        yield base
-    finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            process.wait(10)
-
-
 def query(base: str, expr: str) -> list:
     answer = get(f"{base}/api/v1/query?query={urllib.parse.quote(concrete(expr))}")
     assert answer["status"] == "success", expr
     return answer["data"]["result"]
 
 
-def panels():
-    for entry in panel_queries():
-        yield pytest.param(entry.expr, entry.expect_data, id=f"{entry.dashboard}:{entry.panel}:{entry.expr[:40]}")
-
-
-@pytest.mark.parametrize(("expr", "expect_data"), list(panels()))
+@pytest.mark.parametrize(("expr", "expect_data"), list(panel_params()))
 def test_every_panel_query_returns_data(prometheus, expr, expect_data):
     for name in METRIC.findall(expr):
         assert query(prometheus, f"count({{__name__={name!r}}})".replace("'", '"')), f"{name} is not exported"

@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, free_port, render_role_template
+from tests.support.ansible import render_role_template
+from tests.support.paths import ROOT
+from tests.support.processes import free_port
 
 IMAGES = ROOT / "molecule" / "images"
 SCENARIOS = sorted(p.parent.name for p in (ROOT / "molecule").glob("*/molecule.yml"))

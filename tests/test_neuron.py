@@ -11,10 +11,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from accelmon.collectors.neuron import NeuronCollector
 from accelmon.core import render
 from accelmon.registry import Paths, collectors
-from conftest import ROOT, check_golden, promtool_check
-from conftest import sample_value as value
-from jobs_fixture import slurm_job_cgroup
-from neuron_reports import line, report, runtime
+from tests.support.exposition import check_golden, promtool_check
+from tests.support.exposition import sample_value as value
+from tests.support.jobs_tree import slurm_job_cgroup
+from tests.support.neuron_reports import line, report, runtime
+from tests.support.paths import ROOT
 
 FAKE_MONITOR = str(ROOT / "tests" / "fakeneuron" / "neuron-monitor")
 

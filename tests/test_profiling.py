@@ -10,8 +10,10 @@ import pytest
 
 from accelmon.collectors.profiling import ProfilingCollector
 from accelmon.core import render
-from conftest import ROOT, check_golden, exporter_env, promtool_check, run_once
-from conftest import sample_value as value
+from tests.support.exposition import check_golden, promtool_check
+from tests.support.exposition import sample_value as value
+from tests.support.paths import ROOT
+from tests.support.processes import exporter_env, run_once
 
 FAKE_DCGM = str(ROOT / "tests" / "fakedcgm")
 

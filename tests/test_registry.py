@@ -14,7 +14,8 @@ import yaml
 from accelmon.cli import plan
 from accelmon.config import ConfigError, load
 from accelmon.registry import Option, collectors
-from conftest import ROOT, run_local_play
+from tests.support.ansible import run_local_play
+from tests.support.paths import ROOT
 
 UNIT_TEMPLATE = ROOT / "ansible" / "roles" / "accelmon_exporter" / "templates" / "accelmon-exporter.service.j2"
 
@@ -113,6 +114,7 @@ def test_a_toy_collector_samples_and_is_in_the_catalogue(toy_tree):
     assert "| `accelmon_toy_widgets` | gauge | colour |" in catalogue.stdout
 
 
+@pytest.mark.e2e  # renders the role's config and unit with ansible-playbook
 def test_a_toy_collector_reaches_the_roles_config_and_unit(toy_tree, tmp_path):
     """The role's preflight, pointed at the toy tree, validates the toy's options on the controller, writes them
     into the exporter's config and allows the toy's devices in the unit."""

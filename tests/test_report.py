@@ -14,10 +14,11 @@ import time
 
 import pytest
 
-from cloudwatch_doubles import LoopbackServer, QuietHandler, SilentSocket
-from conftest import ROOT
-from jobs_fixture import uuid
-from test_master import prometheus  # noqa: F401 (the fixture: a real Prometheus over the simulated node)
+from tests.support.cloudwatch_doubles import LoopbackServer, QuietHandler, SilentSocket
+from tests.support.jobs_tree import uuid
+from tests.support.paths import ROOT
+
+pytestmark = pytest.mark.e2e
 
 pd = pytest.importorskip("pandas")
 pytest.importorskip("matplotlib")
@@ -35,7 +36,7 @@ def report(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]
 
 
 @pytest.fixture(scope="module")
-def job_100(prometheus, tmp_path_factory):  # noqa: F811
+def job_100(prometheus, tmp_path_factory):
     out = tmp_path_factory.mktemp("report") / "job-100"
     time.sleep(15)  # the fleet has just started: let the job run a while
     result = report("100", "--prometheus", prometheus, "--out", str(out), "--lookback", "1h")
@@ -61,7 +62,7 @@ def test_report_finds_the_jobs_nodes_gpus_window_and_energy(job_100):
     )
 
 
-def test_a_short_recent_job_is_found_with_the_default_30_day_lookback(prometheus, tmp_path):  # noqa: F811
+def test_a_short_recent_job_is_found_with_the_default_30_day_lookback(prometheus, tmp_path):
     """Over 30 days the first pass steps 238 s; a job younger than one step, or between two points, was missed
     (points counted from the window's start stopped up to a step short of now; plain selectors saw only instants)."""
     result = report("100", "--prometheus", prometheus, "--out", str(tmp_path / "r"))
@@ -190,7 +191,7 @@ def _minimal_summary() -> dict:
 # --- Bad input: a clear message and a non-zero exit, never a traceback ----------------------------------------------
 
 
-def test_an_unknown_job(prometheus, tmp_path):  # noqa: F811
+def test_an_unknown_job(prometheus, tmp_path):
     result = report("999999", "--prometheus", prometheus, "--out", str(tmp_path / "r"), "--lookback", "1h")
     assert (
         result.returncode == 3
@@ -221,7 +222,7 @@ def test_bad_arguments(tmp_path):
         assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
 
 
-def test_a_job_that_started_before_the_window_or_the_retention(prometheus, tmp_path):  # noqa: F811
+def test_a_job_that_started_before_the_window_or_the_retention(prometheus, tmp_path):
     # Job 100 has run since the fleet started (tens of seconds): a 10 s lookback cannot see its start.
     result = report("100", "--prometheus", prometheus, "--lookback", "10s", "--out", str(tmp_path / "r"))
     assert result.returncode == 3 and "widen --lookback" in result.stderr

@@ -16,7 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import free_port, render_role_template
+from tests.support.ansible import render_role_template
+from tests.support.processes import free_port
+
+pytestmark = pytest.mark.e2e
 
 NODES = [f"gpu-{n:02d}" for n in range(10)]
 SHARDS, REPLICAS = 2, 2

@@ -23,9 +23,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import ROOT, exec_start, free_port, render_role_template
-from simulated_node import start_exporter, start_node_exporter
-from test_master import METRIC, concrete, panels
+from tests.support.ansible import exec_start, render_role_template
+from tests.support.dashboards import METRIC, concrete, panel_params
+from tests.support.paths import ROOT
+from tests.support.processes import free_port
+from tests.support.simulated_node import start_exporter, start_node_exporter
+
+pytestmark = pytest.mark.e2e
 
 RULES = ROOT / "master" / "prometheus" / "rules"
 SHARDS, REPLICAS = 2, 2
@@ -330,7 +334,7 @@ def test_vmalert_evaluates_the_fleet_rules_over_the_whole_fleet(fleet):
         assert not {n for n in names if n.startswith(("cluster:", "job_id:"))}, names
 
 
-@pytest.mark.parametrize(("expr", "expect_data"), list(panels()))
+@pytest.mark.parametrize(("expr", "expect_data"), list(panel_params()))
 def test_every_panel_query_returns_data_from_the_store(fleet, expr, expect_data):
     for name in METRIC.findall(expr):
         assert instant(fleet["store"], f'count({{__name__="{name}"}})'), f"{name} is not in the store"

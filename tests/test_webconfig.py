@@ -17,8 +17,8 @@ from accelmon.cli import make_server
 from accelmon.config import ConfigError
 from accelmon.core import Exporter, Sampler
 from accelmon.webconfig import load_web_config
-from conftest import ROOT
-from test_http import Steady
+from tests.support.paths import ROOT
+from tests.support.toy import Steady
 
 bcrypt = pytest.importorskip("bcrypt")  # the `auth` extra; the suite's environment has it
 PASSWORD = "s3cret-scrape"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tarfile
@@ -13,6 +12,8 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Iterator
+
+from tests.support.processes import free_port
 
 COUNTERS = [
     "excessive_buffer_overrun_errors",
@@ -151,9 +152,7 @@ def node_exporter(sysfs: Path) -> Iterator[int]:
     """Debian's node_exporter with only its infiniband collector over `sysfs`, on a loopback port; stopped after."""
     binary = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
     assert binary, "node_exporter not found: install Debian's prometheus-node-exporter (.ci/run does)"
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
+    port = free_port()
     process = subprocess.Popen(
         [
             binary,
@@ -183,7 +182,7 @@ def scrape_node_exporter(port: int) -> str:
 
 
 if __name__ == "__main__":
-    # python tests/ib_fixture.py OUT.tar.gz: the standard tree as an archive (Molecule's simulated workers).
+    # python -m tests.support.infiniband_tree OUT.tar.gz: the standard tree as an archive (Molecule workers).
     import tempfile
 
     with tempfile.TemporaryDirectory() as work:

@@ -1,0 +1,27 @@
+"""The dashboards' query contract (master/grafana/contract.py) for tests and benchmarks: the metric names each
+panel reads, every panel query, and the dashboard variables made concrete. master/grafana holds scripts, not a
+package (generate.py is run as a script by the role's users), so its folder is put on the path here, once."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.paths import ROOT
+
+# The dashboards are built by grafana-foundation-sdk, in the deploy extra (Python 3.11+): without it (the exporter's
+# Python 3.9 run) the modules that need the contract are skipped, saying why.
+pytest.importorskip("grafana_foundation_sdk", reason="the dashboards' SDK (the deploy extra) is not installed")
+sys.path.insert(0, str(ROOT / "master" / "grafana"))
+import generate
+from contract import METRIC, concrete, panel_queries
+
+__all__ = ["METRIC", "concrete", "generate", "panel_params", "panel_queries"]
+
+
+def panel_params() -> Iterator[object]:
+    """Every panel query as a pytest parameter (expression, whether it must return data), named by its panel."""
+    for entry in panel_queries():
+        yield pytest.param(entry.expr, entry.expect_data, id=f"{entry.dashboard}:{entry.panel}:{entry.expr[:40]}")

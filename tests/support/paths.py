@@ -1,0 +1,10 @@
+"""The repository's folders, for tests and benchmarks alike."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = ROOT / "tests" / "golden"
+FAKE_NVML_SOURCE = ROOT / "tests" / "fakenvml" / "fake_nvml.c"
+FAKE_NEURON_MONITOR = ROOT / "tests" / "fakeneuron" / "neuron-monitor"

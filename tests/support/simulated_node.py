@@ -1,0 +1,137 @@
+"""One simulated worker for tests with a real Prometheus: accelmon-exporter over 8 fake GPUs (a lost one, an XID,
+GPM profiling, energy counters that follow power), fixture InfiniBand ports, a fake neuron-monitor and two Slurm
+jobs sharing a GPU (the first with a Neuron runtime in its cgroup), sampled every second."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from typing import Iterator
+
+import yaml
+
+from tests.support.infiniband_tree import standard_tree
+from tests.support.jobs_tree import nvidia_procfs, slurm_job_cgroup
+from tests.support.neuron_reports import line, report
+from tests.support.paths import FAKE_NEURON_MONITOR, ROOT
+from tests.support.processes import exporter_env, free_port, stop
+from tests.support.processes import start_exporter as start_accelmon
+
+
+def start_exporter(work: Path, port: int, fake_nvml_dir: Path) -> subprocess.Popen[bytes]:
+    """Starts the exporter on 127.0.0.1:`port`, its fixtures under `work` (which must exist); the caller stops it."""
+    nvml = work / "fake-nvml.conf"
+    # Energy counters that grow by each GPU's power, read every second: the job report's energy is checked on them.
+    nvml.write_text("gpus 8\nlost 5\nxid 2 79\nenergy_follows_power 1\n" + "".join(f"gpm {i}\n" for i in range(8)))
+    sysfs = standard_tree(work / "sys")
+    slurm_job_cgroup(sysfs / "fs" / "cgroup", 100, (3101,))  # the Neuron runtime llama-serve runs in job 100
+    procfs = nvidia_procfs(work / "proc", gpus=8)
+    jobs = work / "jobs"
+    jobs.mkdir()
+    # Two Slurm jobs sharing GPU minor 1: the per-job rules join through both.
+    (jobs / "slurm-100").write_text("scheduler=slurm\njob_id=100\nuser=alice\naccount=ml\ngpus=0,1\n")
+    (jobs / "slurm-200").write_text("scheduler=slurm\njob_id=200\nuser=bob\naccount=hpc\ngpus=1\n")
+    reports = work / "reports.jsonl"
+    reports.write_text("\n".join(line(report(i)) for i in range(1, 4)) + "\n")
+    settings = work / "accelmon.yml"
+    settings.write_text(
+        yaml.safe_dump(
+            {
+                "web": {"listen_address": f"127.0.0.1:{port}"},
+                "paths": {"sysfs": str(sysfs), "procfs": str(procfs)},
+                "collectors": {
+                    "nvml": {"enabled": True, "pcie_interval_seconds": 1, "slow_interval_seconds": 1},
+                    "infiniband": {"enabled": True, "interval_seconds": 1},
+                    "neuron": {
+                        "enabled": True,
+                        "interval_seconds": 1,
+                        "period_seconds": 1,
+                        "monitor_path": str(FAKE_NEURON_MONITOR),
+                    },
+                    "profiling": {"enabled": True, "backend": "gpm"},
+                    "jobs": {"interval_seconds": 1, "state_dir": str(jobs)},
+                },
+            }
+        )
+    )
+    env = exporter_env(fake_nvml_dir, nvml)
+    env.update(FAKE_NEURON_LINES=str(reports), FAKE_NEURON_THEN="repeat", FAKE_NEURON_DELAY="0.5")
+    return start_accelmon(["--config", str(settings)], env, stderr=subprocess.DEVNULL)
+
+
+def start_node_exporter(binary: str, port: int) -> subprocess.Popen[bytes]:
+    """node_exporter with the collectors the dashboards read, on 127.0.0.1:`port`."""
+    collectors = ["cpu", "meminfo", "filesystem", "netdev", "loadavg"]
+    command = [binary, f"--web.listen-address=127.0.0.1:{port}", "--collector.disable-defaults"]
+    command += [f"--collector.{name}" for name in collectors]
+    return subprocess.Popen(command, stderr=subprocess.DEVNULL)
+
+
+RULES = sorted((ROOT / "master" / "prometheus" / "rules").glob("*.yml"))
+
+
+def get(url: str) -> dict:
+    """A Prometheus API answer as data."""
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.loads(response.read())
+
+
+@contextlib.contextmanager
+def simulated_prometheus(work: Path, fake_nvml_dir: Path) -> Iterator[str]:
+    """A real Prometheus scraping accelmon-exporter (8 fake GPUs with a lost one and an XID, GPM profiling,
+    fixture IB ports, a fake neuron-monitor) and node_exporter, every second, with the master's rules; yields its
+    base URL once the rules have evaluated over scraped data, and stops all three after."""
+    ports = {name: free_port() for name in ("exporter", "node", "prometheus")}
+    config = work / "prometheus.yml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                "rule_files": [str(r) for r in RULES],
+                "scrape_configs": [
+                    {
+                        "job_name": job,
+                        "static_configs": [{"targets": [f"127.0.0.1:{ports[port]}"], "labels": {"node": "gpu-node-1"}}],
+                    }
+                    for job, port in (("accelmon", "exporter"), ("node", "node"))
+                ],
+            }
+        )
+    )
+    node_exporter = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+    prometheus_binary = shutil.which("prometheus")
+    assert node_exporter and prometheus_binary, "scripts/setup.sh unpacks prometheus and node_exporter into .tools/"
+    processes = [
+        start_exporter(work, ports["exporter"], fake_nvml_dir),
+        start_node_exporter(node_exporter, ports["node"]),
+        subprocess.Popen(
+            [
+                prometheus_binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={work / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{ports['prometheus']}",
+            ],
+            stderr=subprocess.DEVNULL,
+        ),
+    ]
+    base = f"http://127.0.0.1:{ports['prometheus']}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # bounded: the rules need two evaluations over scraped data
+            try:
+                ready = get(f"{base}/api/v1/query?query=cluster:accelmon_neuroncore_utilization_ratio:avg")
+                if ready["data"]["result"]:
+                    break
+            except OSError:
+                pass
+            time.sleep(1)
+        time.sleep(4)  # rate() and increase() want a few samples
+        yield base
+    finally:
+        for process in processes:
+            stop(process)
