@@ -69,9 +69,10 @@ def test_config_file_and_flags(tmp_path):
     assert chosen.paths.sysfs == "/host/sys"
     assert chosen.paths.procfs == "/host/proc"
     samplers = build_samplers(chosen)
-    assert [(s.name, s.interval) for s in samplers] == [("nvml", 5.0)]
+    # health reads the others' samples, so it comes last; kernel_log is off: /host/proc shows no NVIDIA driver.
+    assert [(s.name, s.interval) for s in samplers] == [("nvml", 5.0), ("health", 5.0)]
     assert samplers[0].collector.pcie_interval == 30.0
-    assert build_samplers(settings("--config", str(config), "--no-collector.nvml")) == []
+    assert [s.name for s in build_samplers(settings("--config", str(config), "--no-collector.nvml"))] == ["health"]
 
 
 @pytest.mark.parametrize(
@@ -90,8 +91,8 @@ def test_config_file_and_flags(tmp_path):
         ("collectors:\n  nvml:\n    interval_seconds: .nan\n", "interval_seconds: expected a positive number"),
         ("collectors:\n  nvml:\n    interval_seconds: 1.0e-9\n", "interval_seconds: expected at least 0.1"),
         ("collectors:\n  nvml:\n    interval_seconds: 1" + "0" * 400 + "\n", "expected a positive number"),
-        ("paths:\n  sysfs: null\n", "paths.sysfs: expected a directory path, got None"),
-        ("paths:\n  sysfs: [a]\n", "paths.sysfs: expected a directory path, got ['a']"),
+        ("paths:\n  sysfs: null\n", "paths.sysfs: expected a path, got None"),
+        ("paths:\n  sysfs: [a]\n", "paths.sysfs: expected a path, got ['a']"),
         ("web:\n  listen_address: ':\uff11\uff19\uff14\uff17\uff10'\n", "listen address"),
         ("web:\n  listen_address: ':0'\n", "listen address ':0'"),
         ("log_level: info\nlog_level: debug\n", "key 'log_level' given twice"),

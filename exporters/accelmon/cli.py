@@ -8,9 +8,10 @@ import logging
 import signal
 import sys
 import threading
+import time
 from typing import Sequence
 
-from accelmon import __version__
+from accelmon import __version__, health
 from accelmon.cloudwatch import Publisher, check_boto3, cost_report
 from accelmon.config import LOG_LEVELS, ConfigError, Settings, check_listen_address, load
 from accelmon.core import Exporter, Sampler
@@ -53,6 +54,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--path.sysfs", dest="sysfs", metavar="DIR", help="sysfs mount point (default /sys)")
     p.add_argument("--path.procfs", dest="procfs", metavar="DIR", help="procfs mount point (default /proc)")
     p.add_argument("--path.devfs", dest="devfs", metavar="DIR", help="device directory (default /dev)")
+    p.add_argument("--path.kmsg", dest="kmsg", metavar="FILE", help="the kernel log (default /dev/kmsg)")
     p.add_argument("--log.level", dest="log_level", choices=LOG_LEVELS, help="log level (default info)")
     p.add_argument(
         "--once",
@@ -67,12 +69,18 @@ def parser() -> argparse.ArgumentParser:
         help="sample every enabled collector once and print what publishing the config's `cloudwatch:` metrics from "
         "this host would cost a month (metrics, PutMetricData requests, dollars at dated list prices), then exit",
     )
+    p.add_argument(
+        "--scan",
+        action="store_true",
+        help="check the health of every GPU once (no service needed), print a table (or JSON with --json) and exit: "
+        "0 ok, 1 warning, 2 failure, 3 if the scan could not run (bad settings). Reads NVML and the kernel log only",
+    )
     p.add_argument("--check-config", action="store_true", help="check the settings and exit (0 if valid, 2 if not)")
     p.add_argument(
         "--json",
         action="store_true",
         help="with --check-config: print each collector's setting, options with defaults, whether it would run on "
-        "this host and the device nodes it needs (systemd DeviceAllow=), as JSON",
+        "this host and the device nodes it needs (systemd DeviceAllow=), as JSON; with --scan: the verdicts as JSON",
     )
     p.add_argument("--version", action="version", version=f"accelmon-exporter {__version__}")
     for name, registration in collectors().items():
@@ -93,7 +101,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         settings.listen_address = args.listen_address
     if args.log_level:
         settings.log_level = args.log_level
-    overrides = {k: v for k, v in (("sysfs", args.sysfs), ("procfs", args.procfs), ("devfs", args.devfs)) if v}
+    given = (("sysfs", args.sysfs), ("procfs", args.procfs), ("devfs", args.devfs), ("kmsg", args.kmsg))
+    overrides = {k: v for k, v in given if v}
     settings.paths = Paths(**{**vars(settings.paths), **overrides})
     for name in collectors():
         flag = getattr(args, f"collector_{name}")
@@ -119,6 +128,9 @@ def build_samplers(settings: Settings) -> list[Sampler]:
         expected = chosen.enabled is True or registration.hardware_present(settings.paths, options)
         collector = registration.build(options, settings.paths)
         samplers.append(Sampler(collector, float(options["interval_seconds"]), hardware_expected=expected))
+    samplers.sort(key=lambda sampler: sampler.collector.reads_other_samples)  # stable: by name otherwise
+    for sampler in samplers:
+        sampler.collector.watch(samplers)
     return samplers
 
 
@@ -126,10 +138,12 @@ def plan(settings: Settings) -> dict[str, object]:
     """What --check-config --json prints: the settings resolved, for the Ansible role and for operators.
 
     `device_allow` holds the device nodes of every collector that may run, `auto` ones included: the unit must
-    let a collector reach hardware that appears after the deploy (a driver installed later).
+    let a collector reach hardware that appears after the deploy (a driver installed later); `capabilities` the
+    Linux capabilities they need (the unit's only ones).
     """
     described: dict[str, dict[str, object]] = {}
     devices: set[str] = set()
+    capabilities: set[str] = set()
     for name, registration in collectors().items():
         chosen = settings.collector(name)
         described[name] = {
@@ -140,11 +154,33 @@ def plan(settings: Settings) -> dict[str, object]:
         }
         if registration.may_run(chosen.enabled):
             devices.update(registration.devices)
+            capabilities.update(registration.capabilities)
     return {
         "listen_address": settings.listen_address,
         "collectors": described,
         "device_allow": sorted(devices),
+        "capabilities": sorted(capabilities),
     }
+
+
+SCAN_FAILED = 3  # the scan's own exit status when it could not run: 0, 1 and 2 are the verdicts
+# What the health checks read; the other collectors (profiling's window, neuron-monitor) only slow a scan down.
+SCAN_COLLECTORS = ("nvml", "kernel_log")
+
+
+def scan(settings: Settings, as_json: bool) -> int:
+    """--scan: the collectors the checks read, sampled once; the checks of `accelmon.health` over them."""
+    for name in collectors():
+        if name not in SCAN_COLLECTORS:
+            settings.collector(name).enabled = False
+    samplers = build_samplers(settings)
+    exporter = Exporter(samplers)
+    exporter.collect_once()
+    exporter.stop()
+    latest = [state.latest for state in (sampler.state() for sampler in samplers) if state.latest is not None]
+    verdict = health.evaluate(latest, time.time())
+    sys.stdout.write(health.dumps(verdict) + "\n" if as_json else verdict.table())
+    return verdict.exit_status()
 
 
 def make_server(exporter: Exporter, address: str, web: WebConfig | None = None) -> MetricsServer:
@@ -164,19 +200,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             check_boto3()
     except ConfigError as error:
         print(f"accelmon-exporter: {error}", file=sys.stderr)
-        return 2
+        return SCAN_FAILED if args.scan else 2
     if args.check_config:
         if args.json:
             print(json.dumps(plan(settings), indent=2))
         else:
             print("accelmon-exporter: settings are valid")
         return 0
-    if args.json:
-        print("accelmon-exporter: --json goes with --check-config", file=sys.stderr)
+    if args.json and not args.scan:
+        print("accelmon-exporter: --json goes with --check-config or --scan", file=sys.stderr)
         return 2
     logging.basicConfig(
         level=settings.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if args.scan:
+        return scan(settings, args.json)
     samplers = build_samplers(settings)
     if args.cloudwatch_cost:
         exporter = Exporter(samplers)

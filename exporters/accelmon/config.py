@@ -96,10 +96,10 @@ def load(path: str | None) -> Settings:
             raise ConfigError(f"log_level: expected one of {', '.join(LOG_LEVELS)}, got {data['log_level']!r}")
         settings.log_level = data["log_level"]
     paths = _expect_mapping(data.get("paths"), "paths")
-    _unknown(paths, {"sysfs", "procfs", "devfs"}, "paths")
+    _unknown(paths, {"sysfs", "procfs", "devfs", "kmsg"}, "paths")
     for key, value in paths.items():
         if not isinstance(value, str) or not value:  # null and lists became the paths "None" and "['a']"
-            raise ConfigError(f"paths.{key}: expected a directory path, got {value!r}")
+            raise ConfigError(f"paths.{key}: expected a path, got {value!r}")
     settings.paths = Paths(**{**vars(settings.paths), **paths})
     registry = collectors()
     chosen_collectors = _expect_mapping(data.get("collectors"), "collectors")

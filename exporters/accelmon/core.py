@@ -129,6 +129,8 @@ class Collector:
     # Seconds after start() before a sample has all its values (a value computed over a window needs one full
     # window): --once waits this long before its single sample.
     first_sample_delay = 0.0
+    # Reads the other collectors' samples (see `watch`): sampled after them when all sample once (--once, --scan).
+    reads_other_samples = False
 
     def hardware_answering(self) -> bool | None:
         """Whether the hardware (or the tool) this collector reads answers now; None where that means nothing."""
@@ -136,6 +138,9 @@ class Collector:
 
     def start(self) -> None:
         """Prepare the hardware connection; called once on the sampler thread before the first sample."""
+
+    def watch(self, samplers: list[Sampler]) -> None:
+        """Given every sampler of the process once they are built (the health collector reads their samples)."""
 
     def sample(self) -> Samples:
         raise NotImplementedError

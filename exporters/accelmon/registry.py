@@ -33,6 +33,7 @@ class Paths:
     sysfs: str = "/sys"
     procfs: str = "/proc"
     devfs: str = "/dev"
+    kmsg: str = "/dev/kmsg"  # the kernel log; a file in its format for tests
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,8 @@ class Registration:
     # systemd DeviceAllow= entries the collector needs unless it is disabled (device classes where possible, so a
     # driver installed after the deploy needs no new unit).
     devices: tuple[str, ...] = ()
+    # Linux capabilities the collector needs unless it is disabled (the unit grants them, nothing else).
+    capabilities: tuple[str, ...] = ()
     defaults: dict[str, OptionValue] = field(init=False)
 
     def __post_init__(self) -> None:

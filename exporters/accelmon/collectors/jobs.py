@@ -72,15 +72,14 @@ class Gpu:
     uuid: str
 
 
-def driver_gpus(procfs: str) -> tuple[dict[str, Gpu], dict[str, Gpu]]:
-    """This host's GPUs as the NVIDIA driver lists them in procfs: by device minor number, and by UUID."""
+def _driver_gpus(procfs: str) -> list[tuple[str, Gpu, dict[str, str]]]:
+    """(bus id, GPU, fields of its information file) for each GPU the NVIDIA driver lists in procfs."""
     root = os.path.join(procfs, "driver", "nvidia", "gpus")
     try:
         buses = sorted(os.listdir(root), key=str.lower)
     except OSError:
-        return {}, {}
-    by_minor: dict[str, Gpu] = {}
-    by_uuid: dict[str, Gpu] = {}
+        return []
+    out = []
     for position, bus in enumerate(buses):
         fields: dict[str, str] = {}
         try:
@@ -91,12 +90,26 @@ def driver_gpus(procfs: str) -> tuple[dict[str, Gpu], dict[str, Gpu]]:
                         fields[key.strip()] = value.strip()
         except OSError:
             continue
-        gpu = Gpu(str(position), fields.get("GPU UUID", ""))
+        out.append((bus.lower(), Gpu(str(position), fields.get("GPU UUID", "")), fields))
+    return out
+
+
+def driver_gpus(procfs: str) -> tuple[dict[str, Gpu], dict[str, Gpu]]:
+    """This host's GPUs as the NVIDIA driver lists them in procfs: by device minor number, and by UUID."""
+    by_minor: dict[str, Gpu] = {}
+    by_uuid: dict[str, Gpu] = {}
+    for _, gpu, fields in _driver_gpus(procfs):
         if fields.get("Device Minor", "").isdigit():
             by_minor[fields["Device Minor"]] = gpu
         if gpu.uuid:
             by_uuid[gpu.uuid] = gpu
     return by_minor, by_uuid
+
+
+def driver_gpus_by_bus(procfs: str) -> dict[str, Gpu]:
+    """This host's GPUs by PCI bus id (`0000:18:00.0`, lower case), as the driver lists them: a GPU that fell off
+    the bus keeps its entry, so it can still be named."""
+    return {bus: gpu for bus, gpu, _ in _driver_gpus(procfs)}
 
 
 def job_pids(cgroup_root: str) -> dict[int, str]:

@@ -33,6 +33,25 @@ def test_exporter_serves_gpu_metrics(host):
     assert 'accelmon_gpu_sm_active_ratio{gpu="1"' in text
 
 
+def test_the_service_reads_the_kernel_log_and_judges_the_gpus(host):
+    """The kernel_log collector (on: the driver's procfs files are there) reads the host's real /dev/kmsg from the
+    hardened unit, with CAP_SYSLOG and ProtectKernelLogs off, and the health verdicts are served: the lost GPU 5
+    fails its gpu_lost check, and the node's verdict is its worst GPU's."""
+    text = scrape(host, 19470)
+    assert "accelmon_kernel_log_readable 1.0\n" in text
+    assert "accelmon_kernel_log_records_total" in text
+    # GPU 5's UUID comes from the driver's procfs files (NVML lost it before it could be read).
+    lost = [line for line in text.splitlines() if 'check="gpu_lost",gpu="5",' in line]
+    assert len(lost) == 1 and lost[0].startswith('accelmon_gpu_health_check_state{action="reboot_node"'), lost
+    assert lost[0].endswith(" 2.0"), lost
+    assert "accelmon_node_health_verdict 2.0\n" in text
+    show = host.check_output("systemctl show accelmon-exporter -p ProtectKernelLogs -p AmbientCapabilities")
+    assert dict(line.split("=", 1) for line in show.splitlines()) == {
+        "ProtectKernelLogs": "no",
+        "AmbientCapabilities": "cap_syslog",
+    }
+
+
 def test_neuron_monitor_reports_arrive(host):
     text = host.check_output(
         "for i in $(seq 1 30); do curl -sf http://127.0.0.1:19470/metrics | grep -q accelmon_neuroncore_utilization "
@@ -58,7 +77,8 @@ def test_exporter_runs_hardened_and_unprivileged(host):
     assert props["PrivateTmp"] == "yes"
     assert props["Restart"] == "on-failure"
     assert props["DevicePolicy"] == "closed"
-    assert props["CapabilityBoundingSet"] == ""
+    # The one capability: CAP_SYSLOG, for the kernel_log collector's /dev/kmsg (kernel.dmesg_restrict=1).
+    assert props["CapabilityBoundingSet"] == "cap_syslog"
     pid = host.check_output("systemctl show -p MainPID --value accelmon-exporter")
     assert host.check_output(f"ps -o user= -p {pid}") == "accelmon"
 
@@ -94,6 +114,7 @@ def test_the_exporter_decides_auto_and_names_the_devices(host):
     unit = host.file("/etc/systemd/system/accelmon-exporter.service").content_string
     allowed = sorted(line for line in unit.splitlines() if line.startswith("DeviceAllow="))
     assert allowed == [
+        "DeviceAllow=/dev/kmsg r",
         "DeviceAllow=char-neuron rw",
         "DeviceAllow=char-nvidia-caps r",
         "DeviceAllow=char-nvidia-frontend rw",

@@ -1,0 +1,393 @@
+"""XIDs and SXids from the kernel log: the NVIDIA driver writes every XID there, including those NVML never
+delivers as events (79, fallen off the bus; the GSP's 119 and 120 often arrive only here), and NVSwitch SXids.
+
+Example exposition lines::
+
+    accelmon_gpu_kernel_xid_errors_total{gpu="2",pci_bus_id="0000:38:00.0",uuid="GPU-...",xid="79"} 1.0
+    accelmon_gpu_kernel_xid_last_timestamp_seconds{gpu="2",pci_bus_id="0000:38:00.0",uuid="GPU-...",xid="79"} 1.76e9
+    accelmon_xid_catalogue_info{action="reboot_node",name="fallen_off_the_bus",severity="critical",xid="79"} 1.0
+
+Reading: `/dev/kmsg` (`--path.kmsg`), non-blocking, one record per read(2) (the kernel's dev-kmsg ABI: a record is
+`PRIORITY,SEQUENCE,MICROSECONDS,FLAGS;MESSAGE` and continuation lines start with a space). A read that fails with
+EPIPE means records were overwritten before they were read: the sequence numbers say how many, counted as lost,
+and reading goes on. A regular file in the same format (tests, or a saved log) is followed as it grows.
+
+A GPU is named by the PCI bus id in the line, through the driver's procfs files
+(`/proc/driver/nvidia/gpus/<bus id>/information`), which still list a GPU that NVML no longer reaches; `gpu` is
+its place in bus order, NVML's index, as the jobs collector names GPUs.
+
+History: what the log already holds when the exporter starts (since boot) goes into `..._errors_total` and
+`..._last_timestamp_seconds`, so an XID 79 logged before the start still makes the GPU fail its health check. A
+series that appears with its value is not an increase to Prometheus (`increase()` needs a sample before the
+step), so old events never show as new; `accelmon_gpu_kernel_xid_events_total` counts only what is logged after
+the start, present from 0 for every GPU, so the first new XID shows in `increase()`.
+
+The kernel log and NVML's events are two views of the same XIDs (the driver logs every XID it reports): they are
+never added. The health checks and rules read the kernel log's where this collector reads it
+(`accelmon_collector_hardware_answering{collector="kernel_log"}`), NVML's counts otherwise: each XID counted once.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from accelmon import xid as catalogue
+from accelmon.collectors.jobs import driver_gpus_by_bus
+from accelmon.core import Catalogue, Collector, Samples
+from accelmon.registry import Paths, Registration, register, seconds
+
+log = logging.getLogger("accelmon.kernel_log")
+
+C = Catalogue(
+    "kernel_log",
+    "Kernel log: XIDs and SXids",
+    "Source: the kernel log (`--path.kmsg`, default /dev/kmsg), history since boot included. XID codes are named "
+    "by the catalogue in `accelmon/xid.py` (docs/health.md). The service reads it with CAP_SYSLOG only "
+    "(ProtectKernelLogs off where this collector is on).",
+)
+XID_GPU = ["gpu", "uuid", "pci_bus_id"]
+XID_ERRORS = C.counter(
+    "accelmon_gpu_kernel_xid_errors_total",
+    "XIDs in the kernel log since boot, by GPU and code (history included: a series appears with its count).",
+    [*XID_GPU, "xid"],
+)
+XID_LAST = C.gauge(
+    "accelmon_gpu_kernel_xid_last_timestamp_seconds",
+    "Unix time the kernel logged the latest XID of this code for this GPU.",
+    [*XID_GPU, "xid"],
+)
+XID_EVENTS = C.counter(
+    "accelmon_gpu_kernel_xid_events_total",
+    "XIDs of any code logged since the exporter started (present from 0 for every GPU, so increase() sees the first).",
+    XID_GPU,
+)
+RECOVERY = C.gauge(
+    "accelmon_gpu_recovery_action_state",
+    "1 for the recovery action the driver asks of this GPU in its latest XID 154 (values: the catalogue's actions).",
+    [*XID_GPU, "action"],
+)
+CATALOGUE_INFO = C.gauge(
+    "accelmon_xid_catalogue_info",
+    "The catalogue's name, severity and action of each XID code seen on this host; value is 1.",
+    ["xid", "name", "severity", "action"],
+)
+SXID_ERRORS = C.counter(
+    "accelmon_nvswitch_sxid_errors_total",
+    "NVSwitch SXids in the kernel log since boot, by switch, code and the driver's Fatal/Non-fatal word.",
+    ["nvswitch", "pci_bus_id", "sxid", "fatal"],
+)
+SXID_LAST = C.gauge(
+    "accelmon_nvswitch_sxid_last_timestamp_seconds",
+    "Unix time the kernel logged the latest SXid of this code for this switch.",
+    ["nvswitch", "pci_bus_id", "sxid", "fatal"],
+)
+RECORDS = C.counter("accelmon_kernel_log_records_total", "Kernel log records read since the exporter started.")
+MALFORMED = C.counter(
+    "accelmon_kernel_log_malformed_records_total",
+    "Records that were not in the kernel's format, or longer than the reader takes, skipped.",
+)
+LOST = C.counter(
+    "accelmon_kernel_log_lost_records_total",
+    "Records overwritten in the kernel's buffer before they were read (gaps in sequence numbers).",
+)
+READABLE = C.gauge(
+    "accelmon_kernel_log_readable",
+    "1 if the kernel log could be opened and read at the latest sample, else 0 (the log says why, once).",
+)
+
+INTERVAL = seconds("interval_seconds", 5.0, "how often new kernel log records are read")
+
+# `NVRM: Xid (PCI:0000:12:00): 79, pid=..., name=..., GPU has fallen off the bus.` (older drivers: no `PCI:`).
+XID_LINE = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})(?:\.[0-7])?\): (\d+)")
+# `nvidia-nvswitch3: SXid (PCI:0000:c3:00.0): 12028, Non-fatal, Link 36 egress non-posted PRIV error (First)`
+SXID_LINE = re.compile(
+    r"nvidia-nvswitch(\d+): SXid \(PCI:([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})(?:\.[0-7])?\): "
+    r"(\d+), (Non-fatal|Fatal)"
+)
+RECOVERY_LINE = re.compile(r"to 0x[0-9A-Fa-f]+ \(([^)]+)\)")
+# A record of /dev/kmsg is at most 8 KiB of text (the kernel's CONSOLE_EXT_LOG_MAX); a longer line in a file is
+# not a kernel record.
+MAX_RECORD = 16 * 1024
+MAX_RECORDS_PER_SAMPLE = 100_000  # a flood is read over several samples, never in one unbounded loop
+
+
+def bus_id(text: str) -> str:
+    """`0000:12:00` or `00000000:12:00.0` as procfs names it: `0000:12:00.0`, lower case."""
+    domain, bus, device = text.lower().split(".")[0].split(":")
+    return f"{domain[-4:]}:{bus}:{device}.0"
+
+
+def parse_record(text: str) -> Optional[tuple[int, int, str]]:
+    """(sequence, microseconds since boot, message) of one kmsg record, None if it is not one."""
+    prefix, sep, message = text.partition(";")
+    fields = prefix.split(",")
+    if not sep or len(fields) < 4 or not (fields[1].isdigit() and fields[2].isdigit()):
+        return None
+    return int(fields[1]), int(fields[2]), message.split("\n", 1)[0]
+
+
+class KernelLog:
+    """Records of the kernel log at `path`, from where the previous call stopped; EPIPE and sequence gaps are
+    counted as lost. A character device (/dev/kmsg) gives one record per read; a regular file is read by line."""
+
+    def __init__(self, path: str, read: Callable[[int, int], bytes] = os.read) -> None:
+        self.path = path
+        self._read = read  # os.read; tests pass a scripted one to play the kernel's EPIPE and EINVAL
+        self.lost = 0
+        self.malformed = 0
+        self._fd: Optional[int] = None
+        self._device = False
+        self._pending = b""  # a file's last line, not yet ended
+        self._skipping = False  # inside a line too long to be a record: dropped up to its end
+        self._position = 0
+        self._next_sequence: Optional[int] = None
+
+    def open(self) -> None:
+        """Raises OSError (PermissionError included) if the log cannot be opened."""
+        if self._fd is None:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            self._device = stat.S_ISCHR(os.fstat(fd).st_mode)
+            self._fd, self._position, self._pending = fd, 0, b""
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def records(self, limit: int = MAX_RECORDS_PER_SAMPLE) -> list[tuple[int, int, str]]:
+        """What the log has that was not read yet (at most `limit` records): (sequence, microseconds, message)."""
+        self.open()
+        raw = self._read_device(limit) if self._device else self._read_file(limit)
+        out = []
+        for text in raw:
+            record = parse_record(text)
+            if record is None:
+                self.malformed += 1
+                continue
+            sequence = record[0]
+            if self._next_sequence is not None and sequence > self._next_sequence:
+                self.lost += sequence - self._next_sequence
+            self._next_sequence = sequence + 1
+            out.append(record)
+        return out
+
+    def _read_device(self, limit: int) -> list[str]:
+        assert self._fd is not None
+        texts: list[str] = []
+        while len(texts) < limit:
+            try:
+                chunk = self._read(self._fd, 8192)
+            except BlockingIOError:
+                break  # nothing more for now
+            except BrokenPipeError:
+                continue  # records were overwritten; the next read gives the oldest left (its sequence tells)
+            except OSError as error:
+                if error.errno != errno.EINVAL:
+                    raise
+                self.malformed += 1  # a record longer than our buffer: the kernel skips it on the next read
+                continue
+            if not chunk:
+                break
+            texts.append(chunk.decode("utf-8", errors="replace"))
+        return texts
+
+    def _read_file(self, limit: int) -> list[str]:
+        assert self._fd is not None
+        size = os.fstat(self._fd).st_size
+        if size < self._position:  # truncated or replaced: read it again from the start
+            self._position, self._pending, self._next_sequence = 0, b"", None
+        texts: list[str] = []
+        while len(texts) < limit:
+            chunk = os.pread(self._fd, 65536, self._position)
+            if not chunk:
+                break
+            self._position += len(chunk)
+            if self._skipping:
+                end = chunk.find(b"\n")
+                if end < 0:
+                    continue
+                chunk, self._skipping = chunk[end + 1 :], False
+            lines = (self._pending + chunk).split(b"\n")
+            self._pending = lines.pop()
+            if len(self._pending) > MAX_RECORD:
+                self.malformed += 1
+                self._pending, self._skipping = b"", True
+            for line in lines:
+                if line.startswith(b" ") or not line:
+                    continue  # a continuation line (KEY=value) of the record before, or an empty one
+                if len(line) > MAX_RECORD:
+                    self.malformed += 1
+                    continue
+                texts.append(line.decode("utf-8", errors="replace"))
+        return texts
+
+
+@dataclass
+class Seen:
+    """One code on one device: how often since boot, the latest time, and how many since the exporter started."""
+
+    count: int = 0
+    last: float = 0.0
+
+
+@dataclass
+class GpuLog:
+    bus: str
+    xids: dict[int, Seen] = field(default_factory=dict)
+    events_since_start: int = 0
+    recovery: Optional[str] = None  # the action of the latest XID 154
+
+
+class KernelLogCollector(Collector):
+    name = "kernel_log"
+
+    def __init__(
+        self,
+        kmsg: str = "/dev/kmsg",
+        procfs: str = "/proc",
+        wall_clock: Callable[[], float] = time.time,
+        reader: Optional[KernelLog] = None,
+    ) -> None:
+        self.kmsg = kmsg
+        self.procfs = procfs
+        self._wall_clock = wall_clock
+        self._log = reader if reader is not None else KernelLog(kmsg)
+        self._gpus: dict[str, GpuLog] = {}
+        self._switches: dict[tuple[str, str, int, bool], Seen] = {}
+        self._codes: set[int] = set()
+        self._names: dict[str, Any] = {}  # bus id -> the driver's GPU (index, uuid), from procfs
+        self._records = 0
+        self._history_read = False
+        self._readable = False
+        self._told: Optional[str] = None  # the last failure logged, so each is logged once
+
+    def hardware_answering(self) -> bool:
+        return self._readable
+
+    def _boot_time(self) -> float:
+        """Unix time of boot (`btime` of procfs's stat); a record's microseconds count from it."""
+        try:
+            with open(os.path.join(self.procfs, "stat"), encoding="ascii", errors="replace") as stream:
+                for line in stream:
+                    if line.startswith("btime "):
+                        return float(line.split()[1])
+        except (OSError, ValueError, IndexError):
+            pass
+        with open("/proc/uptime", encoding="ascii") as stream:  # this host's own, as a last resort
+            return self._wall_clock() - float(stream.read().split()[0])
+
+    def start(self) -> None:
+        self._names = driver_gpus_by_bus(self.procfs)
+        for bus in self._names:
+            self._gpus.setdefault(bus, GpuLog(bus))
+
+    def stop(self) -> None:
+        self._log.close()
+
+    def _read(self) -> None:
+        try:
+            records = self._log.records()
+        except OSError as error:
+            self._readable = False
+            self._log.close()
+            reason = f"{self.kmsg}: {error.strerror or error}"
+            if reason != self._told:
+                denied = error.errno in (errno.EACCES, errno.EPERM)  # EPERM: no CAP_SYSLOG under dmesg_restrict
+                hint = " (the service needs CAP_SYSLOG and ProtectKernelLogs=no)" if denied else ""
+                log.warning("kernel log unreadable: %s%s; XIDs come from NVML's events only", reason, hint)
+                self._told = reason
+            return
+        if not self._readable and self._told is not None:
+            log.info("kernel log readable again: %s", self.kmsg)
+            self._told = None
+        self._readable = True
+        boot = self._boot_time() if records else 0.0
+        for _, microseconds, message in records:
+            self._records += 1
+            if "Xid" in message:
+                self._xid(message, boot + microseconds / 1e6)
+        # Everything up to the first time the log ran dry was there before the start: history, not events.
+        self._history_read = True
+
+    def _xid(self, message: str, when: float) -> None:
+        match = XID_LINE.search(message)
+        if match:
+            bus, code = bus_id(match.group(1)), int(match.group(2))
+            if bus not in self._names:
+                self._names = driver_gpus_by_bus(self.procfs)  # a GPU the driver added since: named if it can be
+            gpu = self._gpus.setdefault(bus, GpuLog(bus))
+            seen = gpu.xids.setdefault(code, Seen())
+            seen.count += 1
+            seen.last = max(seen.last, when)
+            self._codes.add(code)
+            if self._history_read:
+                gpu.events_since_start += 1
+            if code == 154:
+                recovery = RECOVERY_LINE.search(message)
+                if recovery:
+                    gpu.recovery = catalogue.RECOVERY_ACTIONS.get(recovery.group(1).strip().lower(), "none")
+            return
+        match = SXID_LINE.search(message)
+        if match:
+            key = (match.group(1), bus_id(match.group(2)), int(match.group(3)), match.group(4) == "Fatal")
+            seen = self._switches.setdefault(key, Seen())
+            seen.count += 1
+            seen.last = max(seen.last, when)
+
+    def _labels(self, bus: str) -> list[str]:
+        name = self._names.get(bus)
+        return [name.index, name.uuid, bus] if name is not None else ["", "", bus]
+
+    def sample(self) -> Samples:
+        self._read()
+        out = Samples()
+        for bus, gpu in sorted(self._gpus.items()):
+            labels = self._labels(bus)
+            out.add(XID_EVENTS, labels, gpu.events_since_start)
+            for code, seen in sorted(gpu.xids.items()):
+                out.add(XID_ERRORS, [*labels, str(code)], seen.count)
+                out.add(XID_LAST, [*labels, str(code)], seen.last)
+            if gpu.recovery is not None:
+                out.add(RECOVERY, [*labels, gpu.recovery], 1)
+        for code in sorted(self._codes):
+            info = catalogue.xid(code)
+            out.add(CATALOGUE_INFO, [str(code), info.name, info.severity, info.action], 1)
+        for (switch, bus, code, fatal), seen in sorted(self._switches.items()):
+            labels = [switch, bus, str(code), "true" if fatal else "false"]
+            out.add(SXID_ERRORS, labels, seen.count)
+            out.add(SXID_LAST, labels, seen.last)
+        out.add(RECORDS, [], self._records)
+        out.add(MALFORMED, [], self._log.malformed)
+        out.add(LOST, [], self._log.lost)
+        out.add(READABLE, [], 1 if self._readable else 0)
+        return out
+
+
+def _nvidia_driver(paths: Paths, options: dict[str, Any]) -> bool:
+    """On by default where the NVIDIA driver is loaded: it is what writes XIDs."""
+    return os.path.isdir(os.path.join(paths.procfs, "driver", "nvidia"))
+
+
+REGISTRATION = register(
+    Registration(
+        name="kernel_log",
+        help="XIDs and NVSwitch SXids from the kernel log, named by the XID catalogue",
+        build=lambda options, paths: KernelLogCollector(kmsg=paths.kmsg, procfs=paths.procfs),
+        catalogue=C,
+        options=(INTERVAL,),
+        # Not hardware: an unreadable log is reported by accelmon_kernel_log_readable and the node's health check
+        # (a permission to grant), not as hardware that does not answer.
+        enabled_by_default=_nvidia_driver,
+        devices=("/dev/kmsg r",),
+        # Reading /dev/kmsg where kernel.dmesg_restrict=1 (Debian's and Ubuntu's default) needs CAP_SYSLOG.
+        capabilities=("CAP_SYSLOG",),
+    )
+)

@@ -1,0 +1,258 @@
+"""Is each GPU healthy, and if not, what to do: checks over what the collectors already sampled (no second path to
+the hardware), one verdict type shared by the served metrics (the `health` collector), `accelmon-exporter --scan`
+and the Slurm health check that drains a node.
+
+A check looks at one GPU's series and answers ok, warning or failure with a detail for people and an action from
+the XID catalogue's list (`accelmon.xid.ACTIONS`). A GPU's verdict is its worst check; the node's is its worst GPU
+or node check. docs/health.md lists the checks, their thresholds and what each action means.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from accelmon import xid as catalogue
+from accelmon.core import Samples
+
+VERDICTS = ("ok", "warning", "failure")
+# Clock-event reasons that mean the hardware slowed the GPU down (not the idle or application-clock ones).
+SLOWDOWN_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown")
+XID_WARNING_WINDOW_SECONDS = 3600.0  # an application-class XID warns for an hour after it was logged
+
+Labels = dict[str, str]
+Gpu = tuple[str, str]  # (gpu index, uuid): the labels every GPU series carries
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    verdict: str  # one of VERDICTS
+    detail: str  # for people: never a label
+    action: str = "none"  # one of accelmon.xid.ACTIONS
+
+
+@dataclass
+class GpuHealth:
+    index: str
+    uuid: str
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> str:
+        return worst(check.verdict for check in self.checks)
+
+    @property
+    def action(self) -> str:
+        """What to do first: the most disruptive action of the worst checks (a failure's, before a warning's)."""
+        verdict = self.verdict
+        return catalogue.most_disruptive([c.action for c in self.checks if c.verdict == verdict != "ok"])
+
+
+@dataclass
+class NodeHealth:
+    gpus: list[GpuHealth]
+    checks: list[Check]  # about the node, not one GPU (the kernel log unreadable, say)
+
+    @property
+    def verdict(self) -> str:
+        return worst([*(gpu.verdict for gpu in self.gpus), *(check.verdict for check in self.checks)])
+
+    def as_json(self) -> dict[str, object]:
+        """The scan's JSON (docs/health.md): `verdict`, `checks` of the node and `gpus`, each with its checks."""
+
+        def checks(items: list[Check]) -> list[dict[str, str]]:
+            return [{"name": c.name, "verdict": c.verdict, "detail": c.detail, "action": c.action} for c in items]
+
+        return {
+            "verdict": self.verdict,
+            "checks": checks(self.checks),
+            "gpus": [
+                {"index": g.index, "uuid": g.uuid, "verdict": g.verdict, "action": g.action, "checks": checks(g.checks)}
+                for g in self.gpus
+            ],
+        }
+
+    def exit_status(self) -> int:
+        return VERDICTS.index(self.verdict)
+
+    def table(self) -> str:
+        """For people: one line per check that is not ok, and a line per healthy GPU."""
+        lines = [f"node verdict: {self.verdict}"]
+        for check in self.checks:
+            if check.verdict != "ok":
+                lines.append(f"  node      {check.verdict:8} {check.name:16} {check.detail} -> {check.action}")
+        for gpu in self.gpus:
+            bad = [check for check in gpu.checks if check.verdict != "ok"]
+            if not bad:
+                lines.append(f"  GPU {gpu.index:<5} ok       {len(gpu.checks)} checks passed ({gpu.uuid})")
+            for check in bad:
+                lines.append(f"  GPU {gpu.index:<5} {check.verdict:8} {check.name:16} {check.detail} -> {check.action}")
+        return "\n".join(lines) + "\n"
+
+    def drain_reason(self) -> str:
+        """Slurm's drain reason: the failing GPUs and checks, short (Slurm keeps reasons in its state file)."""
+        failing = [
+            f"GPU {gpu.index} {check.name}: {check.action}"
+            for gpu in self.gpus
+            for check in gpu.checks
+            if check.verdict == "failure"
+        ]
+        failing += [f"{check.name}: {check.action}" for check in self.checks if check.verdict == "failure"]
+        return "accelmon: " + "; ".join(failing)[:200]
+
+
+def worst(verdicts: Iterable[str]) -> str:
+    return max(verdicts, key=VERDICTS.index, default="ok")
+
+
+class View:
+    """The latest samples of every collector, read by metric name."""
+
+    def __init__(self, samples: Iterable[Samples]) -> None:
+        self.rows: dict[str, list[tuple[Labels, float]]] = {}
+        for sample in samples:
+            for spec, rows in sample.rows.items():
+                self.rows.setdefault(spec.name, []).extend(
+                    (dict(zip(spec.labels, values)), value) for values, value in rows
+                )
+
+    def of(self, metric: str, gpu: Optional[Gpu] = None) -> list[tuple[Labels, float]]:
+        rows = self.rows.get(metric, [])
+        if gpu is None:
+            return rows
+        return [(labels, value) for labels, value in rows if _same_gpu((labels.get("gpu"), labels.get("uuid")), gpu)]
+
+    def value(self, metric: str, gpu: Gpu, **match: str) -> Optional[float]:
+        for labels, value in self.of(metric, gpu):
+            if all(labels.get(k) == v for k, v in match.items()):
+                return value
+        return None
+
+    def gpus(self) -> list[Gpu]:
+        """Every GPU some collector names: NVML's, and the kernel log's (a GPU that fell off the bus before the
+        exporter started is only there). One GPU is one index: NVML names a GPU lost at its start without a
+        UUID, the driver's procfs files still give it."""
+        uuids: dict[str, str] = {}
+        for metric in ("accelmon_gpu_up", "accelmon_gpu_kernel_xid_events_total"):
+            for labels, _ in self.of(metric):
+                index = labels.get("gpu", "")
+                if index:
+                    uuids[index] = uuids.get(index) or labels.get("uuid", "")
+        return sorted(uuids.items(), key=lambda gpu: (int(gpu[0]) if gpu[0].isdigit() else 1 << 30, gpu[1]))
+
+
+def _same_gpu(labels: tuple[Optional[str], Optional[str]], gpu: Gpu) -> bool:
+    """Whether a series' (gpu, uuid) names `gpu`: the same index, and the same UUID where both have one."""
+    index, uuid = labels
+    return index == gpu[0] and (not uuid or not gpu[1] or uuid == gpu[1])
+
+
+def _when(timestamp: float) -> str:
+    return datetime.datetime.fromtimestamp(timestamp, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def check_lost(view: View, gpu: Gpu, now: float) -> Check:
+    up = view.value("accelmon_gpu_up", gpu)
+    if up == 0:
+        return Check("gpu_lost", "failure", "NVML lost the GPU (GpuIsLost)", "reboot_node")
+    if up is None and view.of("accelmon_gpu_up"):
+        return Check("gpu_lost", "failure", "the driver lists the GPU, NVML does not", "reboot_node")
+    return Check("gpu_lost", "ok", "answers NVML")
+
+
+def check_xid(view: View, gpu: Gpu, now: float) -> Check:
+    """Critical XIDs fail until the node reboots (the kernel log holds them since boot); the others warn for an
+    hour. From the kernel log where it is read, else from NVML's events since the exporter started: each XID is
+    counted from one source only."""
+    findings: list[tuple[str, str, str]] = []  # (verdict, detail, action)
+    if _kernel_log_readable(view):
+        for labels, last in view.of("accelmon_gpu_kernel_xid_last_timestamp_seconds", gpu):
+            info = catalogue.xid(int(labels["xid"]))
+            if info.severity == "critical":
+                findings.append(("failure", f"XID {info.code} {info.name} at {_when(last)}", info.action))
+            elif info.severity == "warning" and now - last < XID_WARNING_WINDOW_SECONDS:
+                findings.append(("warning", f"XID {info.code} {info.name} at {_when(last)}", info.action))
+        for labels, _ in view.of("accelmon_gpu_recovery_action_state", gpu):
+            if labels["action"] != "none":
+                findings.append(("failure", f"the driver asks for {labels['action']} (XID 154)", labels["action"]))
+    else:
+        for labels, count in view.of("accelmon_gpu_xid_errors_total", gpu):
+            info = catalogue.xid(int(labels["xid"]))
+            if count > 0 and info.severity != "info":
+                verdict = "failure" if info.severity == "critical" else "warning"
+                findings.append((verdict, f"XID {info.code} {info.name} x{count:g} (NVML events)", info.action))
+    if not findings:
+        return Check("xid", "ok", "no XID that needs action")
+    verdict = worst(f[0] for f in findings)
+    chosen = [f for f in findings if f[0] == verdict]
+    action = catalogue.most_disruptive([f[2] for f in chosen])
+    return Check("xid", verdict, "; ".join(f[1] for f in chosen), action)
+
+
+def _kernel_log_readable(view: View) -> bool:
+    return any(value == 1 for _, value in view.of("accelmon_kernel_log_readable"))
+
+
+def check_ecc(view: View, gpu: Gpu, now: float) -> Check:
+    uncorrected = view.value("accelmon_gpu_ecc_errors_total", gpu, type="uncorrected", scope="volatile")
+    if uncorrected:
+        return Check("ecc", "failure", f"{uncorrected:g} uncorrectable ECC errors since the driver loaded", "reset_gpu")
+    return Check("ecc", "ok", "no uncorrectable ECC error" if uncorrected is not None else "ECC not reported")
+
+
+def check_memory_repair(view: View, gpu: Gpu, now: float) -> Check:
+    if view.value("accelmon_gpu_remapped_rows_failure", gpu) == 1:
+        return Check("memory_repair", "failure", "a row remapping failed", "hardware_service")
+    if view.value("accelmon_gpu_remapped_rows_pending", gpu) == 1:
+        return Check("memory_repair", "warning", "a row remapping waits for a GPU reset", "reset_gpu")
+    if view.value("accelmon_gpu_retired_pages_pending", gpu) == 1:
+        return Check("memory_repair", "warning", "a page retirement waits for a GPU reset", "reset_gpu")
+    return Check("memory_repair", "ok", "no remapping or retirement pending or failed")
+
+
+def check_slowdown(view: View, gpu: Gpu, now: float) -> Check:
+    """Now, as sampled: the alert on the served state asks for it to last (`for:`)."""
+    active = [
+        labels["reason"]
+        for labels, value in view.of("accelmon_gpu_clock_event_active", gpu)
+        if value == 1 and labels.get("reason") in SLOWDOWN_REASONS
+    ]
+    if active:
+        return Check("slowdown", "warning", "clocks held down: " + ", ".join(sorted(active)), "hardware_service")
+    return Check("slowdown", "ok", "no thermal or power slowdown")
+
+
+GPU_CHECKS: tuple[Callable[[View, Gpu, float], Check], ...] = (
+    check_lost,
+    check_xid,
+    check_ecc,
+    check_memory_repair,
+    check_slowdown,
+)
+CHECK_NAMES = ("gpu_lost", "xid", "ecc", "memory_repair", "slowdown")
+
+
+def node_checks(view: View) -> list[Check]:
+    checks = []
+    readable = view.of("accelmon_kernel_log_readable")
+    if readable and not _kernel_log_readable(view):
+        checks.append(
+            Check("kernel_log", "warning", "the kernel log is unreadable: XIDs only from NVML's events", "none")
+        )
+    elif readable:
+        checks.append(Check("kernel_log", "ok", "read"))
+    return checks
+
+
+def evaluate(samples: Iterable[Samples], now: float) -> NodeHealth:
+    view = View(samples)
+    gpus = [GpuHealth(i, uuid, [check(view, (i, uuid), now) for check in GPU_CHECKS]) for i, uuid in view.gpus()]
+    return NodeHealth(gpus, node_checks(view))
+
+
+def dumps(health: NodeHealth) -> str:
+    return json.dumps(health.as_json(), indent=2)

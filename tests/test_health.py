@@ -1,0 +1,208 @@
+"""Health verdicts: each check on samples the collectors really made (the fake NVML under pynvml, the kernel-log
+collector on fixture logs), one XID counted from one source only, the served metrics, and `--scan`'s table,
+JSON and exit statuses."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+
+from accelmon import health
+from accelmon.collectors import nvml
+from accelmon.collectors.health import served
+from accelmon.collectors.kernel_log import KernelLogCollector
+from accelmon.collectors.nvml import NvmlCollector
+from accelmon.core import Samples
+from tests.support.exposition import promtool_check, sample_value
+from tests.support.jobs_tree import nvidia_procfs, uuid
+from tests.support.kernel_log_lines import BOOT, HISTORY, record, xid_line
+from tests.support.processes import exporter_command, exporter_env
+
+HOUR = 3600.0
+
+
+@pytest.fixture
+def procfs(tmp_path):
+    root = nvidia_procfs(tmp_path / "proc", gpus=4)
+    (root / "stat").write_text(f"cpu  1 2 3 4\nbtime {BOOT}\n")
+    return root
+
+
+@pytest.fixture
+def nvml_samples(fake_nvml):
+    """One NVML sample of 4 fake GPUs: GPU 1 lost, GPU 2 in hardware thermal slowdown, an XID 79 on GPU 2
+    delivered as an NVML event."""
+    fake_nvml.configure("gpus 4\nlost 1\n")
+    collector = NvmlCollector()
+    collector.start()
+    fake_nvml.queue_xid(2, 79)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # the event thread counts it within a few waits
+        sample = collector.sample()
+        if any(spec.name == "accelmon_gpu_xid_errors_total" for spec in sample.rows):
+            break
+        time.sleep(0.05)
+    yield sample
+    fake_nvml.release()
+    collector.stop()
+
+
+def kernel_log_sample(tmp_path, procfs, text: str) -> Samples:
+    log = tmp_path / "kmsg"
+    log.write_text(text)
+    collector = KernelLogCollector(kmsg=str(log), procfs=str(procfs))
+    collector.start()
+    return collector.sample()
+
+
+def gpu(node: health.NodeHealth, index: str) -> health.GpuHealth:
+    return next(g for g in node.gpus if g.index == index)
+
+
+def check(node: health.NodeHealth, index: str, name: str) -> health.Check:
+    return next(c for c in gpu(node, index).checks if c.name == name)
+
+
+def test_kernel_log_and_nvml_give_one_verdict_per_gpu(tmp_path, procfs, nvml_samples):
+    node = health.evaluate([nvml_samples, kernel_log_sample(tmp_path, procfs, HISTORY)], now=BOOT + 60)
+    assert [g.index for g in node.gpus] == ["0", "1", "2", "3"]
+    # GPU 1: NVML lost it (no UUID from NVML); the driver's procfs files still name it.
+    assert gpu(node, "1").uuid == uuid(1)
+    assert check(node, "1", "gpu_lost") == health.Check(
+        "gpu_lost", "failure", "NVML lost the GPU (GpuIsLost)", "reboot_node"
+    )
+    # GPU 2: XID 79, seen both as an NVML event and in the kernel log, is judged once, from the kernel log.
+    xid = check(node, "2", "xid")
+    assert (xid.verdict, xid.action) == ("failure", "reboot_node")
+    assert xid.detail == "XID 79 fallen_off_the_bus at 2025-11-24 16:00:07 UTC"
+    assert check(node, "2", "slowdown").verdict == "warning"
+    assert gpu(node, "2").action == "reboot_node"  # the most disruptive action of its failing checks
+    # GPU 3: the driver asked for a node reboot (XID 154).
+    assert check(node, "3", "xid").action == "reboot_node"
+    # GPU 0: an application's XID 13, 52 s ago: a warning, for an hour.
+    assert (check(node, "0", "xid").verdict, check(node, "0", "xid").action) == ("warning", "restart_app")
+    later = health.evaluate([nvml_samples, kernel_log_sample(tmp_path, procfs, HISTORY)], now=BOOT + 8 + HOUR + 1)
+    assert check(later, "0", "xid").verdict == "ok"
+    assert check(later, "2", "xid").verdict == "failure"  # critical XIDs stay until the node reboots
+    assert node.verdict == "failure" and node.exit_status() == 2
+
+
+def test_without_the_kernel_log_nvml_events_are_judged(tmp_path, procfs, nvml_samples):
+    unreadable = KernelLogCollector(kmsg=str(tmp_path), procfs=str(procfs))  # a directory: unreadable
+    unreadable.start()
+    node = health.evaluate([nvml_samples, unreadable.sample()], now=BOOT)
+    xid = check(node, "2", "xid")
+    assert (xid.verdict, xid.action) == ("failure", "reboot_node")
+    assert xid.detail == "XID 79 fallen_off_the_bus x1 (NVML events)"
+    assert node.checks == [
+        health.Check("kernel_log", "warning", "the kernel log is unreadable: XIDs only from NVML's events")
+    ]
+
+
+def nvml_only(rows: list[tuple[object, list[str], float]]) -> Samples:
+    samples = Samples()
+    samples.add(nvml.UP, ["0", "GPU-a"], 1)
+    for spec, extra, value in rows:
+        samples.add(spec, ["0", "GPU-a", *extra], value)
+    return samples
+
+
+@pytest.mark.parametrize(
+    ("rows", "name", "verdict", "action"),
+    [
+        ([(nvml.ECC, ["uncorrected", "volatile"], 2)], "ecc", "failure", "reset_gpu"),
+        (
+            [(nvml.ECC, ["uncorrected", "aggregate"], 9), (nvml.ECC, ["uncorrected", "volatile"], 0)],
+            "ecc",
+            "ok",
+            "none",
+        ),
+        ([(nvml.REMAP_FAILURE, [], 1), (nvml.REMAP_PENDING, [], 1)], "memory_repair", "failure", "hardware_service"),
+        ([(nvml.REMAP_PENDING, [], 1)], "memory_repair", "warning", "reset_gpu"),
+        ([(nvml.RETIRED_PENDING, [], 1)], "memory_repair", "warning", "reset_gpu"),
+        ([(nvml.REMAP_PENDING, [], 0), (nvml.RETIRED_PENDING, [], 0)], "memory_repair", "ok", "none"),
+        ([(nvml.CLOCK_EVENT, ["hw_power_brake_slowdown"], 1)], "slowdown", "warning", "hardware_service"),
+        ([(nvml.CLOCK_EVENT, ["gpu_idle"], 1), (nvml.CLOCK_EVENT, ["sw_power_cap"], 1)], "slowdown", "ok", "none"),
+        ([(nvml.XID_ERRORS, ["94"], 1)], "xid", "warning", "restart_app"),
+        ([(nvml.XID_ERRORS, ["45"], 3)], "xid", "ok", "none"),  # info: a follow-on of another error
+        ([(nvml.XID_ERRORS, ["31"], 1), (nvml.XID_ERRORS, ["95"], 1)], "xid", "failure", "reset_gpu"),
+    ],
+)
+def test_each_check_on_nvml_samples(rows, name, verdict, action):
+    node = health.evaluate([nvml_only(rows)], now=0)
+    found = check(node, "0", name)
+    assert (found.verdict, found.action) == (verdict, action), found
+
+
+def test_lost_gpu_and_served_states(tmp_path, procfs):
+    samples = Samples()
+    samples.add(nvml.UP, ["0", uuid(0)], 1)
+    samples.add(nvml.UP, ["1", ""], 0)
+    node = health.evaluate([samples, kernel_log_sample(tmp_path, procfs, "")], now=BOOT)
+    # GPUs 2 and 3 are in the driver's files but NVML does not list them at all.
+    assert [(g.index, check(node, g.index, "gpu_lost").verdict) for g in node.gpus] == [
+        ("0", "ok"),
+        ("1", "failure"),
+        ("2", "failure"),
+        ("3", "failure"),
+    ]
+    from accelmon.core import render
+
+    text = render(served(node)).decode()
+    promtool_check(text)
+    assert sample_value(text, "accelmon_gpu_health_verdict", gpu="1", uuid=uuid(1)) == 2
+    assert sample_value(text, "accelmon_gpu_health_check_state", gpu="0", check="gpu_lost", action="none") == 0
+    assert sample_value(text, "accelmon_node_health_verdict") == 2
+    assert node.drain_reason().startswith("accelmon: GPU 1 gpu_lost: reboot_node; GPU 2 gpu_lost")
+    assert len(node.drain_reason()) <= len("accelmon: ") + 200
+
+
+def test_the_json_is_what_docs_promise(tmp_path, procfs, nvml_samples):
+    document = json.loads(health.dumps(health.evaluate([nvml_samples], now=0)))
+    assert set(document) == {"verdict", "checks", "gpus"}
+    assert {"index", "uuid", "verdict", "action", "checks"} == set(document["gpus"][0])
+    assert {"name", "verdict", "detail", "action"} == set(document["gpus"][0]["checks"][0])
+    assert [c["name"] for c in document["gpus"][0]["checks"]] == list(health.CHECK_NAMES)
+
+
+def scan(tmp_path, fake_nvml_dir, gpus: int, log: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    """`--scan` over `gpus` fake GPUs that the driver's procfs files list too, and the kernel log `log`."""
+    procfs = nvidia_procfs(tmp_path / f"proc{gpus}", gpus=gpus)
+    (procfs / "stat").write_text(f"btime {BOOT}\n")
+    (tmp_path / "nvml.conf").write_text(f"gpus {gpus}\n")
+    (tmp_path / "kmsg").write_text(log)
+    args = ["--scan", "--path.procfs", str(procfs), "--path.kmsg", str(tmp_path / "kmsg"), *extra]
+    return subprocess.run(
+        exporter_command(*args),
+        env=exporter_env(fake_nvml_dir, tmp_path / "nvml.conf"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_scan_exit_status_table_and_json(tmp_path, fake_nvml_dir):
+    healthy = scan(tmp_path, fake_nvml_dir, 2, "")  # GPU 1 is at its software power cap: fine
+    assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+    assert healthy.stdout.startswith("node verdict: ok\n")
+    warned = scan(tmp_path, fake_nvml_dir, 3, "")  # GPU 2 in hardware thermal slowdown
+    assert warned.returncode == 1, warned.stdout
+    assert "GPU 2     warning  slowdown" in warned.stdout
+    failed = scan(tmp_path, fake_nvml_dir, 4, HISTORY, "--json")
+    assert failed.returncode == 2
+    document = json.loads(failed.stdout)
+    assert document["verdict"] == "failure"
+    assert [g["verdict"] for g in document["gpus"]] == ["ok", "ok", "failure", "failure"]
+    # A scan has no "since the start": what the log holds is judged as history is.
+    again = scan(tmp_path, fake_nvml_dir, 4, record(1, 1.0, xid_line("0000:18:00", 48)))
+    assert again.returncode == 2 and "XID 48 double_bit_ecc_error" in again.stdout
+
+
+def test_scan_that_cannot_run_says_why_with_its_own_status(tmp_path, fake_nvml_dir):
+    (tmp_path / "bad.yml").write_text("collectors: {nvml: {interval_seconds: -1}}\n")
+    result = scan(tmp_path, fake_nvml_dir, 1, "", "--config", str(tmp_path / "bad.yml"))
+    assert result.returncode == 3
+    assert "interval_seconds" in result.stderr

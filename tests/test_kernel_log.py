@@ -1,0 +1,230 @@
+"""The kernel-log collector on fixture logs in /dev/kmsg's format, on this machine's real /dev/kmsg, and on the
+faults a kernel log has: overwritten records (EPIPE), records too long, bytes of any kind, an unreadable log."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from accelmon import xid
+from accelmon.collectors.kernel_log import KernelLog, KernelLogCollector, bus_id, parse_record
+from accelmon.core import Samples
+from tests.support.exposition import promtool_check, sample_value
+from tests.support.jobs_tree import nvidia_procfs, uuid
+from tests.support.kernel_log_lines import BOOT, HISTORY, record, xid_line
+from tests.support.processes import exporter_command, exporter_env
+
+
+@pytest.fixture
+def procfs(tmp_path):
+    root = nvidia_procfs(tmp_path / "proc", gpus=4)
+    (root / "stat").write_text(f"cpu  1 2 3 4\nbtime {BOOT}\n")
+    return root
+
+
+def value(samples: Samples, metric: str, **labels: str) -> float | None:
+    for spec, rows in samples.rows.items():
+        if spec.name == metric:
+            for values, number in rows:
+                if all(dict(zip(spec.labels, values)).get(k) == v for k, v in labels.items()):
+                    return number
+    return None
+
+
+def collector(tmp_path, procfs, text: str) -> tuple[KernelLogCollector, os.PathLike]:
+    log = tmp_path / "kmsg"
+    log.write_text(text)
+    made = KernelLogCollector(kmsg=str(log), procfs=str(procfs))
+    made.start()
+    return made, log
+
+
+def test_history_names_gpus_through_procfs_and_the_catalogue(tmp_path, procfs):
+    made, _ = collector(tmp_path, procfs, HISTORY)
+    out = made.sample()
+    gpu2 = {"gpu": "2", "uuid": uuid(2), "pci_bus_id": "0000:38:00.0"}
+    assert value(out, "accelmon_gpu_kernel_xid_errors_total", **gpu2, xid="79") == 1
+    assert value(out, "accelmon_gpu_kernel_xid_last_timestamp_seconds", **gpu2, xid="79") == BOOT + 7
+    # The older format (no `PCI:`) names GPU 0 as well.
+    assert value(out, "accelmon_gpu_kernel_xid_errors_total", gpu="0", xid="13") == 1
+    # History is not news: every known GPU's events counter is present, at 0.
+    for index in range(4):
+        assert value(out, "accelmon_gpu_kernel_xid_events_total", gpu=str(index)) == 0
+    # A bus id the driver does not list is still counted, named by its bus only; its code is "unknown".
+    assert value(out, "accelmon_gpu_kernel_xid_errors_total", pci_bus_id="0000:99:00.0", gpu="", xid="999") == 1
+    assert value(out, "accelmon_xid_catalogue_info", xid="999", name="unknown", severity="warning") == 1
+    assert value(out, "accelmon_xid_catalogue_info", xid="79", name="fallen_off_the_bus", action="reboot_node") == 1
+    # XID 154's message says which recovery the driver wants.
+    assert value(out, "accelmon_gpu_recovery_action_state", gpu="3", action="reboot_node") == 1
+    assert value(out, "accelmon_nvswitch_sxid_errors_total", nvswitch="0", sxid="20034", fatal="true") == 1
+    assert value(out, "accelmon_nvswitch_sxid_errors_total", nvswitch="2", sxid="12028", fatal="false") == 1
+    assert value(out, "accelmon_kernel_log_records_total") == 7  # continuation lines are not records
+    assert value(out, "accelmon_kernel_log_readable") == 1
+    assert made.hardware_answering() is True
+
+
+def test_following_the_log_counts_new_xids_as_events(tmp_path, procfs):
+    made, log = collector(tmp_path, procfs, HISTORY)
+    made.sample()
+    with open(log, "a") as stream:
+        stream.write(record(107, 60.0, xid_line("0000:38:00", 79)))
+        stream.write(record(108, 61.0, xid_line("0000:28:00", 94)))
+        stream.write(record(109, 62.0, xid_line("0000:28:00", 94))[:-1])  # not ended yet: read when it is
+    out = made.sample()
+    assert value(out, "accelmon_gpu_kernel_xid_errors_total", gpu="2", xid="79") == 2
+    assert value(out, "accelmon_gpu_kernel_xid_events_total", gpu="2") == 1
+    assert value(out, "accelmon_gpu_kernel_xid_events_total", gpu="1") == 1
+    with open(log, "a") as stream:
+        stream.write("\n")
+    out = made.sample()
+    assert value(out, "accelmon_gpu_kernel_xid_errors_total", gpu="1", xid="94") == 2
+    assert value(out, "accelmon_gpu_kernel_xid_last_timestamp_seconds", gpu="1", xid="94") == BOOT + 62
+    assert value(out, "accelmon_kernel_log_lost_records_total") == 0
+
+
+def test_bad_records_are_skipped_and_counted_and_gaps_are_lost_records(tmp_path, procfs):
+    text = (
+        record(1, 1.0, "first")
+        + "no header at all\n"
+        + "4,x,5,-;bad sequence\n"
+        + record(2, 2.0, "NVRM: Xid (PCI:0000:18:00): 48, " + "A" * 200_000)  # a line longer than any record
+        + record(
+            3, 3.0, "NVRM: Xid (PCI:0000:18:00): 31, \udcff bytes".encode("utf-8", "surrogateescape").decode("latin-1")
+        )
+        + record(10, 4.0, xid_line("0000:18:00", 63))  # 4..9 were overwritten before they were read
+    )
+    log = tmp_path / "kmsg"
+    log.write_bytes(text.encode("latin-1", errors="replace") + b"\xff\xfe;\x00\n")
+    made = KernelLogCollector(kmsg=str(log), procfs=str(procfs))
+    made.start()
+    out = made.sample()
+    assert value(out, "accelmon_kernel_log_malformed_records_total") == 4
+    # Sequence numbers never read as records: 2 (skipped as too long) and 4..9 (overwritten).
+    assert value(out, "accelmon_kernel_log_lost_records_total") == 7
+    assert value(out, "accelmon_gpu_kernel_xid_errors_total", gpu="0", xid="31") == 1
+    assert value(out, "accelmon_gpu_kernel_xid_errors_total", gpu="0", xid="63") == 1
+    assert value(out, "accelmon_gpu_kernel_xid_errors_total", gpu="0", xid="48") is None
+
+
+def test_a_truncated_log_is_read_again_from_its_start(tmp_path, procfs):
+    made, log = collector(tmp_path, procfs, HISTORY)
+    made.sample()
+    log.write_text(record(1, 1.0, xid_line("0000:18:00", 48)))  # rotated: shorter than what was read
+    out = made.sample()
+    assert value(out, "accelmon_gpu_kernel_xid_errors_total", gpu="0", xid="48") == 1
+    assert value(out, "accelmon_kernel_log_lost_records_total") == 0
+
+
+def test_the_device_path_survives_epipe_and_records_too_long(tmp_path, procfs):
+    """/dev/kmsg gives one record per read, EPIPE when records were overwritten (the next read gives the oldest
+    left, whose sequence number says how many were lost), EINVAL for a record longer than the buffer, EAGAIN at
+    the end. Played by a scripted read(2) on a real character device."""
+    script = [
+        record(1, 1.0, xid_line("0000:18:00", 13)).encode(),
+        BrokenPipeError(errno.EPIPE, "overwritten"),
+        record(41, 2.0, xid_line("0000:28:00", 79)).encode(),
+        OSError(errno.EINVAL, "too long"),
+        BlockingIOError(errno.EAGAIN, "no more"),
+        record(43, 3.0, xid_line("0000:28:00", 79)).encode(),
+        BlockingIOError(errno.EAGAIN, "no more"),
+    ]
+
+    def read(fd: int, size: int) -> bytes:
+        step = script.pop(0)
+        if isinstance(step, Exception):
+            raise step
+        return step
+
+    made = KernelLogCollector(kmsg="/dev/null", procfs=str(procfs), reader=KernelLog("/dev/null", read=read))
+    made.start()
+    out = made.sample()
+    assert value(out, "accelmon_kernel_log_lost_records_total") == 39
+    assert value(out, "accelmon_kernel_log_malformed_records_total") == 1
+    assert value(out, "accelmon_gpu_kernel_xid_errors_total", gpu="1", xid="79") == 1
+    out = made.sample()  # the next sample goes on from there: a new XID, with the record between lost
+    assert value(out, "accelmon_gpu_kernel_xid_events_total", gpu="1") == 1
+    assert value(out, "accelmon_kernel_log_lost_records_total") == 40
+    assert not script
+
+
+def test_this_machines_real_kmsg(procfs):
+    """/dev/kmsg as the kernel serves it (readable by root here): read to its end without blocking, every record
+    parsed, none lost between two samples."""
+    made = KernelLogCollector(kmsg="/dev/kmsg", procfs=str(procfs))
+    made.start()
+    first = made.sample()
+    if os.geteuid() != 0 and value(first, "accelmon_kernel_log_readable") == 0:
+        pytest.fail("run as root: /dev/kmsg is what this test reads")  # a machine's dmesg_restrict
+    assert value(first, "accelmon_kernel_log_readable") == 1
+    assert value(first, "accelmon_kernel_log_records_total") > 0
+    assert value(first, "accelmon_kernel_log_malformed_records_total") == 0
+    second = made.sample()
+    assert value(second, "accelmon_kernel_log_records_total") >= value(first, "accelmon_kernel_log_records_total")
+    made.stop()
+
+
+def test_an_unreadable_log_is_said_once_and_the_others_go_on(tmp_path, procfs, caplog):
+    made = KernelLogCollector(kmsg=str(tmp_path), procfs=str(procfs))  # a directory: reading it fails (EISDIR)
+    made.start()
+    for _ in range(3):
+        out = made.sample()
+    assert value(out, "accelmon_kernel_log_readable") == 0
+    assert made.hardware_answering() is False
+    assert len([r for r in caplog.records if "kernel log unreadable" in r.getMessage()]) == 1
+
+
+def test_permission_denied_without_cap_syslog(procfs, fake_nvml_dir, tmp_path):
+    """The real /dev/kmsg read without CAP_SYSLOG, as a service without the role's grant meets it where
+    kernel.dmesg_restrict=1 (this machine's setting, and Debian's and Ubuntu's default): the exporter runs, the
+    kernel_log collector says it cannot read (self-metric, one warning naming the fix), NVML goes on."""
+    assert Path("/proc/sys/kernel/dmesg_restrict").read_text().strip() == "1", "this test needs dmesg_restrict=1"
+    # Root keeps its uid but loses every capability; anyone else has none to lose.
+    drop = ["setpriv", "--bounding-set=-all", "--inh-caps=-all", "--"] if os.geteuid() == 0 else []
+    config = tmp_path / "fake-nvml.conf"
+    config.write_text("gpus 2\n")
+    args = ["--once", "--path.procfs", str(procfs), "--no-collector.infiniband", "--no-collector.neuron"]
+    result = subprocess.run(
+        [*drop, *exporter_command(*args)],
+        env=exporter_env(fake_nvml_dir, config),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert sample_value(result.stdout, "accelmon_kernel_log_readable") == 0
+    assert sample_value(result.stdout, "accelmon_collector_success", collector="kernel_log") == 1
+    assert sample_value(result.stdout, "accelmon_gpu_up", gpu="1") == 1
+    assert result.stderr.count("kernel log unreadable") == 1 and "CAP_SYSLOG" in result.stderr, result.stderr
+    # The node's health says XIDs are only NVML's now.
+    assert sample_value(result.stdout, "accelmon_node_health_check_state", check="kernel_log") == 1
+    promtool_check(result.stdout)
+
+
+def test_the_catalogue_is_consistent():
+    for code, info in xid.XIDS.items():
+        assert info.code == code and info.name.isidentifier() and info.name == info.name.lower()
+        assert info.meaning.endswith(".")
+    assert xid.xid(79).action == "reboot_node" and xid.xid(79).severity == "critical"
+    assert xid.xid(12345).name == "unknown" and xid.xid(12345).code == 12345
+    assert xid.most_disruptive(["restart_app", "reboot_node", "reset_gpu"]) == "reboot_node"
+    assert xid.sxid(fatal=True) == ("critical", "check_fabric")
+    with pytest.raises(ValueError, match="unknown"):
+        xid.XidInfo(1, "x", "fatal", "none", "x.")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("0000:12:00", "0000:12:00.0"), ("00000000:1A:00.0", "0000:1a:00.0"), ("0000:c3:00.1", "0000:c3:00.0")],
+)
+def test_bus_ids_are_named_as_procfs_names_them(text, expected):
+    assert bus_id(text) == expected
+
+
+def test_a_record_is_parsed_by_the_kernel_abi():
+    assert parse_record("6,339,5140900,-,caller=T1;NVRM: hello\n SUBSYSTEM=pci") == (339, 5140900, "NVRM: hello")
+    assert parse_record("6,339,5140900;no flags") is None
+    assert parse_record("just text") is None
