@@ -244,7 +244,7 @@ def test_the_unit_passes_the_web_config_only_when_there_is_one(tmp_path, web_con
     unit = tmp_path / "accelmon-exporter.service"
     variables = {
         "__accelmon_exporter_web_config": web_config,
-        "__accelmon_exporter_plan": {"device_allow": ["char-nvidia-frontend rw"]},
+        "__accelmon_exporter_plan": {"device_allow": ["char-nvidia-frontend rw"], "capabilities": []},
         "accelmon_exporter_nvml_library_dir": "/opt/nvml",
     }
     render_role_template("accelmon_exporter", "accelmon-exporter.service.j2", unit, variables)
@@ -254,3 +254,31 @@ def test_the_unit_passes_the_web_config_only_when_there_is_one(tmp_path, web_con
     assert command == f"ExecStart=/opt/accelmon/venv/bin/accelmon-exporter --config /etc/accelmon/exporter.yml{flag}"
     assert 'Environment="LD_LIBRARY_PATH=/opt/nvml"' in lines
     assert "DeviceAllow=char-nvidia-frontend rw" in lines
+
+
+@pytest.mark.parametrize(
+    ("capabilities", "expected"),
+    [
+        ([], ["ProtectKernelLogs=yes", "CapabilityBoundingSet=", "AmbientCapabilities="]),
+        (
+            ["CAP_SYSLOG"],
+            ["ProtectKernelLogs=no", "CapabilityBoundingSet=CAP_SYSLOG", "AmbientCapabilities=CAP_SYSLOG"],
+        ),
+    ],
+)
+def test_the_unit_grants_only_the_capabilities_the_exporter_asks_for(tmp_path, capabilities, expected):
+    """The exporter's plan (--check-config --json) names CAP_SYSLOG where the kernel_log collector may run: the
+    unit grants it and lets the kernel log be read; elsewhere no capability and ProtectKernelLogs stay as before."""
+    unit = tmp_path / "accelmon-exporter.service"
+    variables = {
+        "__accelmon_exporter_web_config": {},
+        "__accelmon_exporter_plan": {"device_allow": ["/dev/kmsg r"], "capabilities": capabilities},
+    }
+    render_role_template("accelmon_exporter", "accelmon-exporter.service.j2", unit, variables)
+    lines = unit.read_text().splitlines()
+    chosen = [
+        line
+        for line in lines
+        if line.split("=")[0] in ("ProtectKernelLogs", "CapabilityBoundingSet", "AmbientCapabilities")
+    ]
+    assert chosen == expected

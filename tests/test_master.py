@@ -21,6 +21,7 @@ from tests.support.simulated_node import get
 
 MASTER = ROOT / "master"
 RULES = sorted((MASTER / "prometheus" / "rules").glob("*.yml"))
+RUNBOOK_BASE = "https://github.com/accelmon/accelmon/blob/main/docs/runbooks/"
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess[str]:
@@ -45,6 +46,16 @@ def test_every_alert_has_a_unit_test_a_severity_and_a_runbook():
         assert alert["alert"] in tested, f"{alert['alert']} has no firing test"
         assert alert["labels"]["severity"] in {"critical", "warning", "info"}
         assert len(alert["annotations"]["description"]) > 40
+        # Each links its runbook in docs/runbooks/, which says what it means, how to confirm, what to do and when
+        # to escalate.
+        name = alert["alert"]
+        assert alert["annotations"].get("runbook_url") == RUNBOOK_BASE + f"{name}.md", f"{name}: runbook_url"
+        runbook = (ROOT / "docs" / "runbooks" / f"{name}.md").read_text()
+        assert runbook.startswith(f"# {name}\n"), name
+        for section in ("## What it means", "## How to confirm", "## What to do", "## When to escalate"):
+            assert section in runbook, f"docs/runbooks/{name}.md has no {section!r}"
+    runbooks = {p.stem for p in (ROOT / "docs" / "runbooks").glob("*.md")}
+    assert runbooks == {alert["alert"] for alert in alerts}, "a runbook without its alert"
 
 
 @pytest.mark.parametrize("alertmanager", [False, True])
@@ -121,5 +132,10 @@ def test_fleet_sees_the_lost_gpu_and_the_xid(prometheus):
     assert query(prometheus, "cluster:accelmon_gpus_lost:sum")[0]["value"][1] == "1"
     assert query(prometheus, "cluster:accelmon_gpus_up:sum")[0]["value"][1] == "7"
     assert query(prometheus, 'accelmon_gpu_xid_errors_total{gpu="2",xid="79"}')
-    firing = {a["labels"]["alertname"] for a in get(f"{prometheus}/api/v1/alerts")["data"]["alerts"]}
-    assert {"AccelmonGpuLost", "AccelmonGpuCriticalXid", "AccelmonInfinibandPortNotActive"} <= firing
+    alerts = get(f"{prometheus}/api/v1/alerts")["data"]["alerts"]
+    firing = {a["labels"]["alertname"] for a in alerts}
+    assert {"AccelmonGpuLost", "AccelmonGpuHealthFailure", "AccelmonInfinibandPortNotActive"} <= firing
+    # The XID 79 is both an NVML event and a kernel log line: one alert, from the health check, with its action.
+    assert "AccelmonGpuCriticalXid" not in firing
+    health = [a["labels"] for a in alerts if a["labels"]["alertname"] == "AccelmonGpuHealthFailure"]
+    assert {(h["gpu"], h["check"], h["action"]) for h in health} >= {("2", "xid", "reboot_node")}

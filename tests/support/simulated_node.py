@@ -16,7 +16,8 @@ from typing import Iterator
 import yaml
 
 from tests.support.infiniband_tree import standard_tree
-from tests.support.jobs_tree import nvidia_procfs, slurm_job_cgroup
+from tests.support.jobs_tree import bus_id, nvidia_procfs, slurm_job_cgroup
+from tests.support.kernel_log_lines import BOOT, record, xid_line
 from tests.support.neuron_reports import line, report
 from tests.support.paths import FAKE_NEURON_MONITOR, ROOT
 from tests.support.processes import exporter_env, free_port, stop
@@ -36,6 +37,11 @@ def start_exporter(work: Path, port: int, fake_nvml_dir: Path) -> subprocess.Pop
     # Two Slurm jobs sharing GPU minor 1: the per-job rules join through both.
     (jobs / "slurm-100").write_text("scheduler=slurm\njob_id=100\nuser=alice\naccount=ml\ngpus=0,1\n")
     (jobs / "slurm-200").write_text("scheduler=slurm\njob_id=200\nuser=bob\naccount=hpc\ngpus=1\n")
+    # Its kernel log has the XID 79 that the fake driver also reports as an NVML event on GPU 2 (bus 0000:38:00),
+    # as a real driver logs every XID it reports: the health check names it once, from the kernel log.
+    kmsg = work / "kmsg"
+    kmsg.write_text(record(1, 5.0, xid_line(bus_id(2).rsplit(".", 1)[0], 79, "GPU has fallen off the bus.")))
+    (procfs / "stat").write_text(f"btime {BOOT}\n")
     reports = work / "reports.jsonl"
     reports.write_text("\n".join(line(report(i)) for i in range(1, 4)) + "\n")
     settings = work / "accelmon.yml"
@@ -43,7 +49,7 @@ def start_exporter(work: Path, port: int, fake_nvml_dir: Path) -> subprocess.Pop
         yaml.safe_dump(
             {
                 "web": {"listen_address": f"127.0.0.1:{port}"},
-                "paths": {"sysfs": str(sysfs), "procfs": str(procfs)},
+                "paths": {"sysfs": str(sysfs), "procfs": str(procfs), "kmsg": str(kmsg)},
                 "collectors": {
                     "nvml": {"enabled": True, "pcie_interval_seconds": 1, "slow_interval_seconds": 1},
                     "infiniband": {"enabled": True, "interval_seconds": 1},
