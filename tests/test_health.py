@@ -129,6 +129,26 @@ def nvml_only(rows: list[tuple[object, list[str], float]]) -> Samples:
         ([(nvml.XID_ERRORS, ["94"], 1)], "xid", "warning", "restart_app"),
         ([(nvml.XID_ERRORS, ["45"], 3)], "xid", "ok", "none"),  # info: a follow-on of another error
         ([(nvml.XID_ERRORS, ["31"], 1), (nvml.XID_ERRORS, ["95"], 1)], "xid", "failure", "reset_gpu"),
+        ([(nvml.PCIE_WIDTH, [], 8), (nvml.PCIE_WIDTH_MAX, [], 16)], "pcie", "warning", "hardware_service"),
+        (
+            [(nvml.PCIE_GENERATION, [], 3), (nvml.PCIE_GENERATION_MAX, [], 5), (nvml.CLOCK_EVENT, ["gpu_idle"], 0)],
+            "pcie",
+            "warning",
+            "hardware_service",
+        ),
+        # An idle GPU at Gen1 is saving power, not degraded.
+        (
+            [(nvml.PCIE_GENERATION, [], 1), (nvml.PCIE_GENERATION_MAX, [], 5), (nvml.CLOCK_EVENT, ["gpu_idle"], 1)],
+            "pcie",
+            "ok",
+            "none",
+        ),
+        (
+            [(nvml.PCIE_GENERATION, [], 5), (nvml.PCIE_GENERATION_MAX, [], 5), (nvml.PCIE_WIDTH, [], 16)],
+            "pcie",
+            "ok",
+            "none",
+        ),
     ],
 )
 def test_each_check_on_nvml_samples(rows, name, verdict, action):
@@ -168,11 +188,13 @@ def test_the_json_is_what_docs_promise(tmp_path, procfs, nvml_samples):
     assert [c["name"] for c in document["gpus"][0]["checks"]] == list(health.CHECK_NAMES)
 
 
-def scan(tmp_path, fake_nvml_dir, gpus: int, log: str, *extra: str) -> subprocess.CompletedProcess[str]:
+def scan(
+    tmp_path, fake_nvml_dir, gpus: int, log: str, *extra: str, nvml_extra: str = ""
+) -> subprocess.CompletedProcess[str]:
     """`--scan` over `gpus` fake GPUs that the driver's procfs files list too, and the kernel log `log`."""
     procfs = nvidia_procfs(tmp_path / f"proc{gpus}", gpus=gpus)
     (procfs / "stat").write_text(f"btime {BOOT}\n")
-    (tmp_path / "nvml.conf").write_text(f"gpus {gpus}\n")
+    (tmp_path / "nvml.conf").write_text(f"gpus {gpus}\n{nvml_extra}")
     (tmp_path / "kmsg").write_text(log)
     args = ["--scan", "--path.procfs", str(procfs), "--path.kmsg", str(tmp_path / "kmsg"), *extra]
     return subprocess.run(
@@ -191,6 +213,11 @@ def test_scan_exit_status_table_and_json(tmp_path, fake_nvml_dir):
     warned = scan(tmp_path, fake_nvml_dir, 3, "")  # GPU 2 in hardware thermal slowdown
     assert warned.returncode == 1, warned.stdout
     assert "GPU 2     warning  slowdown" in warned.stdout
+    # A GPU whose link trained at x8 Gen4 (the fake driver's real-format answer); GPU 0 idles at Gen1: fine.
+    narrow = scan(tmp_path, fake_nvml_dir, 2, "", nvml_extra="pcie 1 4 8\n")
+    assert narrow.returncode == 1, narrow.stdout
+    assert "GPU 1     warning  pcie             PCIe link degraded: x8 of x16, Gen4 of Gen5 while busy" in narrow.stdout
+    assert "GPU 0     ok" in narrow.stdout
     failed = scan(tmp_path, fake_nvml_dir, 4, HISTORY, "--json")
     assert failed.returncode == 2
     document = json.loads(failed.stdout)

@@ -226,14 +226,38 @@ def check_slowdown(view: View, gpu: Gpu, now: float) -> Check:
     return Check("slowdown", "ok", "no thermal or power slowdown")
 
 
+def check_pcie(view: View, gpu: Gpu, now: float) -> Check:
+    """A link trained below what the GPU and its slot allow halves its bandwidth per step. Fewer lanes is a
+    fault (a badly seated GPU or riser); a lower generation is one only while the GPU works: GPUs drop their link
+    speed when idle, to save power."""
+    width, width_max = (
+        view.value("accelmon_gpu_pcie_link_width", gpu),
+        view.value("accelmon_gpu_pcie_link_width_max", gpu),
+    )
+    generation = view.value("accelmon_gpu_pcie_link_generation", gpu)
+    generation_max = view.value("accelmon_gpu_pcie_link_generation_max", gpu)
+    idle = view.value("accelmon_gpu_clock_event_active", gpu, reason="gpu_idle") == 1
+    degraded = []
+    if width is not None and width_max and width < width_max:
+        degraded.append(f"x{width:g} of x{width_max:g}")
+    if generation is not None and generation_max and generation < generation_max and not idle:
+        degraded.append(f"Gen{generation:g} of Gen{generation_max:g} while busy")
+    if degraded:
+        return Check("pcie", "warning", "PCIe link degraded: " + ", ".join(degraded), "hardware_service")
+    if width is None and generation is None:
+        return Check("pcie", "ok", "PCIe link not reported")
+    return Check("pcie", "ok", "PCIe link at its full width" + (" (idle: lower generation is normal)" if idle else ""))
+
+
 GPU_CHECKS: tuple[Callable[[View, Gpu, float], Check], ...] = (
     check_lost,
     check_xid,
     check_ecc,
     check_memory_repair,
     check_slowdown,
+    check_pcie,
 )
-CHECK_NAMES = ("gpu_lost", "xid", "ecc", "memory_repair", "slowdown")
+CHECK_NAMES = ("gpu_lost", "xid", "ecc", "memory_repair", "slowdown", "pcie")
 
 
 def node_checks(view: View) -> list[Check]:

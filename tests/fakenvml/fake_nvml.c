@@ -19,6 +19,9 @@
  *                               29-31 NOT_SUPPORTED, driver 580.159.04
  *   hang FUNC                   FUNC blocks until fakeNvmlRelease() is called
  *   gpm I                       GPU I supports GPM (profiling metrics)
+ *   pcie I GEN WIDTH            GPU I's PCIe link trained at generation GEN and WIDTH lanes (default: 5 and 16, the
+ *                               maximum of an H100 SXM in a Gen5 slot; an idle GPU runs at generation 1, as real
+ *                               GPUs drop their link speed when idle)
  * GPM answers like the H100 did: two samples less than 100 ms apart give SUCCESS with every metric 0 and
  * DRAM bandwidth NaN (nvml.h asks for more than 100 ms; the driver does not return an error).
  * Test helpers (not NVML): fakeNvmlCallCount(), fakeNvmlCallsOf(name), fakeNvmlSetLost(i, lost), fakeNvmlRelease(),
@@ -74,6 +77,7 @@ static unsigned long long call_count;
 #define MAX_COUNTED 128
 static struct { const char *fn; unsigned long long calls; } counted[MAX_COUNTED];  /* calls per entry point */
 static struct { int gpu; unsigned long long xid; } events[MAX_EVENTS];
+static int pcie_gen[MAX_GPUS], pcie_width[MAX_GPUS];  /* 0: the default link */
 static int n_events;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t released = PTHREAD_COND_INITIALIZER;
@@ -100,6 +104,8 @@ static void read_config(void) {
     memset(lost, 0, sizeof lost);
     memset(mig_count, 0, sizeof mig_count);
     memset(gpm_supported, 0, sizeof gpm_supported);
+    memset(pcie_gen, 0, sizeof pcie_gen);
+    memset(pcie_width, 0, sizeof pcie_width);
     energy_follows_power = 0;
     clock_gettime(CLOCK_MONOTONIC, &loaded_at);
     const char *path = getenv("FAKE_NVML_CONFIG");
@@ -109,7 +115,7 @@ static void read_config(void) {
     while (fgets(line, sizeof line, f)) {
         line[strcspn(line, "\n")] = 0;
         if (sscanf(line, "%63s %159[^\n]", key, arg) < 2) continue;
-        int a = 0, b = 0;
+        int a = 0, b = 0, c = 0;
         if (!strcmp(key, "gpus")) gpu_count = atoi(arg) > MAX_GPUS ? MAX_GPUS : atoi(arg);
         else if (!strcmp(key, "name")) snprintf(product_name, sizeof product_name, "%s", arg);
         else if (!strcmp(key, "lost") && (a = atoi(arg)) < MAX_GPUS) lost[a] = 1;
@@ -133,6 +139,10 @@ static void read_config(void) {
         else if (!strcmp(key, "energy_follows_power")) energy_follows_power = atoi(arg);
         else if (!strcmp(key, "mig") && sscanf(arg, "%d %d", &a, &b) == 2 && a < MAX_GPUS)
             mig_count[a] = b > MAX_MIG ? MAX_MIG : b;
+        else if (!strcmp(key, "pcie") && sscanf(arg, "%d %d %d", &a, &b, &c) == 3 && a >= 0 && a < MAX_GPUS) {
+            pcie_gen[a] = b;
+            pcie_width[a] = c;
+        }
         else if (!strcmp(key, "xid") && sscanf(arg, "%d %d", &a, &b) == 2 && n_events < MAX_EVENTS) {
             events[n_events].gpu = a;
             events[n_events++].xid = (unsigned long long)b;
@@ -417,6 +427,22 @@ nvmlReturn_t nvmlDeviceGetViolationStatus(device_t *d, int policy, violation_t *
     DEVICE(d);
     v->referenceTime = 1700000000000000ULL;
     v->violationTime = (unsigned long long)d->index * (policy == 0 ? 1000000000ULL : 500000000ULL);
+    return OK;
+}
+
+/* The PCIe link. An H100 SXM in a Gen5 slot: generation 5, 16 lanes at most. Real GPUs drop the link to
+ * generation 1 when idle (power saving); this fake's idle GPUs (see clock_reasons) do too. Their CPU cost on the
+ * H100 was not measured: the default is assumed. */
+nvmlReturn_t nvmlDeviceGetMaxPcieLinkGeneration(device_t *d, unsigned int *gen) { DEVICE(d); *gen = 5; return OK; }
+nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(device_t *d, unsigned int *width) { DEVICE(d); *width = 16; return OK; }
+nvmlReturn_t nvmlDeviceGetCurrPcieLinkGeneration(device_t *d, unsigned int *gen) {
+    DEVICE(d);
+    *gen = pcie_gen[d->index] ? (unsigned)pcie_gen[d->index] : (clock_reasons(d) & 0x1) ? 1 : 5;
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(device_t *d, unsigned int *width) {
+    DEVICE(d);
+    *width = pcie_width[d->index] ? (unsigned)pcie_width[d->index] : 16;
     return OK;
 }
 

@@ -131,6 +131,22 @@ REMAP_FAILURE = C.gauge(
 PCIE_REPLAYS = C.counter(
     "accelmon_gpu_pcie_replays_total", "PCIe replay events (link retransmissions).", GPU, read=SLOW
 )
+PCIE_GENERATION = C.gauge(
+    "accelmon_gpu_pcie_link_generation",
+    "PCIe generation the link runs at now (GPUs drop to a lower one when idle, to save power).",
+    GPU,
+    read=SLOW,
+)
+PCIE_GENERATION_MAX = C.gauge(
+    "accelmon_gpu_pcie_link_generation_max",
+    "Highest PCIe generation this GPU and its slot allow together.",
+    GPU,
+    read=ONCE,
+)
+PCIE_WIDTH = C.gauge("accelmon_gpu_pcie_link_width", "PCIe lanes the link trained at now.", GPU, read=SLOW)
+PCIE_WIDTH_MAX = C.gauge(
+    "accelmon_gpu_pcie_link_width_max", "Most PCIe lanes this GPU and its slot allow together.", GPU, read=ONCE
+)
 PCIE_TX = C.gauge(
     "accelmon_gpu_pcie_transmit_bytes_per_second",
     "PCIe bytes sent per second over NVML's 20 ms window (NVML reports KiB/s); sampled at the PCIe interval.",
@@ -238,6 +254,8 @@ class Gpu:
     info: dict[str, str] = field(default_factory=dict)
     max_sm_clock: float | None = None
     max_memory_clock: float | None = None
+    max_pcie_generation: float | None = None
+    max_pcie_width: float | None = None
     lost: bool = False
     unsupported: set[str] = field(default_factory=set)
     unsupported_fields: set[int] = field(default_factory=set)
@@ -356,6 +374,9 @@ class NvmlCollector(Collector):
             }
             gpu.max_sm_clock = _scaled(self._call(gpu, "max_sm_clock", nvml.nvmlDeviceGetMaxClockInfo, 1), MHZ)
             gpu.max_memory_clock = _scaled(self._call(gpu, "max_mem_clock", nvml.nvmlDeviceGetMaxClockInfo, 2), MHZ)
+            # The GPU's and its slot's limit together (nvmlDeviceGetGpuMaxPcieLinkGeneration is the GPU's alone).
+            gpu.max_pcie_generation = self._call(gpu, "pcie_gen_max", nvml.nvmlDeviceGetMaxPcieLinkGeneration)
+            gpu.max_pcie_width = self._call(gpu, "pcie_width_max", nvml.nvmlDeviceGetMaxPcieLinkWidth)
         except GpuLostError:
             log.warning("GPU %d is lost", gpu.index)
             gpu.lost = True
@@ -467,6 +488,8 @@ class NvmlCollector(Collector):
         put(MEMORY_CLOCK, self._call(gpu, "mem_clock", nvml.nvmlDeviceGetClockInfo, nvml.NVML_CLOCK_MEM), MHZ)
         put(SM_CLOCK_MAX, gpu.max_sm_clock)
         put(MEMORY_CLOCK_MAX, gpu.max_memory_clock)
+        put(PCIE_GENERATION_MAX, gpu.max_pcie_generation)
+        put(PCIE_WIDTH_MAX, gpu.max_pcie_width)
         put(PSTATE, self._call(gpu, "pstate", nvml.nvmlDeviceGetPerformanceState))
         put(FAN, self._call(gpu, "fan", nvml.nvmlDeviceGetFanSpeed), 0.01)
         encoder = self._call(gpu, "encoder", nvml.nvmlDeviceGetEncoderUtilization)
@@ -514,6 +537,8 @@ class NvmlCollector(Collector):
         ):
             violation = self._call(gpu, key, nvml.nvmlDeviceGetViolationStatus, policy)
             put(spec, violation.violationTime if violation is not None else None, 1e-9)
+        put(PCIE_GENERATION, self._call(gpu, "pcie_gen", nvml.nvmlDeviceGetCurrPcieLinkGeneration))
+        put(PCIE_WIDTH, self._call(gpu, "pcie_width", nvml.nvmlDeviceGetCurrPcieLinkWidth))
         self._sample_fields(gpu, SLOW_FIELDS, put)
         self._sample_mig(gpu, out)
 
