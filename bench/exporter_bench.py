@@ -1,7 +1,7 @@
 """Exporter benchmark over the fake driver, side by side with nvitop-exporter (PyPI) in the same run.
 
 CPU: the fake driver's cost model burns, on the calling thread, the CPU each NVML call cost on a real H100
-(shared/real-hardware.md), so CPU per GPU per second here stands for what a real driver would cost. Both exporters
+(docs/hardware.md), so CPU per GPU per second here stands for what a real driver would cost. Both exporters
 sample every 1 s with nothing scraping them; printed: CPU ms per GPU per second, our ratio to nvitop-exporter's,
 profiling's extra CPU, peak RSS against the floor of Python + prometheus_client + pynvml + the driver library.
 Latency: with every fake call sleeping 2 ms (no CPU), scrape latency p50/p99 over 1000 scrapes.

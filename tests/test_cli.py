@@ -19,7 +19,7 @@ SCENARIOS = {
         "unsupported_field 82\nunsupported_field 142\nunsupported_field 143\nunsupported_field 144\n"
         "unsupported_field 145\nmissing nvmlDeviceGetMigMode\n"
     ),
-    # What a real H100 SXM with driver 580 answered (shared/real-hardware.md): no fan, no retired-page fields
+    # What a real H100 SXM with driver 580 answered (docs/hardware.md): no fan, no retired-page fields
     # (it remaps rows instead), every call costing the CPU it cost there.
     "nvml_h100_real.prom": "gpus 1\nprofile h100\n",
 }

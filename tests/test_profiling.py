@@ -197,7 +197,7 @@ def test_gpm_never_publishes_a_short_window(dcgm_state, fake_nvml):
 
 
 def test_fake_gpm_answers_close_samples_like_the_h100(fake_nvml):
-    """Calibration of the fake against shared/real-hardware.md: samples 0 ms apart give SUCCESS, 0 and NaN."""
+    """Calibration of the fake against docs/hardware.md: samples 0 ms apart give SUCCESS, 0 and NaN."""
     import math
 
     import pynvml

@@ -14,7 +14,7 @@
  *   mig I COUNT                 GPU I runs in MIG mode with COUNT instances
  *   latency_us N                every call sleeps N microseconds (for latency tests: costs no CPU)
  *   cost h100                   every call burns, on the calling thread, the CPU time it cost on a real H100
- *                               (driver 580, shared/real-hardware.md; table call_cost_ms below)
+ *                               (driver 580, docs/hardware.md; table call_cost_ms below)
  *   profile h100                what a real H100 SXM answered: cost h100, fan speed and retired-page fields
  *                               29-31 NOT_SUPPORTED, driver 580.159.04
  *   hang FUNC                   FUNC blocks until fakeNvmlRelease() is called
@@ -151,7 +151,7 @@ static void read_config(void) {
     fclose(f);
 }
 
-/* CPU time (ms) one call cost on the H100 (shared/real-hardware.md, means of 30-50 calls). Calls not listed
+/* CPU time (ms) one call cost on the H100 (docs/hardware.md, means of 30-50 calls). Calls not listed
  * were measured at 0.003-0.03 ms: DEFAULT_COST_MS. nvmlDeviceGetFieldValues is charged per field (field_cost_ms). */
 #define DEFAULT_COST_MS 0.015
 static const struct { const char *fn; double ms; } call_cost_ms[] = {

@@ -1,7 +1,7 @@
 """A procfs tree with the NVIDIA driver's per-GPU `information` files, for the jobs collector.
 
 The format is the driver's (`/proc/driver/nvidia/gpus/<bus id>/information`, as NVIDIA's driver README shows it);
-no real host's file was recorded for it (shared/real-hardware.md has none), so the fields used are the ones
+no real host's file was recorded for it (docs/hardware.md has none), so the fields used are the ones
 named there: `GPU UUID`, `Bus Location` and `Device Minor`. Bus ids and UUIDs are the fake driver's.
 """
 

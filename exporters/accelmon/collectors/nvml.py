@@ -31,7 +31,7 @@ log = logging.getLogger("accelmon.nvml")
 
 GPU = ("gpu", "uuid")
 # How often each value is read, by what it costs and how fast it moves (CPU per call measured on an H100,
-# shared/real-hardware.md). Cheap, fast-moving values every interval; counters and rarely changing values on the
+# docs/hardware.md). Cheap, fast-moving values every interval; counters and rarely changing values on the
 # slow schedule (the energy counter alone costs 4 ms of CPU; a slower read of a counter only coarsens rate(),
 # it loses nothing); identity and maximum clocks once per GPU.
 SLOW = "every slow interval"
