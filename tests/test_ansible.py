@@ -31,8 +31,8 @@ def test_defaults_and_argument_specs_have_the_same_keys(role):
 
 
 @pytest.mark.parametrize("role", ROLES)
-def test_readme_lists_every_variable_with_its_default(role):
-    """docs/deploying.md's variable blocks are the roles' defaults, verbatim: a new or changed default shows up there."""
+def test_the_docs_list_every_variable_with_its_default(role):
+    """docs/deploying.md's variable blocks are the roles' defaults, verbatim: a new default shows up there."""
     defaults = (ROOT / "ansible" / "roles" / role / "defaults" / "main.yml").read_text().removeprefix("---\n")
     assert f"```yaml\n{defaults}```" in (ROOT / "docs" / "deploying.md").read_text(), (
         f"docs/deploying.md: update {role}'s block"

@@ -212,7 +212,7 @@ def test_defaults_are_written_once():
     assert text.count("/usr/share/datacenter-gpu-manager-4/bindings/python3") == 1
 
 
-def test_readme_lists_every_collector_option():
+def test_the_docs_list_every_collector_option():
     """docs/exporter.md's option block is what --help prints from the declarations: a new option shows up there."""
     from accelmon.cli import options_help
 
