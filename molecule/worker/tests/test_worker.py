@@ -5,7 +5,9 @@ import json
 import pytest
 
 testinfra_hosts = ["podman://accelmon-worker"]
-MAX_EXPOSURE = 1.5  # measured with these directives; 3.2 without them (issue 12)
+# systemd-analyze security's exposure, measured: 3.2 without the hardening directives (issue 12), 1.5 with them,
+# 1.9 once the kernel_log collector may run (CAP_SYSLOG and ProtectKernelLogs=no, to read XIDs from /dev/kmsg).
+MAX_EXPOSURE = 1.9
 
 
 def scrape(host, port):
