@@ -18,11 +18,13 @@ fi
 
 started=$SECONDS
 timings=()
-step() {  # step NAME COMMAND...: runs it, records how long it took
-  local name=$1 begin=$SECONDS
+step() {  # step NAME COMMAND...: runs it, records how long it took, returns its status
+  # Called as `step ... || status=$?`, bash turns set -e off inside the function: the status is kept by hand.
+  local name=$1 begin=$SECONDS rc=0
   shift
-  "$@"
+  "$@" || rc=$?
   timings+=("$(printf '%-34s %5d s' "$name" $((SECONDS - begin)))")
+  return "$rc"
 }
 report() {
   echo "--- time by tier ---"
@@ -52,12 +54,12 @@ if ! $quick; then
   trap '[ -z "$molecule_pid" ] || kill -- "$molecule_pid" 2>/dev/null || true' EXIT
 fi
 
-lint() {
-  ruff check exporters tests bench master molecule scripts
-  ruff format --check exporters tests bench master molecule scripts
-  mypy
-  yamllint -s .
-  ansible-lint -q
+lint() {  # chained: inside a function that a caller tests, set -e would not stop at the first failure
+  ruff check exporters tests bench master molecule scripts &&
+    ruff format --check exporters tests bench master molecule scripts &&
+    mypy &&
+    yamllint -s . &&
+    ansible-lint -q
 }
 step "lint and types" lint
 

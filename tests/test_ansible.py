@@ -284,3 +284,28 @@ def test_the_unit_grants_only_the_capabilities_the_exporter_asks_for(tmp_path, c
         if line.split("=")[0] in ("ProtectKernelLogs", "CapabilityBoundingSet", "AmbientCapabilities")
     ]
     assert chosen == expected
+
+
+def test_the_slurm_health_check_runs_the_scan_with_the_exporters_environment(tmp_path):
+    """The program slurm.conf names: the exporter's NVML library directory and extra environment (quoted for the
+    shell, whatever the value), then accelmon-slurm-health over the exporter's config, with slurmd's arguments."""
+    install = tmp_path / "opt"
+    (install / "venv" / "bin").mkdir(parents=True)
+    stand_in = install / "venv" / "bin" / "accelmon-slurm-health"
+    stand_in.write_text('#!/bin/sh\nprintf "%s\\n" "$LD_LIBRARY_PATH" "$ODD" "$@"\n')
+    stand_in.chmod(0o755)
+    program = tmp_path / "accelmon-slurm-health-check"
+    variables = {
+        "accelmon_exporter_install_dir": str(install),
+        "accelmon_exporter_nvml_library_dir": "/opt/fake nvml",
+        "accelmon_exporter_environment": {"ODD": "it's $HOME `x`"},
+    }
+    render_role_template("accelmon_exporter", "slurm-health-check.sh.j2", program, variables)
+    result = subprocess.run(["sh", str(program), "--dry-run"], capture_output=True, text=True, timeout=30)
+    assert result.stdout.splitlines() == [
+        "/opt/fake nvml",
+        "it's $HOME `x`",
+        "--config",
+        "/etc/accelmon/exporter.yml",
+        "--dry-run",
+    ]

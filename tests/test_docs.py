@@ -4,6 +4,7 @@ a code forge renders them (GitHub's heading slugs). README stays short: the rest
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,17 @@ def test_readme_is_short_and_starts_with_the_two_commands():
 def test_the_slug_is_githubs():
     assert slug("Scaling out: shards, HA pairs, a global store") == "scaling-out-shards-ha-pairs-a-global-store"
     assert slug("The exporter: `accelmon-exporter`") == "the-exporter-accelmon-exporter"
+
+
+@pytest.mark.e2e
+def test_the_test_script_fails_when_its_tests_fail():
+    """`scripts/test.sh` keeps each tier's status: a pytest run that fails (here: no test selected, status 5) is
+    the script's exit status, not lost behind the time report."""
+    result = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "test.sh"), "--quick", "--", "-k", "no_test_has_this_name"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 5, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "--- time by tier ---" in result.stdout

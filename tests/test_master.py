@@ -77,7 +77,7 @@ def test_dashboards_are_generated_from_code():
 def test_dashboards_are_well_formed():
     dashboards = [json.loads(p.read_text()) for p in sorted((MASTER / "grafana" / "dashboards").glob("*.json"))]
     uids = [d["uid"] for d in dashboards]
-    assert len(uids) == len(set(uids)) == 7
+    assert len(uids) == len(set(uids)) == 8
     for dashboard in dashboards:
         ids = [p["id"] for p in dashboard["panels"]]
         assert len(ids) == len(set(ids)), dashboard["uid"]

@@ -152,7 +152,8 @@ def test_a_toy_collector_reaches_the_roles_config_and_unit(toy_tree, tmp_path):
     refused = preflight({"toy": {"colour": "green"}})
     assert refused.returncode != 0
     assert "collectors.toy.colour: expected one of blue, red" in refused.stdout
-    accepted = preflight({"toy": {"enabled": True, "colour": "red"}, "nvml": {"enabled": False}})
+    off = {"enabled": False}
+    accepted = preflight({"toy": {"enabled": True, "colour": "red"}, "nvml": off, "fabric": off})
     assert accepted.returncode == 0, accepted.stdout + accepted.stderr
     written = yaml.safe_load((tmp_path / "exporter.yml").read_text())
     assert written["collectors"]["toy"] == {"enabled": True, "colour": "red"}
@@ -160,7 +161,7 @@ def test_a_toy_collector_reaches_the_roles_config_and_unit(toy_tree, tmp_path):
     assert check.returncode == 0, check.stderr
     allowed = [line for line in (tmp_path / "unit").read_text().splitlines() if line.startswith("DeviceAllow=")]
     assert "DeviceAllow=char-toy r" in allowed
-    # nvml is off and profiling is at auto, which never turns it on: no NVIDIA devices.
+    # nvml and fabric are off and profiling is at auto, which never turns it on: no NVIDIA devices.
     assert "DeviceAllow=char-nvidia-frontend rw" not in allowed
 
 

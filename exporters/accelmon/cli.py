@@ -165,11 +165,11 @@ def plan(settings: Settings) -> dict[str, object]:
 
 SCAN_FAILED = 3  # the scan's own exit status when it could not run: 0, 1 and 2 are the verdicts
 # What the health checks read; the other collectors (profiling's window, neuron-monitor) only slow a scan down.
-SCAN_COLLECTORS = ("nvml", "kernel_log")
+SCAN_COLLECTORS = ("nvml", "kernel_log", "fabric")
 
 
-def scan(settings: Settings, as_json: bool) -> int:
-    """--scan: the collectors the checks read, sampled once; the checks of `accelmon.health` over them."""
+def scan_health(settings: Settings) -> health.NodeHealth:
+    """The collectors the checks read, sampled once; the checks of `accelmon.health` over them."""
     for name in collectors():
         if name not in SCAN_COLLECTORS:
             settings.collector(name).enabled = False
@@ -178,7 +178,12 @@ def scan(settings: Settings, as_json: bool) -> int:
     exporter.collect_once()
     exporter.stop()
     latest = [state.latest for state in (sampler.state() for sampler in samplers) if state.latest is not None]
-    verdict = health.evaluate(latest, time.time())
+    return health.evaluate(latest, time.time())
+
+
+def scan(settings: Settings, as_json: bool) -> int:
+    """--scan: the verdicts as a table or JSON; the exit status says the node's verdict."""
+    verdict = scan_health(settings)
     sys.stdout.write(health.dumps(verdict) + "\n" if as_json else verdict.table())
     return verdict.exit_status()
 

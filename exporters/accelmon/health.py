@@ -249,6 +249,60 @@ def check_pcie(view: View, gpu: Gpu, now: float) -> Check:
     return Check("pcie", "ok", "PCIe link at its full width" + (" (idle: lower generation is normal)" if idle else ""))
 
 
+# DCGM's hardware limits: one NVLink replay or recovery error is already past the limit; CRC errors matter only at
+# 100 per second and more (a rate: the alert AccelmonNvlinkCrcErrors judges it, docs/health.md).
+NVLINK_ERROR_LIMIT = 1
+
+
+def check_nvlink(view: View, gpu: Gpu, now: float) -> Check:
+    """A link down costs the GPU its share of NVLink bandwidth (collectives slow down or fail); replays and
+    recoveries since the driver loaded mean a link that retrains."""
+    states = view.of("accelmon_gpu_nvlink_link_up", gpu)
+    if not states:
+        return Check("nvlink", "ok", "no NVLink reported")
+    down = sorted((int(labels["link"]) for labels, value in states if value == 0))
+    if down:
+        links = ", ".join(str(link) for link in down)
+        return Check(
+            "nvlink",
+            "failure",
+            f"NVLink down: link {links} ({len(states) - len(down)} of {len(states)} up)",
+            "check_fabric",
+        )
+    erring: dict[int, list[str]] = {}
+    for labels, count in view.of("accelmon_gpu_nvlink_errors_total", gpu):
+        if labels.get("type") in ("replay", "recovery") and count >= NVLINK_ERROR_LIMIT:
+            erring.setdefault(int(labels["link"]), []).append(f"{count:g} {labels['type']}")
+    if erring:
+        detail = "; ".join(f"link {link}: {', '.join(kinds)}" for link, kinds in sorted(erring.items()))
+        return Check("nvlink", "warning", f"NVLink errors since the driver loaded: {detail}", "check_fabric")
+    return Check("nvlink", "ok", f"{len(states)} links up, no replay or recovery error")
+
+
+FABRIC_STATES = {1: "not started", 2: "in progress", 3: "completed"}
+
+
+def check_fabric(view: View, gpu: Gpu, now: float) -> Check:
+    """On an NVSwitch system a GPU joins the NVLink fabric once the Fabric Manager configured it; until then
+    CUDA programs on it fail to start (docs/health.md)."""
+    state = view.value("accelmon_gpu_fabric_state", gpu)
+    if state is None:
+        return Check("fabric", "ok", "no NVLink fabric")
+    manager = next((value for _, value in view.of("accelmon_fabric_manager_running")), None)
+    without_manager = "; the Fabric Manager is not running" if manager == 0 else ""
+    if state == 2:
+        return Check("fabric", "warning", "fabric registration in progress" + without_manager, "check_fabric")
+    if state != 3:
+        named = FABRIC_STATES.get(int(state), f"state {state:g}")
+        return Check("fabric", "failure", f"fabric registration {named}{without_manager}", "check_fabric")
+    status = view.value("accelmon_gpu_fabric_status", gpu)
+    if status:
+        return Check("fabric", "failure", f"fabric registration failed (NVML error {status:g})", "check_fabric")
+    if view.value("accelmon_gpu_fabric_bandwidth_degraded", gpu) == 1:
+        return Check("fabric", "warning", "the fabric reports this GPU's NVLink bandwidth degraded", "check_fabric")
+    return Check("fabric", "ok", "fabric registration completed")
+
+
 GPU_CHECKS: tuple[Callable[[View, Gpu, float], Check], ...] = (
     check_lost,
     check_xid,
@@ -256,8 +310,10 @@ GPU_CHECKS: tuple[Callable[[View, Gpu, float], Check], ...] = (
     check_memory_repair,
     check_slowdown,
     check_pcie,
+    check_nvlink,
+    check_fabric,
 )
-CHECK_NAMES = ("gpu_lost", "xid", "ecc", "memory_repair", "slowdown", "pcie")
+CHECK_NAMES = ("gpu_lost", "xid", "ecc", "memory_repair", "slowdown", "pcie", "nvlink", "fabric")
 
 
 def node_checks(view: View) -> list[Check]:
@@ -269,6 +325,18 @@ def node_checks(view: View) -> list[Check]:
         )
     elif readable:
         checks.append(Check("kernel_log", "ok", "read"))
+    manager = view.of("accelmon_fabric_manager_running")  # served only where a GPU has a fabric
+    if manager and manager[0][1] == 0:
+        checks.append(
+            Check(
+                "fabric_manager",
+                "failure",
+                "the NVIDIA Fabric Manager is not running on an NVSwitch system",
+                "check_fabric",
+            )
+        )
+    elif manager:
+        checks.append(Check("fabric_manager", "ok", "running"))
     return checks
 
 

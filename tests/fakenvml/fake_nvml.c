@@ -22,6 +22,14 @@
  *   pcie I GEN WIDTH            GPU I's PCIe link trained at generation GEN and WIDTH lanes (default: 5 and 16, the
  *                               maximum of an H100 SXM in a Gen5 slot; an idle GPU runs at generation 1, as real
  *                               GPUs drop their link speed when idle)
+ *   nvlink I LINKS              GPU I has LINKS NVLink links, all up (default: none, as a PCIe GPU: the NVLink calls
+ *                               answer NOT_SUPPORTED; an H100 SXM has 18)
+ *   nvlink_down I L             GPU I's link L is down
+ *   nvlink_errors I L TYPE N    GPU I's link L has counted N errors of TYPE (0 replay, 1 recovery, 2 CRC flit,
+ *                               3 CRC data: nvmlNvLinkErrorCounter_t) since the driver loaded
+ *   fabric I STATE STATUS MASK  GPU I is on an NVLink fabric (nvmlDeviceGetGpuFabricInfo[V]): STATE 1 not started,
+ *                               2 in progress, 3 completed; STATUS the NVML return code of its registration; MASK
+ *                               the health mask (default: no fabric, state 0 = NOT_SUPPORTED, as a PCIe Hopper GPU)
  * GPM answers like the H100 did: two samples less than 100 ms apart give SUCCESS with every metric 0 and
  * DRAM bandwidth NaN (nvml.h asks for more than 100 ms; the driver does not return an error).
  * Test helpers (not NVML): fakeNvmlCallCount(), fakeNvmlCallsOf(name), fakeNvmlSetLost(i, lost), fakeNvmlRelease(),
@@ -78,6 +86,11 @@ static unsigned long long call_count;
 static struct { const char *fn; unsigned long long calls; } counted[MAX_COUNTED];  /* calls per entry point */
 static struct { int gpu; unsigned long long xid; } events[MAX_EVENTS];
 static int pcie_gen[MAX_GPUS], pcie_width[MAX_GPUS];  /* 0: the default link */
+#define MAX_LINKS 18
+static int nvlinks[MAX_GPUS];                        /* links per GPU; 0 = no NVLink */
+static int nvlink_down[MAX_GPUS][MAX_LINKS];
+static unsigned long long nvlink_errors[MAX_GPUS][MAX_LINKS][4];
+static struct { int state, status; unsigned mask; } fabric[MAX_GPUS];
 static int n_events;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t released = PTHREAD_COND_INITIALIZER;
@@ -106,6 +119,10 @@ static void read_config(void) {
     memset(gpm_supported, 0, sizeof gpm_supported);
     memset(pcie_gen, 0, sizeof pcie_gen);
     memset(pcie_width, 0, sizeof pcie_width);
+    memset(nvlinks, 0, sizeof nvlinks);
+    memset(nvlink_down, 0, sizeof nvlink_down);
+    memset(nvlink_errors, 0, sizeof nvlink_errors);
+    memset(fabric, 0, sizeof fabric);
     energy_follows_power = 0;
     clock_gettime(CLOCK_MONOTONIC, &loaded_at);
     const char *path = getenv("FAKE_NVML_CONFIG");
@@ -116,6 +133,8 @@ static void read_config(void) {
         line[strcspn(line, "\n")] = 0;
         if (sscanf(line, "%63s %159[^\n]", key, arg) < 2) continue;
         int a = 0, b = 0, c = 0;
+        unsigned long long count = 0;
+        unsigned mask = 0;
         if (!strcmp(key, "gpus")) gpu_count = atoi(arg) > MAX_GPUS ? MAX_GPUS : atoi(arg);
         else if (!strcmp(key, "name")) snprintf(product_name, sizeof product_name, "%s", arg);
         else if (!strcmp(key, "lost") && (a = atoi(arg)) < MAX_GPUS) lost[a] = 1;
@@ -142,6 +161,19 @@ static void read_config(void) {
         else if (!strcmp(key, "pcie") && sscanf(arg, "%d %d %d", &a, &b, &c) == 3 && a >= 0 && a < MAX_GPUS) {
             pcie_gen[a] = b;
             pcie_width[a] = c;
+        }
+        else if (!strcmp(key, "nvlink") && sscanf(arg, "%d %d", &a, &b) == 2 && a >= 0 && a < MAX_GPUS)
+            nvlinks[a] = b < 0 ? 0 : b > MAX_LINKS ? MAX_LINKS : b;
+        else if (!strcmp(key, "nvlink_down") && sscanf(arg, "%d %d", &a, &b) == 2 && a >= 0 && a < MAX_GPUS
+                 && b >= 0 && b < MAX_LINKS)
+            nvlink_down[a][b] = 1;
+        else if (!strcmp(key, "nvlink_errors") && sscanf(arg, "%d %d %d %llu", &a, &b, &c, &count) == 4 && a >= 0
+                 && a < MAX_GPUS && b >= 0 && b < MAX_LINKS && c >= 0 && c < 4)
+            nvlink_errors[a][b][c] = count;
+        else if (!strcmp(key, "fabric") && sscanf(arg, "%d %d %d %u", &a, &b, &c, &mask) == 4 && a >= 0 && a < MAX_GPUS) {
+            fabric[a].state = b;
+            fabric[a].status = c;
+            fabric[a].mask = mask;
         }
         else if (!strcmp(key, "xid") && sscanf(arg, "%d %d", &a, &b) == 2 && n_events < MAX_EVENTS) {
             events[n_events].gpu = a;
@@ -450,6 +482,57 @@ nvmlReturn_t nvmlDeviceGetPcieThroughput(device_t *d, int counter, unsigned int 
     DEVICE(d);
     if (cost_model) usleep(20000);
     *kbps = (unsigned)(d->index + 1) * (counter == 0 ? 1000 : 2000);
+    return OK;
+}
+
+/* ---- NVLink and the GPU fabric ----
+ * A link past the GPU's last answers INVALID_ARGUMENT, a GPU without NVLink NOT_SUPPORTED (nvml.h). Their CPU cost
+ * on an H100 was not measured (docs/hardware.md): the default is charged. */
+static nvmlReturn_t link_of(const device_t *d, unsigned link) {
+    if (!nvlinks[d->index]) return ERR_NOT_SUPPORTED;
+    return link < (unsigned)nvlinks[d->index] ? OK : ERR_INVALID_ARGUMENT;
+}
+nvmlReturn_t nvmlDeviceGetNvLinkState(device_t *d, unsigned int link, unsigned int *active) {
+    DEVICE(d);
+    nvmlReturn_t r = link_of(d, link);
+    if (r == OK) *active = !nvlink_down[d->index][link];
+    return r;
+}
+nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(device_t *d, unsigned int link, int counter, unsigned long long *value) {
+    DEVICE(d);
+    nvmlReturn_t r = link_of(d, link);
+    if (r != OK) return r;
+    if (counter < 0 || counter > 4) return ERR_INVALID_ARGUMENT;
+    *value = counter == 4 ? 0 : nvlink_errors[d->index][link][counter];  /* 4: ECC data, 0 on this fake */
+    return OK;
+}
+typedef struct { unsigned char clusterUuid[16]; nvmlReturn_t status; unsigned int cliqueId, state; } fabric_v1_t;
+typedef struct {
+    unsigned int version; unsigned char clusterUuid[16]; nvmlReturn_t status; unsigned int cliqueId, state, healthMask;
+    unsigned char healthSummary;
+} fabric_v3_t;
+static void cluster_uuid(int index, unsigned char *uuid) {
+    for (int k = 0; k < 16; k++) uuid[k] = fabric[index].state ? (unsigned char)(0xa0 + k) : 0;
+}
+nvmlReturn_t nvmlDeviceGetGpuFabricInfo(device_t *d, fabric_v1_t *f) {
+    DEVICE(d);
+    cluster_uuid(d->index, f->clusterUuid);
+    f->status = fabric[d->index].status;
+    f->cliqueId = fabric[d->index].state ? 1 : 0;
+    f->state = (unsigned)fabric[d->index].state;
+    return OK;
+}
+/* The versioned call: v2 adds the health mask, v3 the health summary (the version word says which). */
+nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(device_t *d, fabric_v3_t *f) {
+    DEVICE(d);
+    unsigned version = f->version >> 24;
+    if (version < 2 || version > 3) return 25; /* NVML_ERROR_ARGUMENT_VERSION_MISMATCH */
+    cluster_uuid(d->index, f->clusterUuid);
+    f->status = fabric[d->index].status;
+    f->cliqueId = fabric[d->index].state ? 1 : 0;
+    f->state = (unsigned)fabric[d->index].state;
+    f->healthMask = fabric[d->index].mask;
+    if (version == 3) f->healthSummary = fabric[d->index].state ? 1 : 0;
     return OK;
 }
 

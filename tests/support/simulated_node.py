@@ -28,10 +28,15 @@ def start_exporter(work: Path, port: int, fake_nvml_dir: Path) -> subprocess.Pop
     """Starts the exporter on 127.0.0.1:`port`, its fixtures under `work` (which must exist); the caller stops it."""
     nvml = work / "fake-nvml.conf"
     # Energy counters that grow by each GPU's power, read every second: the job report's energy is checked on them.
-    nvml.write_text("gpus 8\nlost 5\nxid 2 79\nenergy_follows_power 1\n" + "".join(f"gpm {i}\n" for i in range(8)))
+    # An HGX H100 board: 18 NVLink links per GPU, GPU 3's link 7 down, every GPU's fabric registration completed.
+    fabric = "".join(f"gpm {i}\nnvlink {i} 18\nfabric {i} 3 0 2\n" for i in range(8))
+    faults = "lost 5\nxid 2 79\nnvlink_down 3 7\nnvlink_errors 3 7 0 4\n"
+    nvml.write_text("gpus 8\nenergy_follows_power 1\n" + faults + fabric)
     sysfs = standard_tree(work / "sys")
     slurm_job_cgroup(sysfs / "fs" / "cgroup", 100, (3101,))  # the Neuron runtime llama-serve runs in job 100
     procfs = nvidia_procfs(work / "proc", gpus=8)
+    (procfs / "4242").mkdir()
+    (procfs / "4242" / "comm").write_text("nv-fabricmanager\n")  # the Fabric Manager an NVSwitch system needs
     jobs = work / "jobs"
     jobs.mkdir()
     # Two Slurm jobs sharing GPU minor 1: the per-job rules join through both.

@@ -366,7 +366,7 @@ class NvmlCollector(Collector):
             capability = self._call(gpu, "capability", nvml.nvmlDeviceGetCudaComputeCapability)
             gpu.info = {
                 "name": str(self._call(gpu, "name", nvml.nvmlDeviceGetName) or ""),
-                "pci_bus_id": _text(pci.busId) if pci is not None else "",
+                "pci_bus_id": text(pci.busId) if pci is not None else "",
                 "serial": str(self._call(gpu, "serial", nvml.nvmlDeviceGetSerial) or ""),
                 "vbios_version": str(self._call(gpu, "vbios", nvml.nvmlDeviceGetVbiosVersion) or ""),
                 "driver_version": driver,
@@ -571,7 +571,7 @@ class NvmlCollector(Collector):
             try:
                 mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu.handle, index)
                 instance = str(nvml.nvmlDeviceGetGpuInstanceId(mig))
-                mig_uuid = _text(nvml.nvmlDeviceGetUUID(mig))
+                mig_uuid = text(nvml.nvmlDeviceGetUUID(mig))
                 memory = nvml.nvmlDeviceGetMemoryInfo(mig, nvml.nvmlMemory_v2)
             except nvml.NVMLError_NotFound:
                 continue  # slot without a MIG device
@@ -656,7 +656,7 @@ def _putter(out: Samples, labels: tuple[str, ...]) -> Callable[..., None]:
     return put
 
 
-def _text(value: Any) -> str:
+def text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
@@ -669,7 +669,7 @@ def _scaled(value: float | None, scale: float) -> float | None:
     return value * scale
 
 
-def _driver_loaded(paths: Paths, options: dict[str, Any]) -> bool:
+def nvidia_driver_loaded(paths: Paths, options: dict[str, Any]) -> bool:
     """The kernel module is loaded: NVML should answer (a broken library or driver otherwise)."""
     return os.path.exists(os.path.join(paths.procfs, "driver", "nvidia", "version"))
 
@@ -688,7 +688,7 @@ register(
         # On by default: without an NVIDIA driver it exports nothing and costs nothing, and a driver installed
         # later is picked up (NVML init is retried) without a new config.
         enabled_by_default=lambda paths, options: True,
-        hardware_present=_driver_loaded,
+        hardware_present=nvidia_driver_loaded,
         # /dev/nvidiactl and /dev/nvidia<N> (the nvidia-frontend major), MIG capabilities read-only.
         devices=("char-nvidia-frontend rw", "char-nvidia-caps r"),
     )

@@ -4,6 +4,7 @@
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -15,7 +16,10 @@ import testinfra
 ROOT = Path(os.environ["MOLECULE_PROJECT_DIRECTORY"])
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "molecule" / "shared"))
+sys.path.insert(0, str(ROOT))
 from check_cluster import wait_until_whole  # noqa: E402
+from tests.support.jobs_tree import bus_id  # noqa: E402
+from tests.support.kernel_log_lines import record, xid_line  # noqa: E402
 from verify import wait_for  # noqa: E402
 
 CLUSTER = os.environ.get("ACCELMON_CLUSTER", "accelmon-cluster")  # the prefix molecule.yml names the hosts by
@@ -52,8 +56,11 @@ def test_every_worker_is_scraped_with_its_gpus(host):
     assert up_workers(host) == WORKERS
     gpus = wait_for(lambda: query(host, "/api/v1/query?query=count%20by%20(node)%20(accelmon_gpu_up)")["result"])
     assert {r["metric"]["node"]: r["value"][1] for r in gpus} == {w: "8" for w in WORKERS}
-    lost = query(host, "/api/v1/query?query=accelmon_gpu_up%3D%3D0")["result"]
-    assert sorted((r["metric"]["node"], r["metric"]["gpu"]) for r in lost) == sorted((w, "5") for w in WORKERS)
+    assert query(host, "/api/v1/query?query=accelmon_gpu_up%3D%3D0")["result"] == []  # prepare.yml: all healthy
+    links = wait_for(
+        lambda: query(host, "/api/v1/query?query=count%20by%20(node)%20(accelmon_gpu_nvlink_link_up%3D%3D1)")["result"]
+    )
+    assert {r["metric"]["node"]: r["value"][1] for r in links} == {w: str(8 * 18) for w in WORKERS}
     ports = query(host, "/api/v1/query?query=count%20by%20(node)%20(accelmon_infiniband_state_id)")["result"]
     assert {r["metric"]["node"]: r["value"][1] for r in ports} == {w: "4" for w in WORKERS}
     cores = wait_for(
@@ -132,6 +139,76 @@ def test_a_slurm_job_is_attributed_while_it_runs_and_reported_after(host, tmp_pa
         expected_joules = gpu["power_mean_watts"] * summary["duration_seconds"]
         assert abs(gpu["energy_joules"] - expected_joules) <= gpu["power_mean_watts"] * 6, (gpu, expected_joules)
     assert (out / "report.html").stat().st_size > 10_000 and (out / "report.pdf").exists()
+
+
+HEALTH_CHECK = (
+    "HealthCheckProgram=/usr/local/sbin/accelmon-slurm-health-check",
+    "HealthCheckInterval=5",
+    "HealthCheckNodeState=ANY",
+)
+
+
+def node_line(controller, node: str) -> str:
+    return controller.check_output(f"scontrol show node {node} --oneliner")
+
+
+def firing(host, node: str) -> list[dict]:
+    alerts = query(host, "/api/v1/alerts")["alerts"]
+    return [
+        a
+        for a in alerts
+        if a["labels"].get("alertname") == "AccelmonGpuHealthFailure"
+        and a["labels"].get("node") == node
+        and a["state"] == "firing"
+    ]
+
+
+def test_a_failing_gpu_drains_its_node_until_the_operator_resumes_it(host):
+    """The operator names accelmon's health check in slurm.conf. An XID 79 (GPU fallen off the bus) reaches one
+    worker's kernel log: Slurm's health check drains that worker with a reason naming the GPU, the check and the
+    action; a new job runs on the other worker; Prometheus fires the alert. Repaired (here: a reboot, an empty log
+    and a fresh exporter), the node stays drained until the operator resumes it, and stays up after."""
+    controller = testinfra.get_host(f"podman://{CLUSTER}-worker-1")
+    name = f"{CLUSTER}-worker-2"
+    broken = testinfra.get_host(f"podman://{name}")
+    lines = "\\n".join(HEALTH_CHECK)
+    for worker in sorted(WORKERS):
+        testinfra.get_host(f"podman://{worker}").check_output(
+            f"grep -q '^HealthCheckProgram=' /etc/slurm/slurm.conf || printf '{lines}\\n' >> /etc/slurm/slurm.conf"
+        )
+    controller.check_output("scontrol reconfigure")
+    try:
+        time.sleep(12)  # two health checks on healthy GPUs: nothing drained
+        for worker in sorted(WORKERS):
+            assert "DRAIN" not in node_line(controller, worker), node_line(controller, worker)
+
+        xid = record(1, 5.0, xid_line(bus_id(2).rsplit(".", 1)[0], 79, "GPU has fallen off the bus."))
+        broken.check_output(f"printf '%s' {shlex.quote(xid)} >> /opt/fake-kmsg")
+        drained = wait_for(lambda: "DRAIN" in node_line(controller, name), timeout=90)
+        assert drained, node_line(controller, name)
+        assert "Reason=accelmon: GPU 2 xid: reboot_node" in node_line(controller, name)
+
+        job = controller.check_output(
+            "su alice -c 'sbatch --parsable --chdir=/tmp --nodes=1 --gres=gpu:1 --wrap hostname'"
+        ).strip()
+        done = wait_for(lambda: "JobState=COMPLETED" in controller.check_output(f"scontrol show job {job} -o"), 60)
+        assert done, controller.check_output(f"scontrol show job {job} -o")
+        assert f"NodeList={CLUSTER}-worker-1 " in controller.check_output(f"scontrol show job {job} -o")
+
+        alert = wait_for(lambda: firing(host, name), timeout=180)  # `for: 1m` after the verdict reaches Prometheus
+        assert alert and alert[0]["labels"]["gpu"] == "2", query(host, "/api/v1/alerts")
+
+        broken.check_output("truncate -s 0 /opt/fake-kmsg && systemctl restart accelmon-exporter")  # the repair
+        time.sleep(12)  # two health checks that pass: the node is still drained, as the operator left it
+        assert "DRAIN" in node_line(controller, name)
+        controller.check_output(f"scontrol update NodeName={name} State=RESUME")
+        time.sleep(12)  # and two more: the health check does not drain it again
+        assert "DRAIN" not in node_line(controller, name), node_line(controller, name)
+        assert wait_for(lambda: not firing(host, name), timeout=120), "the alert still fires after the repair"
+    finally:
+        for worker in sorted(WORKERS):
+            testinfra.get_host(f"podman://{worker}").run("sed -i '/^HealthCheck/d' /etc/slurm/slurm.conf")
+        controller.run("scontrol reconfigure")
 
 
 def test_day_two_keeps_the_metrics(host):

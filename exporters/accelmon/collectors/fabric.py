@@ -1,0 +1,292 @@
+"""NVLink links, the GPU's NVLink fabric and the Fabric Manager, through NVML (its own session: NVML counts inits).
+
+Example exposition lines::
+
+    accelmon_gpu_nvlink_link_up{gpu="0",link="7",uuid="GPU-…"} 0
+    accelmon_gpu_nvlink_errors_total{gpu="0",link="7",type="replay",uuid="GPU-…"} 12
+    accelmon_gpu_fabric_state{gpu="0",uuid="GPU-…"} 3
+
+Everything here changes slowly and an H100 has 18 links (5 calls each), so it is read on its own slow schedule, in
+a collector of its own: a link call that hangs stops these series only, never the device counters. Which links a
+GPU has is learnt once (a link past the last answers InvalidArgument); a GPU without NVLink (NotSupported) or an
+older driver without the fabric call (FunctionNotFound) is asked once and then left alone. The Fabric Manager is
+looked for (a process named `nv-fabricmanager` in procfs) only where a GPU reports a fabric: only then does the
+system need one.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import pynvml
+
+from accelmon.collectors.nvml import nvidia_driver_loaded, text
+from accelmon.core import Catalogue, Collector, Samples
+from accelmon.registry import Registration, register, seconds
+
+log = logging.getLogger("accelmon.fabric")
+
+GPU = ("gpu", "uuid")
+LINK = (*GPU, "link")
+INTERVAL = seconds("interval_seconds", 30, "how often NVLink link states and counters and the fabric are read")
+C = Catalogue(
+    "fabric",
+    "NVLink links, GPU fabric and Fabric Manager (NVML)",
+    "Source: NVML through nvidia-ml-py: nvmlDeviceGetNvLinkState and nvmlDeviceGetNvLinkErrorCounter per link, "
+    "nvmlDeviceGetGpuFabricInfoV (nvmlDeviceGetGpuFabricInfo on drivers without it). Read every "
+    f"`interval_seconds` ({INTERVAL.default:g} s). GPUs without NVLink have no link series; GPUs without a fabric "
+    "(state NOT_SUPPORTED: PCIe GPUs, HGX boards without NVSwitch) have no fabric series. The CPU cost of these "
+    "calls on an H100 was not measured (docs/hardware.md).",
+)
+LINK_UP = C.gauge("accelmon_gpu_nvlink_link_up", "1 if the NVLink link is active, 0 if it is down.", LINK)
+LINK_ERRORS = C.counter(
+    "accelmon_gpu_nvlink_errors_total",
+    "NVLink data-link errors since the driver loaded, by type: crc_flit, crc_data, replay, recovery.",
+    [*LINK, "type"],
+)
+FABRIC_STATE = C.gauge(
+    "accelmon_gpu_fabric_state",
+    "The GPU's registration with its NVLink fabric: 1 not started, 2 in progress, 3 completed.",
+    GPU,
+)
+FABRIC_STATUS = C.gauge(
+    "accelmon_gpu_fabric_status",
+    "NVML return code of the GPU's fabric registration once completed: 0 success, any other a failure.",
+    GPU,
+)
+FABRIC_INFO = C.gauge(
+    "accelmon_gpu_fabric_info", "The GPU's NVLink clique and cluster; value is 1.", [*GPU, "clique_id", "cluster_uuid"]
+)
+FABRIC_DEGRADED = C.gauge(
+    "accelmon_gpu_fabric_bandwidth_degraded",
+    "1 if the fabric reports the GPU's NVLink bandwidth degraded, 0 if not (drivers that report it).",
+    GPU,
+)
+FABRIC_MANAGER = C.gauge(
+    "accelmon_fabric_manager_running",
+    "1 if the NVIDIA Fabric Manager process (nv-fabricmanager) runs, 0 if not; served where a GPU has a fabric.",
+)
+
+# nvmlNvLinkErrorCounter_t -> type label (ECC data, 4, is left out: Hopper reports it in the CRC data count).
+ERROR_COUNTERS = {
+    "replay": pynvml.NVML_NVLINK_ERROR_DL_REPLAY,
+    "recovery": pynvml.NVML_NVLINK_ERROR_DL_RECOVERY,
+    "crc_flit": pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT,
+    "crc_data": pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA,
+}
+FABRIC_STATE_NOT_SUPPORTED = 0
+# healthMask bits 0-1: degraded bandwidth, 1 true, 2 false, 0 not reported (nvml.h NVML_GPU_FABRIC_HEALTH_MASK_*).
+DEGRADED_BW_TRUE, DEGRADED_BW_FALSE = 1, 2
+FABRIC_MANAGER_PROCESS = "nv-fabricmanager"
+
+
+@dataclass
+class Gpu:
+    index: int
+    handle: Any
+    uuid: str = ""
+    links: Optional[list[int]] = None  # learnt at the first read; [] = no NVLink
+    unsupported: set[str] = field(default_factory=set)
+
+
+class FabricCollector(Collector):
+    name = "fabric"
+
+    def __init__(self, procfs: str = "/proc", nvml: Any = None) -> None:
+        self.procfs = procfs
+        self.nvml: Any = nvml if nvml is not None else pynvml
+        self.gpus: list[Gpu] = []
+        self._initialized = False
+
+    def hardware_answering(self) -> bool:
+        return self._initialized
+
+    def start(self) -> None:
+        self._init()
+
+    def _init(self) -> None:
+        nvml = self.nvml
+        try:
+            nvml.nvmlInit()
+            count = nvml.nvmlDeviceGetCount()
+        except nvml.NVMLError as error:
+            log.info("NVML not available (%s): no NVLink or fabric metrics", error)
+            return
+        self._initialized = True
+        self.gpus = []
+        for index in range(count):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                uuid = nvml.nvmlDeviceGetUUID(handle)
+            except nvml.NVMLError as error:
+                log.info("GPU %d: %s (its links are skipped until it answers)", index, error)
+                self.gpus.append(Gpu(index, None))
+                continue
+            self.gpus.append(Gpu(index, handle, text(uuid)))
+
+    def stop(self) -> None:
+        if self._initialized:
+            try:
+                self.nvml.nvmlShutdown()
+            except self.nvml.NVMLError:
+                pass
+            self._initialized = False
+
+    def sample(self) -> Samples:
+        if not self._initialized:
+            self._init()
+        out = Samples()
+        any_fabric = False
+        for gpu in self.gpus:
+            if gpu.handle is None or not gpu.uuid:
+                self._identify(gpu)
+                if not gpu.uuid:
+                    continue
+            try:
+                self._sample_links(gpu, out)
+                any_fabric |= self._sample_fabric(gpu, out)
+            except (self.nvml.NVMLError_GpuIsLost, self.nvml.NVMLError_Unknown) as error:
+                # The device counters report the lost GPU (accelmon_gpu_up 0); its links are simply left out.
+                log.debug("GPU %d lost: %s", gpu.index, error)
+        if any_fabric:
+            out.add(FABRIC_MANAGER, [], 1 if fabric_manager_running(self.procfs) else 0)
+        return out
+
+    def _identify(self, gpu: Gpu) -> None:
+        try:
+            gpu.handle = self.nvml.nvmlDeviceGetHandleByIndex(gpu.index)
+            uuid = self.nvml.nvmlDeviceGetUUID(gpu.handle)
+            gpu.uuid = text(uuid)
+        except self.nvml.NVMLError:
+            pass
+
+    def _sample_links(self, gpu: Gpu, out: Samples) -> None:
+        nvml = self.nvml
+        if gpu.links is None:
+            gpu.links = self._find_links(gpu)
+        for link in gpu.links:
+            labels = [str(gpu.index), gpu.uuid, str(link)]
+            try:
+                out.add(LINK_UP, labels, 1 if nvml.nvmlDeviceGetNvLinkState(gpu.handle, link) else 0)
+            except (nvml.NVMLError_GpuIsLost, nvml.NVMLError_Unknown):
+                raise
+            except nvml.NVMLError as error:
+                log.debug("GPU %d link %d state: %s", gpu.index, link, error)
+            if "errors" in gpu.unsupported:
+                continue
+            for kind, counter in ERROR_COUNTERS.items():
+                try:
+                    value = nvml.nvmlDeviceGetNvLinkErrorCounter(gpu.handle, link, counter)
+                except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound):
+                    # Blackwell's driver dropped the per-link counter call: not asked again on this GPU.
+                    gpu.unsupported.add("errors")
+                    break
+                except (nvml.NVMLError_GpuIsLost, nvml.NVMLError_Unknown):
+                    raise
+                except nvml.NVMLError as error:
+                    log.debug("GPU %d link %d %s: %s", gpu.index, link, kind, error)
+                    continue
+                out.add(LINK_ERRORS, [*labels, kind], value)
+
+    def _find_links(self, gpu: Gpu) -> list[int]:
+        """The GPU's links: NotSupported on the first means no NVLink, InvalidArgument marks the end."""
+        nvml = self.nvml
+        links = []
+        for link in range(nvml.NVML_NVLINK_MAX_LINKS):
+            try:
+                nvml.nvmlDeviceGetNvLinkState(gpu.handle, link)
+            except (nvml.NVMLError_GpuIsLost, nvml.NVMLError_Unknown):
+                raise
+            except (nvml.NVMLError_InvalidArgument, nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound):
+                break
+            except nvml.NVMLError as error:
+                log.info("GPU %d link %d: %s", gpu.index, link, error)
+            links.append(link)
+        log.info("GPU %d: %d NVLink links", gpu.index, len(links))
+        return links
+
+    def _sample_fabric(self, gpu: Gpu, out: Samples) -> bool:
+        """The fabric series of a GPU that has a fabric; whether it has one."""
+        info = self._fabric_info(gpu)
+        if info is None or info.state == FABRIC_STATE_NOT_SUPPORTED:
+            return False
+        labels = [str(gpu.index), gpu.uuid]
+        out.add(FABRIC_STATE, labels, info.state)
+        out.add(FABRIC_STATUS, labels, info.status)
+        cluster = bytes(info.clusterUuid).hex()
+        out.add(FABRIC_INFO, [*labels, str(info.cliqueId), _uuid_text(cluster)], 1)
+        degraded = getattr(info, "healthMask", 0) & 0x3
+        if degraded in (DEGRADED_BW_TRUE, DEGRADED_BW_FALSE):
+            out.add(FABRIC_DEGRADED, labels, 1 if degraded == DEGRADED_BW_TRUE else 0)
+        return True
+
+    def _fabric_info(self, gpu: Gpu) -> Any:
+        nvml = self.nvml
+        calls = (
+            (
+                "fabric_v",
+                getattr(nvml, "nvmlDeviceGetGpuFabricInfoV", None),
+                getattr(nvml, "c_nvmlGpuFabricInfoV_t", None),
+            ),
+            ("fabric", getattr(nvml, "nvmlDeviceGetGpuFabricInfo", None), getattr(nvml, "c_nvmlGpuFabricInfo_t", None)),
+        )
+        for key, function, structure in calls:
+            if key in gpu.unsupported or function is None or structure is None:
+                continue
+            info = structure()
+            try:
+                function(gpu.handle, ctypes.byref(info))
+                return info
+            except (nvml.NVMLError_GpuIsLost, nvml.NVMLError_Unknown):
+                raise
+            except (
+                nvml.NVMLError_NotSupported,
+                nvml.NVMLError_FunctionNotFound,
+                nvml.NVMLError_ArgumentVersionMismatch,
+            ):
+                gpu.unsupported.add(key)  # an older driver: the next call, or no fabric at all
+            except nvml.NVMLError as error:
+                log.debug("GPU %d fabric: %s", gpu.index, error)
+                return None
+        return None
+
+
+def _uuid_text(hex32: str) -> str:
+    return f"{hex32[:8]}-{hex32[8:12]}-{hex32[12:16]}-{hex32[16:20]}-{hex32[20:]}"
+
+
+def fabric_manager_running(procfs: str) -> bool:
+    """Whether a process named nv-fabricmanager runs (its comm; the unit's name varies by distribution)."""
+    try:
+        entries = os.listdir(procfs)
+    except OSError:
+        return False
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(os.path.join(procfs, entry, "comm"), encoding="utf-8", errors="replace") as comm:
+                if comm.read().strip() == FABRIC_MANAGER_PROCESS:
+                    return True
+        except OSError:
+            continue  # the process ended meanwhile
+    return False
+
+
+REGISTRATION = register(
+    Registration(
+        name="fabric",
+        help="NVLink link states and error counters, GPU fabric and Fabric Manager (NVML)",
+        build=lambda options, paths: FabricCollector(procfs=paths.procfs),
+        catalogue=C,
+        options=(INTERVAL,),
+        # Where the NVIDIA driver is loaded; a GPU without NVLink or fabric costs one call each, once.
+        enabled_by_default=nvidia_driver_loaded,
+        hardware_present=nvidia_driver_loaded,
+        devices=("char-nvidia-frontend rw",),
+    )
+)

@@ -1,0 +1,147 @@
+"""The NVLink and fabric collector over the real pynvml binding and the fake libnvidia-ml.so.1."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from accelmon.collectors.fabric import FabricCollector, fabric_manager_running
+from accelmon.collectors.nvml import NvmlCollector
+from accelmon.core import Exporter, Sampler, render
+from tests.support.exposition import sample_value
+
+UUID0 = "GPU-00000000-0000-4000-8000-000000000000"
+
+
+@pytest.fixture
+def procfs(tmp_path: Path) -> Path:
+    root = tmp_path / "proc"
+    (root / "1").mkdir(parents=True)
+    (root / "1" / "comm").write_text("systemd\n")
+    return root
+
+
+@pytest.fixture
+def make_collector(fake_nvml, procfs) -> Iterator[Callable[[str], FabricCollector]]:
+    made: list[FabricCollector] = []
+
+    def make(config: str) -> FabricCollector:
+        fake_nvml.configure(config)
+        collector = FabricCollector(procfs=str(procfs))
+        collector.start()
+        made.append(collector)
+        return collector
+
+    yield make
+    fake_nvml.release()
+    for collector in made:
+        collector.stop()
+
+
+def read(collector: FabricCollector) -> str:
+    return render(collector.sample()).decode()
+
+
+def test_gpus_without_nvlink_or_fabric_have_no_series_and_are_asked_once(make_collector, fake_nvml):
+    collector = make_collector("gpus 2\n")
+    before = fake_nvml.calls_of("nvmlDeviceGetNvLinkState")
+    for _ in range(3):
+        text = read(collector)
+    assert "accelmon_gpu_nvlink" not in text
+    assert "accelmon_gpu_fabric" not in text
+    assert "accelmon_fabric_manager_running" not in text  # no fabric: no Fabric Manager needed
+    assert fake_nvml.calls_of("nvmlDeviceGetNvLinkState") - before == 2  # NotSupported once per GPU, then never
+
+
+def test_link_states_and_error_counters_per_link(make_collector):
+    text = read(
+        make_collector("gpus 2\nnvlink 0 18\nnvlink_down 0 7\nnvlink_errors 0 3 0 12\nnvlink_errors 0 3 2 40\n")
+    )
+    links = {str(link) for link in range(18)}
+    for link in links:
+        assert sample_value(text, "accelmon_gpu_nvlink_link_up", gpu="0", link=link) == (0 if link == "7" else 1)
+    assert sample_value(text, "accelmon_gpu_nvlink_link_up", gpu="0", link="18") is None  # an H100 has 18
+    assert sample_value(text, "accelmon_gpu_nvlink_errors_total", gpu="0", link="3", type="replay") == 12
+    assert sample_value(text, "accelmon_gpu_nvlink_errors_total", gpu="0", link="3", type="crc_flit") == 40
+    assert sample_value(text, "accelmon_gpu_nvlink_errors_total", gpu="0", link="4", type="recovery") == 0
+    assert sample_value(text, "accelmon_gpu_nvlink_link_up", gpu="1") is None  # GPU 1 has no NVLink
+
+
+def test_driver_without_per_link_counters_still_reports_link_states(make_collector, fake_nvml):
+    collector = make_collector("gpus 1\nnvlink 0 4\nunsupported nvmlDeviceGetNvLinkErrorCounter\n")
+    read(collector)
+    asked = fake_nvml.calls_of("nvmlDeviceGetNvLinkErrorCounter")
+    text = read(collector)
+    assert sample_value(text, "accelmon_gpu_nvlink_link_up", gpu="0", link="3") == 1
+    assert "accelmon_gpu_nvlink_errors_total{" not in text
+    assert fake_nvml.calls_of("nvmlDeviceGetNvLinkErrorCounter") == asked  # not asked again
+
+
+def test_fabric_state_status_clique_and_degraded_bandwidth(make_collector, procfs):
+    # state 3 completed, status 0 success, health mask: degraded bandwidth true (1)
+    text = read(make_collector("gpus 2\nfabric 0 3 0 1\nfabric 1 1 0 2\n"))
+    assert sample_value(text, "accelmon_gpu_fabric_state", gpu="0", uuid=UUID0) == 3
+    assert sample_value(text, "accelmon_gpu_fabric_status", gpu="0") == 0
+    assert sample_value(text, "accelmon_gpu_fabric_bandwidth_degraded", gpu="0") == 1
+    assert sample_value(text, "accelmon_gpu_fabric_state", gpu="1") == 1  # not started
+    assert sample_value(text, "accelmon_gpu_fabric_bandwidth_degraded", gpu="1") == 0
+    info = sample_value(
+        text, "accelmon_gpu_fabric_info", gpu="0", clique_id="1", cluster_uuid="a0a1a2a3-a4a5-a6a7-a8a9-aaabacadaeaf"
+    )
+    assert info == 1
+    assert sample_value(text, "accelmon_fabric_manager_running") == 0  # a fabric, and no Fabric Manager
+
+
+def test_fabric_manager_found_by_its_process_name(make_collector, procfs):
+    (procfs / "4242").mkdir()
+    (procfs / "4242" / "comm").write_text("nv-fabricmanager\n")
+    assert fabric_manager_running(str(procfs))
+    text = read(make_collector("gpus 1\nfabric 0 3 0 2\n"))
+    assert sample_value(text, "accelmon_fabric_manager_running") == 1
+    assert not fabric_manager_running(str(procfs / "missing"))
+
+
+def test_older_driver_without_the_versioned_fabric_call(make_collector, fake_nvml):
+    before = fake_nvml.calls_of("nvmlDeviceGetGpuFabricInfoV")  # counted since the library loaded
+    collector = make_collector("gpus 1\nfabric 0 2 0 1\nmissing nvmlDeviceGetGpuFabricInfoV\n")
+    text = read(collector)
+    assert sample_value(text, "accelmon_gpu_fabric_state", gpu="0") == 2  # from nvmlDeviceGetGpuFabricInfo
+    assert "accelmon_gpu_fabric_bandwidth_degraded{" not in text  # the old call has no health mask
+    read(collector)
+    assert fake_nvml.calls_of("nvmlDeviceGetGpuFabricInfoV") - before == 1  # FunctionNotFound: asked once
+
+
+def test_a_lost_gpu_leaves_the_others_reporting(make_collector, fake_nvml):
+    collector = make_collector("gpus 2\nnvlink 0 2\nnvlink 1 2\nfabric 0 3 0 2\nfabric 1 3 0 2\n")
+    read(collector)
+    fake_nvml.set_lost(0)
+    text = read(collector)
+    assert sample_value(text, "accelmon_gpu_nvlink_link_up", gpu="0") is None
+    assert sample_value(text, "accelmon_gpu_nvlink_link_up", gpu="1", link="1") == 1
+    assert sample_value(text, "accelmon_gpu_fabric_state", gpu="1") == 3
+    fake_nvml.set_lost(0, False)
+    assert sample_value(read(collector), "accelmon_gpu_nvlink_link_up", gpu="0", link="1") == 1
+
+
+def test_a_hung_link_call_stops_only_this_collector(fake_nvml, procfs):
+    """An NVLink call that never returns: the device counters go on, the fabric series go stale."""
+    fake_nvml.configure("gpus 1\nnvlink 0 2\nhang nvmlDeviceGetNvLinkErrorCounter\n")
+    fabric = Sampler(FabricCollector(procfs=str(procfs)), interval=0.1)
+    devices = Sampler(NvmlCollector(), interval=0.1)
+    exporter = Exporter([fabric, devices], stale_after_intervals=3)
+    exporter.start()
+    try:
+        deadline = time.monotonic() + 5
+        while devices.state().samples < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        text = exporter.exposition().decode()
+        assert devices.state().samples >= 5
+        assert fabric.state().samples == 0  # stuck in its first sample
+        assert 'accelmon_collector_success{collector="nvml"} 1.0' in text
+        assert sample_value(text, "accelmon_gpu_up", gpu="0") == 1
+    finally:
+        fake_nvml.release()
+        exporter.stop()

@@ -1,0 +1,102 @@
+"""accelmon-slurm-health, Slurm's HealthCheckProgram, as slurmd runs it: a fresh process over the fake NVML and a
+fixture kernel log, with a stand-in `scontrol` that records what it was asked and answers a node state."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support.jobs_tree import bus_id, nvidia_procfs
+from tests.support.kernel_log_lines import BOOT, record, xid_line
+from tests.support.processes import exporter_env
+
+SCONTROL = """#!/bin/sh
+# Stand-in for Slurm's scontrol: records its arguments, answers `show node` with $NODE_STATE.
+echo "$@" >> "{calls}"
+case "$1" in
+  show) echo "NodeName=gpu-7 Arch=x86_64 CoresPerSocket=1 State=$NODE_STATE ThreadsPerCore=1" ;;
+  update) exit "${{UPDATE_STATUS:-0}}" ;;
+esac
+"""
+
+
+@pytest.fixture
+def node(tmp_path: Path, fake_nvml_dir: Path):
+    """Runs the health check over 4 fake GPUs; `kmsg` is the kernel log; returns (result, scontrol calls)."""
+    procfs = nvidia_procfs(tmp_path / "proc", gpus=4)
+    (procfs / "stat").write_text(f"btime {BOOT}\n")
+    calls = tmp_path / "calls"
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(SCONTROL.format(calls=calls))
+    scontrol.chmod(0o755)
+    (tmp_path / "nvml.conf").write_text("gpus 4\n")
+    config = tmp_path / "exporter.yml"
+    paths = {"procfs": str(procfs), "kmsg": str(tmp_path / "kmsg")}
+    config.write_text(yaml.safe_dump({"paths": paths}))
+
+    def check(
+        kmsg: str, state: str = "IDLE", *extra: str, **env: str
+    ) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+        (tmp_path / "kmsg").write_text(kmsg)
+        calls.write_text("")
+        environment = exporter_env(fake_nvml_dir, tmp_path / "nvml.conf")
+        environment.update(NODE_STATE=state, SLURMD_NODENAME="gpu-7", **env)
+        command = [sys.executable, "-m", "accelmon.slurm_health", "--config", str(config), "--scontrol", str(scontrol)]
+        result = subprocess.run([*command, *extra], env=environment, capture_output=True, text=True, timeout=60)
+        return result, calls.read_text().splitlines()
+
+    return check
+
+
+XID_79_ON_GPU_2 = record(1, 5.0, xid_line(bus_id(2).rsplit(".", 1)[0], 79, "GPU has fallen off the bus."))
+
+
+def test_a_failing_gpu_drains_the_node_with_a_reason_naming_it(node):
+    result, calls = node(XID_79_ON_GPU_2)
+    assert result.returncode == 0, result.stderr
+    assert calls == [
+        "show node gpu-7 --oneliner",
+        "update NodeName=gpu-7 State=DRAIN Reason=accelmon: GPU 2 xid: reboot_node",
+    ]
+    assert "drained node gpu-7: accelmon: GPU 2 xid: reboot_node" in result.stderr
+    assert "GPU 2     failure  xid" in result.stdout
+
+
+def test_a_node_without_failure_is_never_touched_and_never_resumed(node):
+    result, calls = node("")
+    assert result.returncode == 0 and calls == []  # not even a state query: it never resumes a drained node
+    # The fake's GPU 2 is in hardware thermal slowdown: a warning, for the alert and the dashboard, not a drain.
+    assert result.stdout.startswith("node verdict: warning")
+
+
+@pytest.mark.parametrize("state", ["IDLE+DRAIN", "DOWN*", "MIXED+DRAIN"])
+def test_a_node_already_out_keeps_its_state_and_reason(node, state):
+    result, calls = node(XID_79_ON_GPU_2, state)
+    assert calls == ["show node gpu-7 --oneliner"]
+    assert f"node gpu-7 is already {state}: left as it is" in result.stderr
+
+
+def test_a_warning_does_not_drain(node):
+    xid_94 = record(1, 5.0, xid_line(bus_id(1).rsplit(".", 1)[0], 94, "Contained ECC error."))
+    result, calls = node(xid_94)
+    assert calls == [] and "node verdict: warning" in result.stdout
+
+
+def test_faults_of_slurm_or_settings_never_fail_the_health_check(node, tmp_path):
+    result, calls = node(XID_79_ON_GPU_2, "IDLE", UPDATE_STATUS="1")
+    assert result.returncode == 0 and "scontrol could not drain gpu-7" in result.stderr
+    result, calls = node(XID_79_ON_GPU_2, "IDLE", "--scontrol", str(tmp_path / "missing"))
+    assert result.returncode == 0 and "scontrol failed" in result.stderr  # no scontrol at all
+    (tmp_path / "bad.yml").write_text("collectors: {nvml: {interval_seconds: -1}}\n")
+    result, calls = node(XID_79_ON_GPU_2, "IDLE", "--config", str(tmp_path / "bad.yml"))
+    assert result.returncode == 0 and calls == []
+    assert "interval_seconds" in result.stderr and "nothing drained" in result.stderr
+
+
+def test_dry_run_changes_nothing(node):
+    result, calls = node(XID_79_ON_GPU_2, "IDLE", "--dry-run")
+    assert calls == [] and "would drain gpu-7: accelmon: GPU 2 xid: reboot_node" in result.stderr
