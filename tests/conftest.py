@@ -12,8 +12,9 @@ Tiers (pytest markers):
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 
@@ -54,3 +55,17 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory, fake_nvml_dir: Path) ->
     """The base URL of a real Prometheus with the master's rules over one simulated worker (simulated_node.py)."""
     with simulated_prometheus(tmp_path_factory.mktemp("contract"), fake_nvml_dir) as base:
         yield base
+
+
+@pytest.fixture
+def fake_dcgm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
+    """Sets what the fake DCGM bindings (tests/fakedcgm) answer: fake_dcgm(up=True, gpus=[0, 1], ...); starts
+    with the host engine down."""
+    state = tmp_path / "dcgm.json"
+
+    def set_state(**values: object) -> None:
+        state.write_text(json.dumps(values))
+
+    set_state(up=False)
+    monkeypatch.setenv("FAKE_DCGM_STATE", str(state))
+    return set_state

@@ -309,3 +309,17 @@ def test_the_slurm_health_check_runs_the_scan_with_the_exporters_environment(tmp
         "/etc/accelmon/exporter.yml",
         "--dry-run",
     ]
+
+
+def test_the_diagnostic_prolog_runs_accelmon_slurm_health_with_diag(tmp_path):
+    install = tmp_path / "opt"
+    (install / "venv" / "bin").mkdir(parents=True)
+    stand_in = install / "venv" / "bin" / "accelmon-slurm-health"
+    stand_in.write_text('#!/bin/sh\nprintf "%s\\n" "$PATH" "$@"\n')
+    stand_in.chmod(0o755)
+    prolog = tmp_path / "40-accelmon-diag.sh"
+    render_role_template(
+        "accelmon_exporter", "slurm-prolog-diag.sh.j2", prolog, {"accelmon_exporter_install_dir": str(install)}
+    )
+    result = subprocess.run(["sh", str(prolog)], capture_output=True, text=True, timeout=30, env={})
+    assert result.stdout.splitlines() == ["/usr/local/bin:/usr/bin:/bin", "--diag"]

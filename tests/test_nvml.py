@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from accelmon.collectors.nvml import NvmlCollector
 from accelmon.core import Exporter, Sampler, render
+from tests.support.clock import ManualClock
 
 UUID0 = "GPU-00000000-0000-4000-8000-000000000000"
 UUID1 = "GPU-00000001-0000-4000-8000-000000000000"
@@ -216,18 +217,10 @@ def test_collector_can_be_sampled_from_several_threads(make_collector):
     assert not errors
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_values_are_read_on_their_schedule(make_collector, fake_nvml):
     """Cheap values every sample; counters and slow values (energy: 4 ms of CPU on an H100) every slow interval,
     served from the last read in between; maximum clocks once."""
-    clock = Clock()
+    clock = ManualClock()
     collector = make_collector("gpus 1\n", slow_interval=30.0, clock=clock, xid_events=False)
     slow_calls = ("nvmlDeviceGetViolationStatus", "nvmlDeviceGetBAR1MemoryInfo", "nvmlDeviceGetMigMode")
     before = {name: fake_nvml.calls_of(name) for name in (*slow_calls, "nvmlDeviceGetPowerUsage")}

@@ -10,37 +10,18 @@ import pytest
 
 from accelmon.collectors.profiling import ProfilingCollector
 from accelmon.core import render
+from tests.support.clock import ManualClock
 from tests.support.exposition import check_golden, promtool_check
 from tests.support.exposition import sample_value as value
-from tests.support.paths import ROOT
+from tests.support.paths import FAKE_DCGM_BINDINGS
 from tests.support.processes import exporter_env, run_once
 
-FAKE_DCGM = str(ROOT / "tests" / "fakedcgm")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def dcgm_state(tmp_path, monkeypatch):
-    state = tmp_path / "dcgm.json"
-
-    def set_state(**values) -> None:
-        state.write_text(json.dumps(values))
-
-    set_state(up=False)
-    monkeypatch.setenv("FAKE_DCGM_STATE", str(state))
-    return set_state
+FAKE_DCGM = str(FAKE_DCGM_BINDINGS)
 
 
 def make(clock=None, **options) -> ProfilingCollector:
     options.setdefault("dcgm_bindings_paths", (FAKE_DCGM,))
-    collector = ProfilingCollector(clock=clock or Clock(), **options)
+    collector = ProfilingCollector(clock=clock or ManualClock(), **options)
     collector.start()
     return collector
 
@@ -49,8 +30,8 @@ def sample(collector: ProfilingCollector) -> str:
     return render(collector.sample()).decode()
 
 
-def test_dcgm_values_units_and_blanks(dcgm_state, fake_nvml):
-    dcgm_state(up=True, gpus=[0, 1], blank=[1004])
+def test_dcgm_values_units_and_blanks(fake_dcgm, fake_nvml):
+    fake_dcgm(up=True, gpus=[0, 1], blank=[1004])
     collector = make()
     try:
         text = sample(collector)
@@ -64,9 +45,9 @@ def test_dcgm_values_units_and_blanks(dcgm_state, fake_nvml):
         collector.stop()
 
 
-def test_gpm_when_no_host_engine(dcgm_state, fake_nvml):
+def test_gpm_when_no_host_engine(fake_dcgm, fake_nvml):
     fake_nvml.configure("gpus 3\ngpm 0\ngpm 2\n")  # GPU 1 has no GPM (pre-Hopper)
-    clock = Clock()
+    clock = ManualClock()
     collector = make(clock, interval=0.2)
     try:
         time.sleep(0.11)  # the driver's own clock: two GPM samples more than 100 ms apart
@@ -82,7 +63,7 @@ def test_gpm_when_no_host_engine(dcgm_state, fake_nvml):
         collector.stop()
 
 
-def test_no_backend_is_no_data_and_no_failure(dcgm_state, fake_nvml):
+def test_no_backend_is_no_data_and_no_failure(fake_dcgm, fake_nvml):
     fake_nvml.configure("gpus 2\n")  # no GPM anywhere, no host engine
     collector = make()
     try:
@@ -93,18 +74,18 @@ def test_no_backend_is_no_data_and_no_failure(dcgm_state, fake_nvml):
         collector.stop()
 
 
-def test_host_engine_coming_up_later_and_dying(dcgm_state, fake_nvml):
+def test_host_engine_coming_up_later_and_dying(fake_dcgm, fake_nvml):
     fake_nvml.configure("gpus 1\ngpm 0\n")
-    clock = Clock()
+    clock = ManualClock()
     collector = make(clock, dcgm_retry_seconds=30)
     try:
         assert value(sample(collector), "accelmon_gpu_profiling_backend_info", backend="gpm") == 1
-        dcgm_state(up=True, gpus=[0])
+        fake_dcgm(up=True, gpus=[0])
         clock.now += 10
         assert value(sample(collector), "accelmon_gpu_profiling_backend_info", backend="gpm") == 1  # not retried yet
         clock.now += 30
         assert value(sample(collector), "accelmon_gpu_profiling_backend_info", backend="dcgm") == 1
-        dcgm_state(up=False)
+        fake_dcgm(up=False)
         clock.now += 1
         text = sample(collector)  # the read fails: falls back to GPM at once
         assert value(text, "accelmon_gpu_profiling_backend_info", backend="gpm") == 1
@@ -112,7 +93,7 @@ def test_host_engine_coming_up_later_and_dying(dcgm_state, fake_nvml):
         collector.stop()
 
 
-def test_forced_dcgm_with_engine_down_reports_none(dcgm_state, fake_nvml):
+def test_forced_dcgm_with_engine_down_reports_none(fake_dcgm, fake_nvml):
     fake_nvml.configure("gpus 1\ngpm 0\n")
     collector = make(backend="dcgm")
     try:
@@ -121,7 +102,7 @@ def test_forced_dcgm_with_engine_down_reports_none(dcgm_state, fake_nvml):
         collector.stop()
 
 
-def test_missing_bindings_fall_back(dcgm_state, fake_nvml, tmp_path):
+def test_missing_bindings_fall_back(fake_dcgm, fake_nvml, tmp_path):
     fake_nvml.configure("gpus 1\ngpm 0\n")
     collector = make(dcgm_bindings_paths=(str(tmp_path / "nowhere"),))
     try:
@@ -174,12 +155,12 @@ def test_path_of_fake_bindings_exists():
     assert (Path(FAKE_DCGM) / "pydcgm.py").exists()
 
 
-def test_gpm_never_publishes_a_short_window(dcgm_state, fake_nvml):
+def test_gpm_never_publishes_a_short_window(fake_dcgm, fake_nvml):
     """A real H100 answers GPM samples closer than 100 ms with SUCCESS, zeros and a NaN DRAM value; the fake does
     the same. The collector publishes nothing from such a window (no zeros, no NaN), lets the window grow until
     it is full, then publishes the real values."""
     fake_nvml.configure("gpus 1\ngpm 0\n")
-    clock = Clock()
+    clock = ManualClock()
     collector = make(clock, interval=1.0)
     try:
         text = sample(collector)  # microseconds after the first sample, as --once did
@@ -222,10 +203,10 @@ def test_fake_gpm_answers_close_samples_like_the_h100(fake_nvml):
         pynvml.nvmlShutdown()
 
 
-def test_gpm_window_after_a_gap_is_dropped(dcgm_state, fake_nvml):
+def test_gpm_window_after_a_gap_is_dropped(fake_dcgm, fake_nvml):
     """The sampler was held up (a hung call, a suspended process): the long window is not this interval's value."""
     fake_nvml.configure("gpus 1\ngpm 0\n")
-    clock = Clock()
+    clock = ManualClock()
     collector = make(clock, interval=1.0)
     try:
         time.sleep(0.11)

@@ -3,6 +3,7 @@ fixture kernel log, with a stand-in `scontrol` that records what it was asked an
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -100,3 +101,65 @@ def test_faults_of_slurm_or_settings_never_fail_the_health_check(node, tmp_path)
 def test_dry_run_changes_nothing(node):
     result, calls = node(XID_79_ON_GPU_2, "IDLE", "--dry-run")
     assert calls == [] and "would drain gpu-7: accelmon: GPU 2 xid: reboot_node" in result.stderr
+
+
+DCGMI = """#!/bin/sh
+# Stand-in for DCGM's dcgmi: `diag -r 1 -j` prints $DIAG_REPORT and exits $DIAG_STATUS.
+echo "dcgmi $@" >> "{calls}"
+cat "$DIAG_REPORT"
+exit "${{DIAG_STATUS:-0}}"
+"""
+
+
+def diag_report(*failing: str) -> str:
+    """A report shaped as `dcgmi diag -r 1 -j` prints it (DCGM 3): categories of tests, each with its results."""
+    tests = [
+        {"name": name, "results": [{"gpu_id": "0", "status": "Fail" if name in failing else "Pass"}]}
+        for name in ("Denylist", "NVML Library", "CUDA Main Library", "Permissions and OS Blocks", "GPU Memory")
+    ]
+    return json.dumps({"DCGM GPU Diagnostic": {"test_categories": [{"category": "Deployment", "tests": tests}]}})
+
+
+@pytest.fixture
+def prolog(tmp_path: Path):
+    calls = tmp_path / "calls"
+    scontrol, dcgmi = tmp_path / "scontrol", tmp_path / "dcgmi"
+    scontrol.write_text(SCONTROL.format(calls=calls))
+    dcgmi.write_text(DCGMI.format(calls=calls))
+    for program in (scontrol, dcgmi):
+        program.chmod(0o755)
+
+    def run(report: str, status: int = 0, *extra: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+        (tmp_path / "report.json").write_text(report)
+        calls.write_text("")
+        env = exporter_env(None, None)
+        env.update(NODE_STATE="MIXED", SLURMD_NODENAME="gpu-7", DIAG_REPORT=str(tmp_path / "report.json"))
+        env["DIAG_STATUS"] = str(status)
+        command = [sys.executable, "-m", "accelmon.slurm_health", "--diag", "--scontrol", str(scontrol)]
+        result = subprocess.run(
+            [*command, "--dcgmi", str(dcgmi), *extra], env=env, capture_output=True, text=True, timeout=60
+        )
+        return result, calls.read_text().splitlines()
+
+    return run
+
+
+def test_prolog_diag_that_fails_drains_and_fails_the_prolog(prolog):
+    result, calls = prolog(diag_report("GPU Memory", "Denylist"), 226)
+    assert result.returncode == 1, result.stderr  # Slurm requeues the job and keeps the node drained
+    assert calls[0] == "dcgmi diag -r 1 -j"
+    assert (
+        calls[-1] == "update NodeName=gpu-7 State=DRAIN Reason=accelmon: dcgmi diag -r 1 failed: Denylist, GPU Memory"
+    )
+
+
+def test_prolog_diag_that_passes_or_cannot_run_never_blocks_a_job(prolog, tmp_path):
+    passed, calls = prolog(diag_report(), 0)
+    assert passed.returncode == 0 and calls == ["dcgmi diag -r 1 -j"]
+    assert "dcgmi diag -r 1 passed" in passed.stderr
+    # The host engine is down: dcgmi prints an error, not a report.
+    down, calls = prolog("Error: unable to establish a connection to the specified host: localhost", 255)
+    assert down.returncode == 0 and calls == ["dcgmi diag -r 1 -j"]
+    assert "dcgmi diag gave no report (status 255)" in down.stderr
+    missing, calls = prolog(diag_report(), 0, "--dcgmi", str(tmp_path / "no-dcgmi"))
+    assert missing.returncode == 0 and calls == [] and "dcgmi diag could not run" in missing.stderr

@@ -303,6 +303,39 @@ def check_fabric(view: View, gpu: Gpu, now: float) -> Check:
     return Check("fabric", "ok", "fabric registration completed")
 
 
+# What a failing or warning DCGM health system asks for: link faults are the fabric's, memory and engine faults want
+# a reset, the board's sensors and firmware a service case, the driver a reboot.
+DCGM_SYSTEM_ACTIONS = {
+    "pcie": "hardware_service",
+    "nvlink": "check_fabric",
+    "pmu": "reset_gpu",
+    "mcu": "reset_gpu",
+    "mem": "reset_gpu",
+    "sm": "reset_gpu",
+    "inforom": "hardware_service",
+    "thermal": "hardware_service",
+    "power": "hardware_service",
+    "driver": "reboot_node",
+    "nvswitch_nonfatal": "check_fabric",
+    "nvswitch_fatal": "check_fabric",
+}
+
+
+def check_dcgm(view: View, gpu: Gpu, now: float) -> Check:
+    """DCGM's own health watches, where its host engine runs: their worst system decides (messages are in the
+    exporter's log; docs/health.md)."""
+    states = [(labels["system"], value) for labels, value in view.of("accelmon_gpu_dcgm_health_state", gpu)]
+    if not states:
+        return Check("dcgm", "ok", "DCGM health watches not running")
+    worst_state = max(value for _, value in states)
+    if worst_state == 0:
+        return Check("dcgm", "ok", f"DCGM: {len(states)} systems pass")
+    verdict = VERDICTS[int(worst_state)]
+    systems = sorted(system for system, value in states if value == worst_state)
+    action = catalogue.most_disruptive([DCGM_SYSTEM_ACTIONS.get(system, "hardware_service") for system in systems])
+    return Check("dcgm", verdict, f"DCGM health {verdict}: {', '.join(systems)}", action)
+
+
 GPU_CHECKS: tuple[Callable[[View, Gpu, float], Check], ...] = (
     check_lost,
     check_xid,
@@ -312,8 +345,9 @@ GPU_CHECKS: tuple[Callable[[View, Gpu, float], Check], ...] = (
     check_pcie,
     check_nvlink,
     check_fabric,
+    check_dcgm,
 )
-CHECK_NAMES = ("gpu_lost", "xid", "ecc", "memory_repair", "slowdown", "pcie", "nvlink", "fabric")
+CHECK_NAMES = ("gpu_lost", "xid", "ecc", "memory_repair", "slowdown", "pcie", "nvlink", "fabric", "dcgm")
 
 
 def node_checks(view: View) -> list[Check]:

@@ -6,18 +6,23 @@ call (`scontrol update NodeName=... State=RESUME`), and a node drained by anyone
 It always exits 0: slurmd logs a health check's failure but some Slurm versions keep a node from registering
 until the program succeeds, and a monitoring fault must never take a node out. docs/health.md has the slurm.conf
 lines; the role installs it (accelmon_exporter_slurm_health_check).
+
+With `--diag` it is a prolog instead: DCGM's quick diagnostic (`dcgmi diag -r 1`) before each job. Tests that fail
+drain the node (the reason names them) and the prolog fails, so Slurm requeues the job elsewhere; a missing or
+unreachable DCGM only logs (it never blocks a job).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import re
 import socket
 import subprocess
 import sys
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from accelmon.cli import scan_health
 from accelmon.config import ConfigError, load
@@ -25,6 +30,7 @@ from accelmon.config import ConfigError, load
 log = logging.getLogger("accelmon.slurm_health")
 
 SCONTROL_TIMEOUT_SECONDS = 20  # slurmd kills a health check after 60 s
+DIAG_TIMEOUT_SECONDS = 300  # `dcgmi diag -r 1` takes seconds; a hung host engine must not hold a job for long
 # Node states in which the node already takes no new jobs (scontrol prints e.g. IDLE+DRAIN, DOWN*, MIXED+DRAIN).
 TAKES_NO_JOBS = re.compile(r"\b(DRAIN|DRAINING|DRAINED|DOWN|FAIL|FAILING)\b")
 
@@ -37,7 +43,47 @@ def node_name() -> str:
 
 
 def run(command: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(command, capture_output=True, text=True, timeout=SCONTROL_TIMEOUT_SECONDS, check=False)
+    timeout = DIAG_TIMEOUT_SECONDS if "diag" in command else SCONTROL_TIMEOUT_SECONDS
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def failed_tests(report: Any) -> list[str]:
+    """The names of the tests that failed in `dcgmi diag -j`'s report: every object with a `name` and `results`
+    whose result status is Fail (DCGM 3 and 4 nest them differently; both keep these keys)."""
+    failed: list[str] = []
+    if isinstance(report, dict):
+        results = report.get("results")
+        if isinstance(report.get("name"), str) and isinstance(results, list):
+            statuses = [str(r.get("status", "")).lower() for r in results if isinstance(r, dict)]
+            if "fail" in statuses:
+                failed.append(report["name"])
+        for value in report.values():
+            failed += failed_tests(value)
+    elif isinstance(report, list):
+        for value in report:
+            failed += failed_tests(value)
+    return failed
+
+
+def diagnose(dcgmi: str, runner: Run) -> Optional[list[str]]:
+    """The tests `dcgmi diag -r 1` failed ([] when all passed), or None when the diagnostic could not run."""
+    try:
+        result = runner([dcgmi, "diag", "-r", "1", "-j"])
+    except (OSError, subprocess.TimeoutExpired) as error:
+        log.info("dcgmi diag could not run: %s", error)
+        return None
+    try:
+        report = json.loads(result.stdout)
+    except ValueError:
+        log.info(
+            "dcgmi diag gave no report (status %d): %s", result.returncode, (result.stderr or result.stdout)[-300:]
+        )
+        return None
+    failed = sorted(set(failed_tests(report)))
+    if result.returncode != 0 and not failed:
+        log.info("dcgmi diag ended with status %d and no failed test: not judged", result.returncode)
+        return None
+    return failed
 
 
 def node_state(scontrol: str, node: str, runner: Run) -> Optional[str]:
@@ -69,6 +115,10 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--node", help="Slurm's name of this node (default: $SLURMD_NODENAME, else the host name)")
     parser.add_argument("--scontrol", default="scontrol", help="the scontrol command (default: scontrol on PATH)")
     parser.add_argument("--dry-run", action="store_true", help="say what would be drained, change nothing")
+    parser.add_argument(
+        "--diag", action="store_true", help="as a prolog: run `dcgmi diag -r 1`; failed tests drain and fail it"
+    )
+    parser.add_argument("--dcgmi", default="dcgmi", help="the dcgmi command (default: dcgmi on PATH)")
     return parser
 
 
@@ -77,6 +127,9 @@ def main(argv: Sequence[str] | None = None, runner: Run = run) -> int:
     # Its own decisions at INFO; the collectors' start-up chatter only from WARNING (slurmd logs every line).
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="accelmon-slurm-health: %(message)s")
     log.setLevel(logging.INFO)
+    node = args.node or node_name()
+    if args.diag:
+        return prolog_diag(args, node, runner)
     try:
         settings = load(args.config)
     except ConfigError as error:
@@ -86,16 +139,29 @@ def main(argv: Sequence[str] | None = None, runner: Run = run) -> int:
     sys.stdout.write(verdict.table())
     if verdict.verdict != "failure":
         return 0
-    node = args.node or node_name()
-    reason = verdict.drain_reason()
+    drain_unless_dry_run(args, node, verdict.drain_reason(), runner)
+    return 0
+
+
+def drain_unless_dry_run(args: argparse.Namespace, node: str, reason: str, runner: Run) -> None:
     if args.dry_run:
         log.warning("would drain %s: %s", node, reason)
-        return 0
+        return
     try:
         drain(args.scontrol, node, reason, runner)
     except (OSError, subprocess.TimeoutExpired) as error:
         log.error("scontrol failed: %s", error)
-    return 0
+
+
+def prolog_diag(args: argparse.Namespace, node: str, runner: Run) -> int:
+    """The prolog's diagnostic: 1 (Slurm requeues the job) only when tests failed and the node is drained."""
+    failed = diagnose(args.dcgmi, runner)
+    if not failed:
+        if failed == []:
+            log.info("dcgmi diag -r 1 passed")
+        return 0
+    drain_unless_dry_run(args, node, ("accelmon: dcgmi diag -r 1 failed: " + ", ".join(failed))[:200], runner)
+    return 0 if args.dry_run else 1
 
 
 if __name__ == "__main__":

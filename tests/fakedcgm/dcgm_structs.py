@@ -10,3 +10,8 @@ class DCGMError(Exception):
 
 class DCGMError_ConnectionNotValid(DCGMError):
     pass
+
+
+DCGM_HEALTH_WATCH_ALL = 0xFFFFFFFF
+DCGM_FE_GPU = 1
+DCGM_FE_SWITCH = 3

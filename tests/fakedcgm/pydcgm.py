@@ -1,5 +1,7 @@
 """Fake of the DCGM bindings' pydcgm, answering like a host engine would; driven by $FAKE_DCGM_STATE (JSON):
-{"up": true, "gpus": [0, 1], "blank": [1004]} - host engine reachable, its GPUs, fields that come back blank."""
+{"up": true, "gpus": [0, 1], "blank": [1004]} - host engine reachable, its GPUs, fields that come back blank;
+"incidents": [{"gpu": 0, "system": 16, "health": 20, "code": 28, "msg": "..."}] - what the next health checks report
+(entity group "group", default 1, a GPU; DCGM's structures: c_dcgmHealthResponse_v4, c_dcgmIncidentInfo_t)."""
 
 import json
 import os
@@ -68,10 +70,43 @@ class _Samples:
         return SimpleNamespace(values=values)
 
 
+class _Health:
+    """DcgmGroupHealth: the first Check() after Set() only starts the watches, as DCGM's does."""
+
+    def __init__(self):
+        self.watched = None
+        self.checks = 0
+
+    def Set(self, systems, updateInterval=None, maxKeepAge=None):
+        _check()
+        self.watched = systems
+
+    def Check(self, version=None):
+        _check()
+        if self.watched is None:
+            raise dcgm_structs.DCGMError("health watches not set")
+        self.checks += 1
+        incidents = [] if self.checks == 1 else _state().get("incidents", [])
+        return SimpleNamespace(
+            overallHealth=max((i["health"] for i in incidents), default=0),
+            incidentCount=len(incidents),
+            incidents=[
+                SimpleNamespace(
+                    system=i["system"],
+                    health=i["health"],
+                    error=SimpleNamespace(msg=i.get("msg", "").encode(), code=i.get("code", 0)),
+                    entityInfo=SimpleNamespace(entityGroupId=i.get("group", 1), entityId=i["gpu"]),
+                )
+                for i in incidents
+            ],
+        )
+
+
 class DcgmGroup:
     def __init__(self, dcgmHandle, groupId=None, groupName=None, groupType=None):
         _check()
         self.samples = _Samples()
+        self.health = _Health()
 
     def GetGpuIds(self):
         return list(_state().get("gpus", []))

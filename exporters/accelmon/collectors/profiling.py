@@ -212,6 +212,35 @@ INT64_BLANK = 0x7FFFFFFFFFFFFFF0
 Readings = dict[int, tuple[str, dict[Any, float]]]  # gpu index -> (uuid, {spec: value})
 
 
+def dcgm_modules(bindings_paths: tuple[str, ...]) -> tuple[ModuleType, ModuleType] | None:
+    """DCGM's own Python bindings (pydcgm, dcgm_structs), from the first of `bindings_paths` that has them."""
+    for path in bindings_paths:
+        if path not in sys.path:
+            sys.path.append(path)
+    try:
+        return importlib.import_module("pydcgm"), importlib.import_module("dcgm_structs")
+    except ImportError:
+        return None
+
+
+def dcgm_connect(bindings_paths: tuple[str, ...], host: str, group_name: str) -> tuple[Any, Any, Any, dict[int, str]]:
+    """(pydcgm, handle, group of every GPU, GPU id -> UUID) from the host engine at `host`; raises on failure.
+    An address means "connect to nv-hostengine": never the embedded mode that would lock out dcgmi."""
+    modules = dcgm_modules(bindings_paths)
+    if modules is None:
+        raise ImportError(f"DCGM bindings not found in {', '.join(bindings_paths)}")
+    pydcgm, structs = modules
+    handle = pydcgm.DcgmHandle(ipAddress=host, opMode=structs.DCGM_OPERATION_MODE_AUTO)
+    try:
+        group = pydcgm.DcgmGroup(handle, groupName=group_name, groupType=structs.DCGM_GROUP_DEFAULT)
+        system = handle.GetSystem()
+        uuids = {gpu: str(system.discovery.GetGpuAttributes(gpu).identifiers.uuid) for gpu in group.GetGpuIds()}
+    except Exception:
+        handle.Shutdown()
+        raise
+    return pydcgm, handle, group, uuids
+
+
 class DcgmBackend:
     """The standalone host engine through DCGM's own Python bindings."""
 
@@ -226,32 +255,12 @@ class DcgmBackend:
         self._fields: Any = None
         self._uuids: dict[int, str] = {}
 
-    def _modules(self) -> tuple[ModuleType, ModuleType] | None:
-        for path in self.bindings_paths:
-            if path not in sys.path:
-                sys.path.append(path)
-        try:
-            return importlib.import_module("pydcgm"), importlib.import_module("dcgm_structs")
-        except ImportError:
-            return None
-
     def open(self) -> bool:
-        modules = self._modules()
-        if modules is None:
-            log.info("DCGM bindings not found in %s", ", ".join(self.bindings_paths))
-            return False
-        pydcgm, structs = modules
         try:
-            # An address means "connect to nv-hostengine": never the embedded mode that would lock out dcgmi.
-            self._handle = pydcgm.DcgmHandle(ipAddress=self.host, opMode=structs.DCGM_OPERATION_MODE_AUTO)
-            self._group = pydcgm.DcgmGroup(self._handle, groupName="accelmon", groupType=structs.DCGM_GROUP_DEFAULT)
+            pydcgm, self._handle, self._group, self._uuids = dcgm_connect(self.bindings_paths, self.host, "accelmon")
             self._fields = pydcgm.DcgmFieldGroup(self._handle, name="accelmon-profiling", fieldIds=DCGM_FIELDS)
             usec = int(self.interval * 1_000_000)
             self._group.samples.WatchFields(self._fields, usec, max(30.0, 3 * self.interval), 0)
-            system = self._handle.GetSystem()
-            self._uuids = {
-                gpu: str(system.discovery.GetGpuAttributes(gpu).identifiers.uuid) for gpu in self._group.GetGpuIds()
-            }
         except Exception as error:  # noqa: BLE001 - the bindings raise their own exception classes
             log.info("DCGM host engine at %s not usable: %s", self.host, error)
             self.close()
