@@ -621,6 +621,45 @@ JOB = Dashboard(
             [(per_job_gpu("accelmon_gpu_sm_clock_hertz"), JOB_LEGEND)],
             description="A GPU clocked below its peers holds back a synchronous job.",
         ),
+        Panel(
+            "CPU cores used and given, per node",
+            "short",
+            [
+                (
+                    f"sum by (job_id, node) (rate(accelmon_job_cpu_seconds_total{{{J}}}[$__rate_interval]))",
+                    "used {{node}}",
+                ),
+                (f"sum by (job_id, node) (accelmon_job_cpus_allocated{{{J}}})", "given {{node}}"),
+            ],
+            description="From the job's cgroup (collector job_resources). GPUs idle while these meet: input-bound.",
+        ),
+        Panel(
+            "CPU efficiency (cores used over given)",
+            "percentunit",
+            [(f"job_id:accelmon_job_cpu_efficiency:ratio{{{J}}}", "job {{job_id}}")],
+            max=1,
+        ),
+        Panel(
+            "Memory: used, peak and limit, per node",
+            "bytes",
+            [
+                (f"accelmon_job_memory_used_bytes{{{J}}}", "used {{node}}"),
+                (f"accelmon_job_memory_peak_bytes{{{J}}}", "peak {{node}}"),
+                (f"accelmon_job_memory_limit_bytes{{{J}}}", "limit {{node}}"),
+                (f"accelmon_job_swap_used_bytes{{{J}}}", "swap {{node}}"),
+            ],
+            description="Peak near the limit: the job is about to be killed for memory; swap: it pages.",
+        ),
+        Panel(
+            "I/O per node",
+            "Bps",
+            [
+                (
+                    f"sum by (job_id, node, direction) (rate(accelmon_job_io_bytes_total{{{J}}}[$__rate_interval]))",
+                    "{{direction}} {{node}}",
+                )
+            ],
+        ),
     ],
     [("job_id", "label_values(accelmon_gpu_job_info, job_id)")],
 )

@@ -54,3 +54,63 @@ def slurm_job_cgroup(cgroup_root: Path, job: int, pids: tuple[int, ...], version
         (task / "cgroup.procs").write_text("".join(f"{pid}\n" for pid in pids))
         (parent / f"job_{job}" / "cgroup.procs").write_text("")  # v2: no process in an inner node
     return cgroup_root
+
+
+# What the job-resources tests expect from `job_cgroup_stats` (seconds and bytes, after the collector's conversions).
+JOB_USER_SECONDS, JOB_SYSTEM_SECONDS, JOB_THROTTLED_SECONDS = 7312.5, 120.25, 3.5
+JOB_MEMORY, JOB_PEAK, JOB_LIMIT, JOB_SWAP = 6 * 2**30, 7 * 2**30, 8 * 2**30, 2**20
+JOB_READ, JOB_WRITTEN, JOB_TASKS = 3 * 2**20 + 4096, 5 * 2**20, 42
+
+
+def job_cgroup_stats(cgroup_root: Path, job: int, version: int = 2, uid: int = 1000, user_hz: int = 100) -> None:
+    """The accounting files of a Slurm job's cgroup as the kernel writes them (Documentation/admin-guide/cgroup-v2.rst
+    and cgroup-v1/*.rst): v2 in the job's one directory, v1 in each controller's; values are the JOB_* above."""
+    if version == 2:
+        job_dir = cgroup_root / "system.slice" / "slurmstepd.scope" / f"job_{job}"
+        job_dir.mkdir(parents=True, exist_ok=True)
+        files = {
+            "cgroup.controllers": "cpuset cpu io memory pids\n",
+            "cpu.stat": (
+                f"usage_usec {int((JOB_USER_SECONDS + JOB_SYSTEM_SECONDS) * 1e6)}\n"
+                f"user_usec {int(JOB_USER_SECONDS * 1e6)}\nsystem_usec {int(JOB_SYSTEM_SECONDS * 1e6)}\n"
+                f"nr_periods 100\nnr_throttled 7\nthrottled_usec {int(JOB_THROTTLED_SECONDS * 1e6)}\n"
+            ),
+            "cpuset.cpus.effective": "0-3,8,10-11\n",
+            "memory.current": f"{JOB_MEMORY}\n",
+            "memory.peak": f"{JOB_PEAK}\n",
+            "memory.max": f"{JOB_LIMIT}\n",
+            "memory.swap.current": f"{JOB_SWAP}\n",
+            "io.stat": (
+                f"8:0 rbytes={JOB_READ - 4096} wbytes={JOB_WRITTEN} rios=10 wios=20 dbytes=0 dios=0\n"
+                "259:0 rbytes=4096 wbytes=0 rios=1 wios=0 dbytes=0 dios=0\n"
+            ),
+            "pids.current": f"{JOB_TASKS}\n",
+        }
+        for name, text in files.items():
+            (job_dir / name).write_text(text)
+        return
+    by_controller = {
+        "cpu,cpuacct": {
+            "cpuacct.stat": f"user {int(JOB_USER_SECONDS * user_hz)}\nsystem {int(JOB_SYSTEM_SECONDS * user_hz)}\n",
+            "cpu.stat": f"nr_periods 100\nnr_throttled 7\nthrottled_time {int(JOB_THROTTLED_SECONDS * 1e9)}\n",
+        },
+        "cpuset": {"cpuset.cpus": "0-3,8,10-11\n"},
+        "memory": {
+            "memory.usage_in_bytes": f"{JOB_MEMORY}\n",
+            "memory.max_usage_in_bytes": f"{JOB_PEAK}\n",
+            "memory.limit_in_bytes": f"{JOB_LIMIT}\n",
+            "memory.memsw.usage_in_bytes": f"{JOB_MEMORY + JOB_SWAP}\n",
+        },
+        "blkio": {
+            "blkio.throttle.io_service_bytes": (
+                f"8:0 Read {JOB_READ}\n8:0 Write {JOB_WRITTEN}\n8:0 Sync 0\n8:0 Async 0\n8:0 Total "
+                f"{JOB_READ + JOB_WRITTEN}\nTotal {JOB_READ + JOB_WRITTEN}\n"
+            )
+        },
+        "pids": {"pids.current": f"{JOB_TASKS}\n"},
+    }
+    for controller, files in by_controller.items():
+        job_dir = cgroup_root / controller / "slurm" / f"uid_{uid}" / f"job_{job}"
+        job_dir.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            (job_dir / name).write_text(text)

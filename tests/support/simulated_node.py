@@ -16,7 +16,7 @@ from typing import Iterator
 import yaml
 
 from tests.support.infiniband_tree import standard_tree
-from tests.support.jobs_tree import bus_id, nvidia_procfs, slurm_job_cgroup
+from tests.support.jobs_tree import bus_id, job_cgroup_stats, nvidia_procfs, slurm_job_cgroup
 from tests.support.kernel_log_lines import BOOT, record, xid_line
 from tests.support.neuron_reports import line, report
 from tests.support.paths import FAKE_NEURON_MONITOR, ROOT
@@ -34,6 +34,8 @@ def start_exporter(work: Path, port: int, fake_nvml_dir: Path) -> subprocess.Pop
     nvml.write_text("gpus 8\nenergy_follows_power 1\n" + faults + fabric)
     sysfs = standard_tree(work / "sys")
     slurm_job_cgroup(sysfs / "fs" / "cgroup", 100, (3101,))  # the Neuron runtime llama-serve runs in job 100
+    for job in (100, 200):  # what each job uses on the CPU side (collector job_resources)
+        job_cgroup_stats(sysfs / "fs" / "cgroup", job)
     procfs = nvidia_procfs(work / "proc", gpus=8)
     (procfs / "4242").mkdir()
     (procfs / "4242" / "comm").write_text("nv-fabricmanager\n")  # the Fabric Manager an NVSwitch system needs
@@ -66,6 +68,7 @@ def start_exporter(work: Path, port: int, fake_nvml_dir: Path) -> subprocess.Pop
                     },
                     "profiling": {"enabled": True, "backend": "gpm"},
                     "jobs": {"interval_seconds": 1, "state_dir": str(jobs)},
+                    "job_resources": {"interval_seconds": 1, "state_dir": str(jobs)},
                 },
             }
         )

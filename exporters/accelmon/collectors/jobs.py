@@ -162,6 +162,44 @@ def _clean(value: str) -> str:
     return "".join(c for c in value if c.isprintable())[:MAX_VALUE]
 
 
+def read_record(path: str) -> tuple[dict[str, str], int]:
+    """A job record's known keys, and how many lines were malformed; OSError if it is gone."""
+    with open(path, encoding="utf-8", errors="replace") as stream:
+        text = stream.read(MAX_RECORD_BYTES)
+    record: dict[str, str] = {}
+    bad = 0
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if not line.strip() or line.startswith("#"):
+            continue
+        if not sep or key.strip() not in KEYS:
+            bad += 1
+            continue
+        record[key.strip()] = _clean(value.strip())
+    return record, bad
+
+
+def record_names(state_dir: str) -> list[str]:
+    """The records in the state directory (a name starting with a dot is one being written)."""
+    try:
+        return sorted(n for n in os.listdir(state_dir) if not n.startswith("."))
+    except OSError:
+        return []
+
+
+def recorded_job_ids(state_dir: str) -> set[str]:
+    """The ids of the jobs with a record: what bounds every per-job series."""
+    ids = set()
+    for name in record_names(state_dir):
+        try:
+            job = read_record(os.path.join(state_dir, name))[0].get("job_id", "")
+        except OSError:
+            continue
+        if job.isdigit():
+            ids.add(job)
+    return ids
+
+
 class JobsCollector(Collector):
     name = "jobs"
 
@@ -174,20 +212,9 @@ class JobsCollector(Collector):
     def _read(self, path: str, name: str) -> dict[str, str] | None:
         try:
             status = os.stat(path)
-            with open(path, encoding="utf-8", errors="replace") as stream:
-                text = stream.read(MAX_RECORD_BYTES)
+            record, bad = read_record(path)
         except OSError:
             return None  # removed by the epilog while being read
-        record: dict[str, str] = {}
-        bad = 0
-        for line in text.splitlines():
-            key, sep, value = line.partition("=")
-            if not line.strip() or line.startswith("#"):
-                continue
-            if not sep or key.strip() not in KEYS:
-                bad += 1
-                continue
-            record[key.strip()] = _clean(value.strip())
         version = (status.st_mtime_ns, status.st_size)
         if bad and self._counted.get(name) != version:
             self._counted[name] = version
@@ -197,10 +224,7 @@ class JobsCollector(Collector):
 
     def sample(self) -> Samples:
         out = Samples()
-        try:
-            names = sorted(n for n in os.listdir(self.state_dir) if not n.startswith("."))  # .tmp: being written
-        except OSError:
-            names = []
+        names = record_names(self.state_dir)
         by_minor, by_uuid = driver_gpus(self.procfs)
         jobs = unresolved = 0
         seen: set[tuple[str, str]] = set()

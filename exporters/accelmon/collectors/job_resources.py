@@ -1,0 +1,235 @@
+"""What each batch job uses on the CPU side, from its cgroup: CPU time and throttling, memory (now, peak, limit,
+swap), I/O bytes, tasks, and the CPUs it was given. The job-performance seed's per-job core, read as Princeton's
+jobstats does (from the cgroups Slurm's plugins make), without a daemon per job.
+
+Example exposition lines::
+
+    accelmon_job_cpu_seconds_total{job_id="4242",mode="user"} 7312.5
+    accelmon_job_memory_peak_bytes{job_id="4242"} 6.2e+10
+
+Series exist only for jobs with a record in the jobs collector's state directory (the scheduler's prolog writes it,
+the epilog removes it), so they are bounded by the jobs on the node and leave with the job. A job's cgroup is found
+by its directory name, `job_<id>`: cgroup v2 `system.slice/slurmstepd.scope/job_<id>` (one directory, every
+controller), cgroup v1 `<controller>/slurm[_<node>]/uid_<uid>/job_<id>` (one per controller). Counters are the
+kernel's, cumulative over the job's life: `rate()` gives CPU cores in use, and used over
+`accelmon_job_cpus_allocated` the CPU efficiency. A file a kernel lacks (memory.peak before Linux 5.19) leaves its
+series out; a job whose cgroup is not found is counted in `accelmon_jobs_without_cgroup`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Optional
+
+from accelmon.collectors.jobs import SLURM_JOB_CGROUP, recorded_job_ids
+from accelmon.core import Catalogue, Collector, MetricSpec, Samples
+from accelmon.registry import Option, Paths, Registration, register, seconds
+
+log = logging.getLogger("accelmon.job_resources")
+
+JOB = ("job_id",)
+INTERVAL = seconds("interval_seconds", 10, "how often the jobs' cgroups are read")
+STATE_DIR = Option("state_dir", "/run/accelmon/jobs", "where the scheduler's prolog writes one record per job")
+C = Catalogue(
+    "job_resources",
+    "Batch jobs' CPU, memory and I/O (cgroups)",
+    "Source: each job's cgroup (v2: cpu.stat, memory.current/peak/max, memory.swap.current, io.stat, pids.current, "
+    "cpuset.cpus.effective; v1: cpuacct, cpu, memory, blkio, pids and cpuset controllers), for the jobs with a "
+    "record in `state_dir`. Conversions: microseconds (v2) and nanoseconds or USER_HZ ticks (v1) to seconds. "
+    "Job series carry only `job_id`; join to user and account through `accelmon_gpu_job_info`.",
+)
+CPU = C.counter("accelmon_job_cpu_seconds_total", "CPU time the job's processes used, by mode.", [*JOB, "mode"])
+THROTTLED = C.counter(
+    "accelmon_job_cpu_throttled_seconds_total", "Time the job's processes were held back by its CPU quota.", JOB
+)
+CPUS = C.gauge("accelmon_job_cpus_allocated", "CPUs the job may run on (its cgroup's cpuset).", JOB)
+MEMORY = C.gauge("accelmon_job_memory_used_bytes", "Memory the job uses now (page cache included).", JOB)
+MEMORY_PEAK = C.gauge("accelmon_job_memory_peak_bytes", "Most memory the job has used at once.", JOB)
+MEMORY_LIMIT = C.gauge("accelmon_job_memory_limit_bytes", "The job's memory limit (absent without one).", JOB)
+SWAP = C.gauge("accelmon_job_swap_used_bytes", "Swap the job uses now.", JOB)
+IO = C.counter(
+    "accelmon_job_io_bytes_total", "Bytes the job read from and wrote to block devices.", [*JOB, "direction"]
+)
+TASKS = C.gauge("accelmon_job_tasks", "Processes and threads in the job.", JOB)
+WITHOUT_CGROUP = C.gauge(
+    "accelmon_jobs_without_cgroup", "Jobs with a record whose cgroup was not found (no cgroup plugin?).", ()
+)
+
+MAX_DEPTH = 6  # from the cgroup root to a job's directory: v1 4, v2 3; deeper trees are not searched
+UNLIMITED = 2**62  # v1 reports "no limit" as a page-rounded 2^63-1
+USER_HZ = float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0
+
+
+def job_cgroups(root: str, jobs: set[str]) -> dict[str, list[str]]:
+    """The cgroup directories of each job in `jobs`: one (v2) or one per controller (v1)."""
+    found: dict[str, list[str]] = {}
+    base = root.rstrip(os.sep).count(os.sep)
+    for directory, subdirectories, _ in os.walk(root):  # symlinks (v1's cpu -> cpu,cpuacct) not followed
+        match = SLURM_JOB_CGROUP.match(os.path.basename(directory))
+        if match:
+            subdirectories.clear()
+            if match.group(1) in jobs:
+                found.setdefault(match.group(1), []).append(directory)
+        elif directory.count(os.sep) - base >= MAX_DEPTH:
+            subdirectories.clear()
+    return found
+
+
+def _read(directories: list[str], name: str) -> Optional[str]:
+    """The first of `directories` that has the file `name`: the controller that owns it (v1), or the one (v2)."""
+    for directory in directories:
+        try:
+            with open(os.path.join(directory, name), encoding="ascii", errors="replace") as stream:
+                return stream.read()
+        except OSError:
+            continue
+    return None
+
+
+def _number(text: Optional[str]) -> Optional[float]:
+    if text is None:
+        return None
+    word = text.strip()
+    if word == "max":
+        return None  # v2: no limit
+    try:
+        return float(word)
+    except ValueError:
+        return None
+
+
+def _keyed(text: Optional[str]) -> dict[str, float]:
+    """`key value` lines (cpu.stat, cpuacct.stat), malformed lines skipped."""
+    values: dict[str, float] = {}
+    for line in (text or "").splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            try:
+                values[parts[0]] = float(parts[1])
+            except ValueError:
+                continue
+    return values
+
+
+def cpu_count(cpuset: Optional[str]) -> Optional[int]:
+    """CPUs in a cpuset list such as `0-3,8,10-11`."""
+    if cpuset is None or not cpuset.strip():
+        return None
+    count = 0
+    for part in cpuset.strip().split(","):
+        first, _, last = part.partition("-")
+        try:
+            count += (int(last) - int(first) + 1) if last else 1
+        except ValueError:
+            return None
+    return count
+
+
+def io_bytes_v2(text: Optional[str]) -> Optional[tuple[float, float]]:
+    """(read, written) over every device of io.stat (`8:0 rbytes=1 wbytes=2 rios=...`)."""
+    if text is None:
+        return None
+    read = written = 0.0
+    for line in text.splitlines():
+        for field in line.split()[1:]:
+            key, _, value = field.partition("=")
+            if key in ("rbytes", "wbytes") and value.isdigit():
+                if key == "rbytes":
+                    read += float(value)
+                else:
+                    written += float(value)
+    return read, written
+
+
+def io_bytes_v1(text: Optional[str]) -> Optional[tuple[float, float]]:
+    """(read, written) from blkio.throttle.io_service_bytes (`8:0 Read 123`; its `Total` lines skipped)."""
+    if text is None:
+        return None
+    read = written = 0.0
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[2].isdigit():
+            if parts[1] == "Read":
+                read += float(parts[2])
+            elif parts[1] == "Write":
+                written += float(parts[2])
+    return read, written
+
+
+class JobResourcesCollector(Collector):
+    name = "job_resources"
+
+    def __init__(self, state_dir: str, cgroup_root: str) -> None:
+        self.state_dir = state_dir
+        self.cgroup_root = cgroup_root
+
+    def sample(self) -> Samples:
+        out = Samples()
+        jobs = recorded_job_ids(self.state_dir)
+        cgroups = job_cgroups(self.cgroup_root, jobs) if jobs else {}
+        for job in sorted(jobs):
+            if job in cgroups:
+                self._job(job, cgroups[job], out)
+        out.add(WITHOUT_CGROUP, [], len(jobs - set(cgroups)))
+        return out
+
+    def _job(self, job: str, directories: list[str], out: Samples) -> None:
+        labels = [job]
+
+        def put(spec: MetricSpec, value: Optional[float], *extra: str) -> None:
+            if value is not None:
+                out.add(spec, [*labels, *extra], value)
+
+        v2 = _read(directories, "cgroup.controllers") is not None
+        if v2:
+            cpu = _keyed(_read(directories, "cpu.stat"))
+            put(CPU, _scaled(cpu.get("user_usec"), 1e-6), "user")
+            put(CPU, _scaled(cpu.get("system_usec"), 1e-6), "system")
+            put(THROTTLED, _scaled(cpu.get("throttled_usec"), 1e-6))
+            put(CPUS, cpu_count(_read(directories, "cpuset.cpus.effective")))
+            put(MEMORY, _number(_read(directories, "memory.current")))
+            put(MEMORY_PEAK, _number(_read(directories, "memory.peak")))
+            put(MEMORY_LIMIT, _number(_read(directories, "memory.max")))
+            put(SWAP, _number(_read(directories, "memory.swap.current")))
+            io = io_bytes_v2(_read(directories, "io.stat"))
+        else:
+            ticks = _keyed(_read(directories, "cpuacct.stat"))
+            put(CPU, _scaled(ticks.get("user"), 1 / USER_HZ), "user")
+            put(CPU, _scaled(ticks.get("system"), 1 / USER_HZ), "system")
+            put(THROTTLED, _scaled(_keyed(_read(directories, "cpu.stat")).get("throttled_time"), 1e-9))
+            put(CPUS, cpu_count(_read(directories, "cpuset.cpus")))
+            used = _number(_read(directories, "memory.usage_in_bytes"))
+            put(MEMORY, used)
+            put(MEMORY_PEAK, _number(_read(directories, "memory.max_usage_in_bytes")))
+            limit = _number(_read(directories, "memory.limit_in_bytes"))
+            put(MEMORY_LIMIT, limit if limit is not None and limit < UNLIMITED else None)
+            with_swap = _number(_read(directories, "memory.memsw.usage_in_bytes"))
+            put(SWAP, max(0.0, with_swap - used) if with_swap is not None and used is not None else None)
+            io = io_bytes_v1(_read(directories, "blkio.throttle.io_service_bytes"))
+        if io is not None:
+            put(IO, io[0], "read")
+            put(IO, io[1], "write")
+        put(TASKS, _number(_read(directories, "pids.current")))
+
+
+def _scaled(value: Optional[float], scale: float) -> Optional[float]:
+    return None if value is None else value * scale
+
+
+def _has_state_dir(paths: Paths, options: dict[str, object]) -> bool:
+    return os.path.isdir(str(options["state_dir"]))
+
+
+REGISTRATION = register(
+    Registration(
+        name="job_resources",
+        help="batch jobs' CPU, memory and I/O from their cgroups (default: on where job records are kept)",
+        build=lambda options, paths: JobResourcesCollector(
+            str(options["state_dir"]), os.path.join(paths.sysfs, "fs", "cgroup")
+        ),
+        catalogue=C,
+        options=(INTERVAL, STATE_DIR),
+        enabled_by_default=_has_state_dir,
+    )
+)
