@@ -1,5 +1,7 @@
-"""What the health work costs: `accelmon-exporter --scan` wall time on 8 GPUs, and the exporter's CPU with the
-kernel_log and health collectors on against off, in one run.
+"""What the health and per-job work costs: `accelmon-exporter --scan` wall time on 8 GPUs, and the exporter's CPU
+with nvml alone, with the kernel_log and health collectors, and with everything on by default where the NVIDIA
+driver is loaded (+ fabric: 18 NVLink links per GPU and a fabric; + gpu_processes: the fake's processes with
+per-process samples), in one run.
 
 The GPUs are the fake NVML's with the H100 cost model (`profile h100`: each call burns the CPU it cost on a real
 H100, driver 580); the kernel log is a file in /dev/kmsg's format with `--records` records (a server's log after
@@ -48,7 +50,9 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="accelmon-health-bench-"))
     fake_dir = build_fake_nvml(work).parent
     config = work / "h100.conf"
-    config.write_text(f"gpus {args.gpus}\nprofile h100\n")
+    # An HGX H100 board: 18 NVLink links per GPU, fabric registration completed, processes with samples.
+    board = "".join(f"nvlink {i} 18\nfabric {i} 3 0 2\n" for i in range(args.gpus))
+    config.write_text(f"gpus {args.gpus}\nprofile h100\nprocess_samples 1\n{board}")
     procfs = nvidia_procfs(work / "proc", gpus=args.gpus)
     (procfs / "stat").write_text(f"btime {BOOT}\n")
     kmsg = work / "kmsg"
@@ -78,13 +82,21 @@ def main() -> None:
     def ms_per_gpu_second(fraction: float) -> float:
         return fraction * 1000 / args.gpus
 
-    without = [*ACCELMON_ONLY_NVML, "--no-collector.kernel_log", "--no-collector.health"]
-    with RunningExporter(fake_dir, config, args=without) as exporter:
-        before = ms_per_gpu_second(exporter.cpu_fraction(args.cpu_seconds))
-    with RunningExporter(fake_dir, config, args=[*ACCELMON_ONLY_NVML, *paths]) as exporter:
-        after = ms_per_gpu_second(exporter.cpu_fraction(args.cpu_seconds))
-    print(f"exporter CPU, nvml only:                  {before:.3f} ms per GPU-second")
-    print(f"exporter CPU, + kernel_log and health:    {after:.3f} ms per GPU-second ({after - before:+.3f})")
+    runs = (
+        ("nvml only", [*ACCELMON_ONLY_NVML, "--no-collector.kernel_log", "--no-collector.health"]),
+        (
+            "+ kernel_log and health",
+            [*ACCELMON_ONLY_NVML, *paths, "--no-collector.fabric", "--no-collector.gpu_processes"],
+        ),
+        ("+ fabric and gpu_processes (defaults)", [*ACCELMON_ONLY_NVML, *paths]),
+    )
+    before = None
+    for name, flags in runs:
+        with RunningExporter(fake_dir, config, args=flags) as exporter:
+            cost = ms_per_gpu_second(exporter.cpu_fraction(args.cpu_seconds))
+        added = f" ({cost - before:+.3f})" if before is not None else ""
+        print(f"exporter CPU, {name + ':':40} {cost:.3f} ms per GPU-second{added}")
+        before = cost
 
 
 if __name__ == "__main__":

@@ -323,3 +323,30 @@ def test_the_diagnostic_prolog_runs_accelmon_slurm_health_with_diag(tmp_path):
     )
     result = subprocess.run(["sh", str(prolog)], capture_output=True, text=True, timeout=30, env={})
     assert result.stdout.splitlines() == ["/usr/local/bin:/usr/bin:/bin", "--diag"]
+
+
+def test_the_rapl_rule_lets_only_node_exporters_group_read_the_energy_counters(tmp_path):
+    """systemd-tmpfiles applies the role's rule to a powercap tree made root-only as Linux 5.10+ makes it."""
+    rule = tmp_path / "accelmon-rapl.conf"
+    render_role_template(
+        "accelmon_node_exporter", "rapl-tmpfiles.conf.j2", rule, {"accelmon_node_exporter_group": "prometheus"}
+    )
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    (root / "etc" / "group").write_text("root:x:0:\nprometheus:x:997:\n")
+    (root / "etc" / "passwd").write_text("root:x:0:0::/root:/bin/sh\n")
+    counters = [
+        root / "sys/class/powercap/intel-rapl:0/energy_uj",  # a package
+        root / "sys/class/powercap/intel-rapl:0:1/energy_uj",  # its DRAM sub-zone
+    ]
+    for counter in counters:
+        counter.parent.mkdir(parents=True)
+        counter.write_text("123456\n")
+        counter.chmod(0o400)
+    result = subprocess.run(
+        ["systemd-tmpfiles", "--create", f"--root={root}", str(rule)], capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 0, result.stderr
+    for counter in counters:
+        status = counter.stat()
+        assert (oct(status.st_mode & 0o777), status.st_uid, status.st_gid) == ("0o440", 0, 997)

@@ -129,7 +129,8 @@ def test_exporter_serves_job_info_that_passes_promtool(tmp_path, fake_nvml_dir):
     # Minor 1 is NVML's GPU 3 here: the info series and the device series meet on the same uuid.
     assert sample_value(result.stdout, "accelmon_gpu_job_info", gpu="3", uuid=uuid(3), job_id="31") == 1
     assert sample_value(result.stdout, "accelmon_gpu_up", gpu="3", uuid=uuid(3)) == 1
-    others = [line for line in result.stdout.splitlines() if not line.startswith("accelmon_gpu_job_info")]
+    # Job series (the info series, and per (GPU, job) use: accelmon_gpu_job_*) carry job_id; device series never.
+    others = [line for line in result.stdout.splitlines() if not line.startswith("accelmon_gpu_job_")]
     assert not [line for line in others if "job_id" in line], "device series carry no job labels"
 
 

@@ -153,7 +153,7 @@ def test_a_toy_collector_reaches_the_roles_config_and_unit(toy_tree, tmp_path):
     assert refused.returncode != 0
     assert "collectors.toy.colour: expected one of blue, red" in refused.stdout
     off = {"enabled": False}
-    accepted = preflight({"toy": {"enabled": True, "colour": "red"}, "nvml": off, "fabric": off})
+    accepted = preflight({"toy": {"enabled": True, "colour": "red"}, "nvml": off, "fabric": off, "gpu_processes": off})
     assert accepted.returncode == 0, accepted.stdout + accepted.stderr
     written = yaml.safe_load((tmp_path / "exporter.yml").read_text())
     assert written["collectors"]["toy"] == {"enabled": True, "colour": "red"}
@@ -161,7 +161,7 @@ def test_a_toy_collector_reaches_the_roles_config_and_unit(toy_tree, tmp_path):
     assert check.returncode == 0, check.stderr
     allowed = [line for line in (tmp_path / "unit").read_text().splitlines() if line.startswith("DeviceAllow=")]
     assert "DeviceAllow=char-toy r" in allowed
-    # nvml and fabric are off and profiling is at auto, which never turns it on: no NVIDIA devices.
+    # The NVML readers are off and profiling is at auto, which never turns it on: no NVIDIA devices.
     assert "DeviceAllow=char-nvidia-frontend rw" not in allowed
 
 

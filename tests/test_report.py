@@ -183,9 +183,50 @@ def _minimal_summary() -> dict:
         "job_id": "1", "user": "", "account": "", "nodes": [], "gpus": [], "start": "", "end": "",
         "duration_seconds": 60.0, "step_seconds": 1.0, "gpu_utilization_mean": None, "sm_active_mean": None,
         "gpu_memory_peak_ratio": None, "energy_joules": 0.0, "energy_kwh": 0.0, "gpu_hours_allocated": 0.0,
-        "gpu_hours_idle": 0.0, "node_summary": [], "stragglers": [],
+        "gpu_hours_idle": 0.0, "node_summary": [], "stragglers": [], "cpu_efficiency": None,
+        "cpu_energy_joules": 0.0, "total_energy_joules": 0.0, "findings": [],
         "verdicts": {"gpu_utilization": "no data", "gpu_memory": "no data", "sm_active": "no data"},
     }  # fmt: skip
+
+
+def test_the_cpu_side_efficiency_energy_share_and_findings():
+    """Two nodes of one job, 10 samples 30 s apart: n1's 8 CPUs saturated while the GPUs idle (input-bound), its
+    memory at 97 % of the limit and swapping; n2 half busy. CPU energy: power x the job's share at each step."""
+    from accelmon import report as module
+
+    job = module.Job("7", "alice", "ml", 0.0, 300.0, 30.0, [("n1", "0", "GPU-a"), ("n2", "0", "GPU-b")])
+    rows = []
+    for step in range(10):
+        at = step * 30.0
+        for node, used, share, power in (("n1", 7.6, 0.5, 200.0), ("n2", 4.0, 1.0, 100.0)):
+            values = {
+                "utilization": 0.1, "job_cpu_cores_used": used, "job_cpus_allocated": 8.0,
+                "job_memory_used_bytes": (31 if node == "n1" else 8) * 2**30, "job_memory_limit_bytes": 32 * 2**30,
+                "job_swap_used_bytes": 2**29 if node == "n1" else 0.0, "job_io_bytes_per_second": 2**20,
+                "cpu_power_watts": power, "job_cpu_share": share,
+            }  # fmt: skip
+            for metric, value in values.items():
+                gpu, uuid = ("0", "GPU-a" if node == "n1" else "GPU-b") if metric == "utilization" else ("", "")
+                rows.append({"time": at, "node": node, "gpu": gpu, "uuid": uuid, "metric": metric, "value": value})
+    frame = pd.DataFrame(rows)
+    frame["time"] = pd.to_datetime(frame["time"], unit="s", utc=True)
+    summary = module.summarize(job, frame)
+    n1, n2 = summary["node_summary"]
+    assert n1["job_cpu_efficiency"] == pytest.approx(0.95) and n2["job_cpu_efficiency"] == pytest.approx(0.5)
+    assert summary["cpu_efficiency"] == pytest.approx((7.6 + 4.0) / 16)
+    assert n1["cpu_energy_joules"] == pytest.approx(200 * 0.5 * 300) and n2["cpu_energy_joules"] == pytest.approx(
+        100 * 1.0 * 300
+    )
+    assert summary["total_energy_joules"] == pytest.approx(summary["energy_joules"] + 60000)
+    assert n1["job_io_bytes"] == pytest.approx(2**20 * 300)
+    assert summary["findings"] == [
+        "n1: GPUs mostly idle (10 %) while the job's 8 CPUs were saturated (95 %): input-bound; more data-loader "
+        "workers or CPUs per GPU",
+        "n1: memory peaked at 97 % of the job's limit: close to being killed",
+        "n1: the job swapped (512 MiB at peak)",
+    ]
+    page = module.html(summary, [], "http://127.0.0.1:9090")
+    assert "input-bound" in page and "CPU efficiency" in page
 
 
 # --- Bad input: a clear message and a non-zero exit, never a traceback ----------------------------------------------

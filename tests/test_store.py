@@ -27,7 +27,7 @@ from tests.support.ansible import exec_start, render_role_template
 from tests.support.dashboards import METRIC, concrete, panel_params
 from tests.support.paths import ROOT
 from tests.support.processes import free_port
-from tests.support.simulated_node import start_exporter, start_node_exporter
+from tests.support.simulated_node import rapl_sysfs, start_exporter, start_node_exporter
 
 pytestmark = pytest.mark.e2e
 
@@ -240,7 +240,9 @@ def fleet(tmp_path_factory, fake_nvml_dir):
         for index, (node, port) in enumerate(zip(NODES, exporter_ports)):
             (work / node).mkdir()
             processes[f"exporter-{index}"] = start_exporter(work / node, port, fake_nvml_dir)
-        processes["node_exporter"] = start_node_exporter(binaries["node_exporter"], node_exporter_port)
+        processes["node_exporter"] = start_node_exporter(
+            binaries["node_exporter"], node_exporter_port, rapl_sysfs(work / "node-sys")
+        )
         for position, (_, command) in enumerate(masters):
             processes[f"master-{position}"] = subprocess.Popen(command, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 90

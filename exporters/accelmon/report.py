@@ -70,6 +70,30 @@ NODE_METRICS = (
     ("infiniband_transmit_bytes_per_second",
      'sum by (node) (rate(accelmon_infiniband_port_data_transmitted_bytes_total{{node=~"{nodes}"}}[{window}]))',
      "B/s", "InfiniBand transmitted"),
+    # The job's own cgroup on each node (collector job_resources): CPU cores used and given, memory, swap, I/O.
+    ("job_cpu_cores_used",
+     'sum by (node) (rate(accelmon_job_cpu_seconds_total{{job_id="{job}",node=~"{nodes}"}}[{window}]))',
+     "cores", "The job's CPU cores in use"),
+    ("job_cpus_allocated", 'sum by (node) (accelmon_job_cpus_allocated{{job_id="{job}",node=~"{nodes}"}})',
+     "cores", "The job's CPUs"),
+    ("job_memory_used_bytes", 'sum by (node) (accelmon_job_memory_used_bytes{{job_id="{job}",node=~"{nodes}"}})',
+     "bytes", "The job's memory"),
+    ("job_memory_limit_bytes", 'sum by (node) (accelmon_job_memory_limit_bytes{{job_id="{job}",node=~"{nodes}"}})',
+     "bytes", "The job's memory limit"),
+    ("job_swap_used_bytes", 'sum by (node) (accelmon_job_swap_used_bytes{{job_id="{job}",node=~"{nodes}"}})',
+     "bytes", "The job's swap"),
+    ("job_io_bytes_per_second",
+     'sum by (node) (rate(accelmon_job_io_bytes_total{{job_id="{job}",node=~"{nodes}"}}[{window}]))',
+     "B/s", "The job's block I/O"),
+    # CPU power (RAPL through node_exporter), and the job's share of the node's busy CPU time: the job's CPU energy
+    # is the node's times that share (an estimate: RAPL measures packages, not processes; docs/jobs.md).
+    ("cpu_power_watts",
+     'sum by (node) (rate({{__name__=~"node_rapl_(package|dram)_joules_total",node=~"{nodes}"}}[{window}]))',
+     "W", "CPU power (RAPL)"),
+    ("job_cpu_share",
+     'sum by (node) (rate(accelmon_job_cpu_seconds_total{{job_id="{job}",node=~"{nodes}"}}[{window}]))'
+     ' / sum by (node) (rate(node_cpu_seconds_total{{mode!~"idle|iowait",node=~"{nodes}"}}[{window}]))',
+     "ratio", "The job's share of the node's busy CPU time"),
     # The cores of the job's own Neuron runtimes (placed in the job by their cgroup), not the whole node's.
     ("neuroncore_utilization",
      'avg by (node) (accelmon_neuroncore_utilization_ratio{{node=~"{nodes}"}} * on (instance, runtime_tag)'
@@ -77,8 +101,12 @@ NODE_METRICS = (
      "ratio", "NeuronCore utilization"),
 )  # fmt: skip
 PLOTTED = ("utilization", "memory_used_bytes", "power_watts", "temperature_celsius", "sm_active", "sm_clock_hertz")
-NODE_PLOTTED = ("cpu_utilization", "host_memory_used_bytes", "infiniband_receive_bytes_per_second",
+NODE_PLOTTED = ("cpu_utilization", "job_cpu_cores_used", "host_memory_used_bytes", "job_memory_used_bytes",
+                "job_io_bytes_per_second", "infiniband_receive_bytes_per_second",
                 "infiniband_transmit_bytes_per_second", "neuroncore_utilization")  # fmt: skip
+INPUT_BOUND_GPU = 0.3  # GPUs under this mean utilization...
+INPUT_BOUND_CPU = 0.9  # ...while the job's cores are this busy: the CPUs hold the GPUs back
+MEMORY_NEAR_LIMIT = 0.95
 
 
 class ReportError(Exception):
@@ -325,17 +353,43 @@ def summarize(job: Job, frame: Any) -> dict[str, Any]:
     utilization = [g["utilization_mean"] for g in gpus if g["utilization_mean"] is not None]
     sm_active = [g["sm_active_mean"] for g in gpus if g["sm_active_mean"] is not None]
     memory = [g["memory_peak_ratio"] for g in gpus if g["memory_peak_ratio"] is not None]
+
+    def of_node(name: str, node: str) -> Any:
+        values = series(name)
+        return values[values.node == node].sort_values("time").value
+
+    def mean(values: Any) -> float | None:
+        return float(values.mean()) if len(values) else None
+
+    def peak(values: Any) -> float | None:
+        return float(values.max()) if len(values) else None
+
     nodes = []
+    cpu_energy = 0.0
     for node in job.nodes:
-        cpu = series("cpu_utilization")
-        cpu = cpu[cpu.node == node].value
-        host = series("host_memory_used_bytes")
-        host = host[host.node == node].value
+        used, given = mean(of_node("job_cpu_cores_used", node)), mean(of_node("job_cpus_allocated", node))
+        memory_peak, limit = peak(of_node("job_memory_used_bytes", node)), peak(of_node("job_memory_limit_bytes", node))
+        io = of_node("job_io_bytes_per_second", node)
+        # Power times the job's share at each step: the job's part of the node's CPU energy.
+        power = series("cpu_power_watts")
+        share = series("job_cpu_share")
+        joined = power[power.node == node].merge(share[share.node == node], on="time", suffixes=("_w", "_s"))
+        node_cpu_energy = float((joined.value_w * joined.value_s.clip(0, 1)).sum() * job.step) if len(joined) else None
+        cpu_energy += node_cpu_energy or 0.0
         nodes.append(
             {
                 "node": node,
-                "cpu_utilization_mean": float(cpu.mean()) if len(cpu) else None,
-                "host_memory_peak_bytes": float(host.max()) if len(host) else None,
+                "cpu_utilization_mean": mean(of_node("cpu_utilization", node)),
+                "host_memory_peak_bytes": peak(of_node("host_memory_used_bytes", node)),
+                "job_cpu_cores_used_mean": used,
+                "job_cpus_allocated": given,
+                "job_cpu_efficiency": used / given if used is not None and given else None,
+                "job_memory_peak_bytes": memory_peak,
+                "job_memory_limit_bytes": limit,
+                "job_memory_peak_ratio": memory_peak / limit if memory_peak is not None and limit else None,
+                "job_swap_peak_bytes": peak(of_node("job_swap_used_bytes", node)),
+                "job_io_bytes": float(io.sum() * job.step) if len(io) else None,
+                "cpu_energy_joules": node_cpu_energy,
             }
         )
     job_utilization = sum(utilization) / len(utilization) if utilization else None
@@ -360,6 +414,10 @@ def summarize(job: Job, frame: Any) -> dict[str, Any]:
         "gpu_hours_allocated": allocated_hours,
         "gpu_hours_idle": idle_seconds / 3600,
         "node_summary": nodes,
+        "cpu_efficiency": _ratio_of_sums(nodes, "job_cpu_cores_used_mean", "job_cpus_allocated"),
+        "cpu_energy_joules": cpu_energy,
+        "total_energy_joules": energy_total + cpu_energy,
+        "findings": findings(job_utilization, nodes),
         "verdicts": {
             "gpu_utilization": verdict(job_utilization, 0.2, 0.5, ("very low", "low", "good")),
             "gpu_memory": verdict(job_memory, 0.1, 0.5, ("mostly unused", "under half used", "well used")),
@@ -367,6 +425,36 @@ def summarize(job: Job, frame: Any) -> dict[str, Any]:
         },
         "stragglers": stragglers(job, frame),
     }
+
+
+def _ratio_of_sums(rows: list[dict[str, Any]], numerator: str, denominator: str) -> float | None:
+    pairs = [(r[numerator], r[denominator]) for r in rows if r[numerator] is not None and r[denominator]]
+    return sum(p[0] for p in pairs) / sum(p[1] for p in pairs) if pairs else None
+
+
+def findings(gpu_utilization: float | None, nodes: list[dict[str, Any]]) -> list[str]:
+    """What a user can act on, from the CPU side next to the GPUs."""
+    found = []
+    for node in nodes:
+        efficiency, ratio = node["job_cpu_efficiency"], node["job_memory_peak_ratio"]
+        if (
+            gpu_utilization is not None
+            and gpu_utilization < INPUT_BOUND_GPU
+            and efficiency
+            and efficiency >= INPUT_BOUND_CPU
+        ):
+            found.append(
+                f"{node['node']}: GPUs mostly idle ({100 * gpu_utilization:.0f} %) while the job's "
+                f"{node['job_cpus_allocated']:g} CPUs were saturated ({100 * efficiency:.0f} %): input-bound; "
+                "more data-loader workers or CPUs per GPU"
+            )
+        if ratio is not None and ratio >= MEMORY_NEAR_LIMIT:
+            found.append(
+                f"{node['node']}: memory peaked at {100 * ratio:.0f} % of the job's limit: close to being killed"
+            )
+        if node["job_swap_peak_bytes"]:
+            found.append(f"{node['node']}: the job swapped ({node['job_swap_peak_bytes'] / 2**20:.0f} MiB at peak)")
+    return found
 
 
 def stragglers(job: Job, frame: Any) -> list[dict[str, Any]]:
@@ -424,15 +512,18 @@ def plots(job: Job, frame: Any) -> list[tuple[str, bytes]]:
         if values.empty:
             continue
         title, unit = titles[name]
-        figure, axes = plt.subplots(figsize=(9, 3.2), dpi=100)
+        figure, axes = plt.subplots(figsize=(10, 3.2), dpi=100)
         by = ["node", "gpu"] if name in PLOTTED else ["node"]
+        # Bytes in GiB, rates in MiB/s: axes people read without counting digits.
+        scale, unit = {"bytes": (2**30, "GiB"), "B/s": (2**20, "MiB/s")}.get(unit, (1, unit))
         for key, group in values.groupby(by):
             label = f"{key[0]} GPU {key[1]}" if name in PLOTTED else str(key[0] if isinstance(key, tuple) else key)
-            axes.plot(group.time, group.value, label=label, linewidth=1.2)
+            axes.plot(group.time, group.value / scale, label=label, linewidth=1.2)
         axes.set_title(title)
         axes.set_ylabel(unit)
         axes.grid(alpha=0.3)
-        axes.legend(fontsize=7, loc="upper left", ncol=4)
+        # Beside the plot, never over the lines.
+        axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
         figure.autofmt_xdate()
         figure.tight_layout()
         image = io.BytesIO()
@@ -461,9 +552,15 @@ td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3
 <td class="l">{{ s.verdicts.sm_active }}</td></tr>
 <tr><th class="l">Energy of the job's GPUs</th><td>{{ "%.0f"|format(s.energy_joules) }} J</td>
 <td class="l">{{ "%.4f"|format(s.energy_kwh) }} kWh</td></tr>
+<tr><th class="l">CPU efficiency (cores used over given)</th><td>{{ pct(s.cpu_efficiency) }}</td><td></td></tr>
+<tr><th class="l">Energy: GPUs + the job's share of CPU (RAPL)</th><td>{{ "%.0f"|format(s.total_energy_joules) }} J</td>
+<td class="l">CPU {{ "%.0f"|format(s.cpu_energy_joules) }} J</td></tr>
 <tr><th class="l">GPU-hours held / idle (under 5 %)</th><td>{{ "%.3f"|format(s.gpu_hours_allocated) }}</td>
 <td class="l">{{ "%.3f"|format(s.gpu_hours_idle) }} idle</td></tr>
 </table>
+<h2>Findings</h2>
+{% if s.findings %}<ul>{% for f in s.findings %}<li class="bad">{{ f }}</li>{% endfor %}</ul>
+{% else %}<p>Nothing on the CPU side holds the job back.</p>{% endif %}
 <h2>Stragglers</h2>
 {% if s.stragglers %}<table><tr><th class="l">node</th><th>GPU</th><th class="l">lags on (share of the run)</th>
 <th class="l">likely reason</th></tr>
@@ -479,9 +576,16 @@ td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3
 <td>{{ num(g.power_mean_watts, " W") }}</td><td>{{ num(g.temperature_max_celsius, " °C") }}</td>
 <td>{{ num(g.energy_joules, " J") }}</td></tr>{% endfor %}</table>
 <h2>Nodes</h2>
-<table><tr><th class="l">node</th><th>CPU (mean)</th><th>host memory (peak)</th></tr>
+<table><tr><th class="l">node</th><th>host CPU (mean)</th><th>host memory (peak)</th><th>job cores used / given</th>
+<th>job CPU efficiency</th><th>job memory peak / limit</th><th>swap (peak)</th><th>job I/O</th><th>CPU energy</th></tr>
 {% for n in s.node_summary %}<tr><td class="l">{{ n.node }}</td><td>{{ pct(n.cpu_utilization_mean) }}</td>
-<td>{{ num(n.host_memory_peak_bytes and n.host_memory_peak_bytes / 2**30, " GiB") }}</td></tr>{% endfor %}</table>
+<td>{{ num(n.host_memory_peak_bytes and n.host_memory_peak_bytes / 2**30, " GiB") }}</td>
+<td>{{ num(n.job_cpu_cores_used_mean) }} / {{ num(n.job_cpus_allocated) }}</td><td>{{ pct(n.job_cpu_efficiency) }}</td>
+<td>{{ num(n.job_memory_peak_bytes and n.job_memory_peak_bytes / 2**30, " GiB") }} /
+{{ num(n.job_memory_limit_bytes and n.job_memory_limit_bytes / 2**30, " GiB") }}</td>
+<td>{{ num(n.job_swap_peak_bytes and n.job_swap_peak_bytes / 2**20, " MiB") }}</td>
+<td>{{ num(n.job_io_bytes and n.job_io_bytes / 2**20, " MiB") }}</td>
+<td>{{ num(n.cpu_energy_joules, " J") }}</td></tr>{% endfor %}</table>
 <h2>Over time</h2>
 {% for title, png in images %}<figure><img alt="{{ title }}" src="data:image/png;base64,{{ png }}"></figure>
 {% endfor %}
@@ -525,9 +629,12 @@ def pdf(summary: dict[str, Any], images: list[tuple[str, bytes]], path: Path) ->
         f"GPU utilization (mean): {pct(summary['gpu_utilization_mean'])}  ({summary['verdicts']['gpu_utilization']})",
         f"GPU memory peak: {pct(summary['gpu_memory_peak_ratio'])}  ({summary['verdicts']['gpu_memory']})",
         f"SM active: {pct(summary['sm_active_mean'])}  ({summary['verdicts']['sm_active']})",
-        f"Energy: {summary['energy_joules']:.0f} J = {summary['energy_kwh']:.4f} kWh",
+        f"Energy: {summary['energy_joules']:.0f} J = {summary['energy_kwh']:.4f} kWh (GPUs); "
+        f"{summary['total_energy_joules']:.0f} J with the job's CPU share",
+        f"CPU efficiency: {pct(summary['cpu_efficiency'])}",
         f"GPU-hours held {summary['gpu_hours_allocated']:.3f}, idle {summary['gpu_hours_idle']:.3f}",
         "",
+        "Findings: " + ("; ".join(summary["findings"]) or "none on the CPU side"),
         "Stragglers: "
         + (
             ", ".join(f"{g['node']} GPU {g['gpu']} ({'; '.join(g['reasons'])})" for g in summary["stragglers"])

@@ -622,6 +622,19 @@ JOB = Dashboard(
             description="A GPU clocked below its peers holds back a synchronous job.",
         ),
         Panel(
+            "The job's share of each GPU (SM time of its processes)",
+            "percentunit",
+            [(f"accelmon_gpu_job_sm_utilization_ratio{{{J}}}", "job {{job_id}} {{node}} GPU {{gpu}}")],
+            max=1,
+            description="From NVML's per-process samples (collector gpu_processes): on a GPU shared by several "
+            "jobs, each job's own part.",
+        ),
+        Panel(
+            "GPU memory of the job's processes",
+            "bytes",
+            [(f"accelmon_gpu_job_memory_used_bytes{{{J}}}", "job {{job_id}} {{node}} GPU {{gpu}} {{gpu_instance_id}}")],
+        ),
+        Panel(
             "CPU cores used and given, per node",
             "short",
             [

@@ -27,6 +27,10 @@
  *   nvlink_down I L             GPU I's link L is down
  *   nvlink_errors I L TYPE N    GPU I's link L has counted N errors of TYPE (0 replay, 1 recovery, 2 CRC flit,
  *                               3 CRC data: nvmlNvLinkErrorCounter_t) since the driver loaded
+ *   process I PID MIB [GI]      GPU I runs compute process PID using MIB MiB (in MIG instance GI); repeatable; the
+ *                               first one for a GPU replaces its default processes (index % 3 of them, 512 MiB each)
+ *   process_samples 1           nvmlDeviceGetProcessUtilization answers a sample per running process (SM 10 % plus 5 %
+ *                               per PID mod 7, memory half that); default: NOT_FOUND, "no sample since that time"
  *   fabric I STATE STATUS MASK  GPU I is on an NVLink fabric (nvmlDeviceGetGpuFabricInfo[V]): STATE 1 not started,
  *                               2 in progress, 3 completed; STATUS the NVML return code of its registration; MASK
  *                               the health mask (default: no fabric, state 0 = NOT_SUPPORTED, as a PCIe Hopper GPU)
@@ -91,6 +95,10 @@ static int nvlinks[MAX_GPUS];                        /* links per GPU; 0 = no NV
 static int nvlink_down[MAX_GPUS][MAX_LINKS];
 static unsigned long long nvlink_errors[MAX_GPUS][MAX_LINKS][4];
 static struct { int state, status; unsigned mask; } fabric[MAX_GPUS];
+#define MAX_PROCS 8
+static struct { unsigned pid, gi; unsigned long long mib; } procs_of[MAX_GPUS][MAX_PROCS];
+static int n_procs[MAX_GPUS];                        /* -1: the default processes */
+static int process_samples;
 static int n_events;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t released = PTHREAD_COND_INITIALIZER;
@@ -123,6 +131,8 @@ static void read_config(void) {
     memset(nvlink_down, 0, sizeof nvlink_down);
     memset(nvlink_errors, 0, sizeof nvlink_errors);
     memset(fabric, 0, sizeof fabric);
+    for (int i = 0; i < MAX_GPUS; i++) n_procs[i] = -1;
+    process_samples = 0;
     energy_follows_power = 0;
     clock_gettime(CLOCK_MONOTONIC, &loaded_at);
     const char *path = getenv("FAKE_NVML_CONFIG");
@@ -135,6 +145,7 @@ static void read_config(void) {
         int a = 0, b = 0, c = 0;
         unsigned long long count = 0;
         unsigned mask = 0;
+        int given = 0;
         if (!strcmp(key, "gpus")) gpu_count = atoi(arg) > MAX_GPUS ? MAX_GPUS : atoi(arg);
         else if (!strcmp(key, "name")) snprintf(product_name, sizeof product_name, "%s", arg);
         else if (!strcmp(key, "lost") && (a = atoi(arg)) < MAX_GPUS) lost[a] = 1;
@@ -170,6 +181,16 @@ static void read_config(void) {
         else if (!strcmp(key, "nvlink_errors") && sscanf(arg, "%d %d %d %llu", &a, &b, &c, &count) == 4 && a >= 0
                  && a < MAX_GPUS && b >= 0 && b < MAX_LINKS && c >= 0 && c < 4)
             nvlink_errors[a][b][c] = count;
+        else if (!strcmp(key, "process") && (given = sscanf(arg, "%d %d %llu %d", &a, &b, &count, &c)) >= 3 && a >= 0
+                 && a < MAX_GPUS) {
+            if (n_procs[a] < 0) n_procs[a] = 0;
+            if (n_procs[a] < MAX_PROCS) {
+                procs_of[a][n_procs[a]].pid = (unsigned)b;
+                procs_of[a][n_procs[a]].mib = count;
+                procs_of[a][n_procs[a]++].gi = given == 4 ? (unsigned)c : 0xFFFFFFFF;
+            }
+        }
+        else if (!strcmp(key, "process_samples")) process_samples = atoi(arg);
         else if (!strcmp(key, "fabric") && sscanf(arg, "%d %d %d %u", &a, &b, &c, &mask) == 4 && a >= 0 && a < MAX_GPUS) {
             fabric[a].state = b;
             fabric[a].status = c;
@@ -424,16 +445,29 @@ nvmlReturn_t nvmlDeviceGetDecoderUtilization(device_t *d, unsigned int *u, unsig
 nvmlReturn_t nvmlDeviceGetFanSpeed(device_t *d, unsigned int *s) { DEVICE(d); *s = 30 + (unsigned)d->index; return OK; }
 
 typedef struct { unsigned int pid; unsigned long long usedGpuMemory; unsigned int gpuInstanceId, computeInstanceId; } process_t;
+/* The compute processes of GPU d: the configured ones, else index % 3 of them (pids 1000 + 10 * index + k). */
+static unsigned processes_of(const device_t *d, process_t *out, unsigned max) {
+    unsigned n = n_procs[d->index] >= 0 ? (unsigned)n_procs[d->index] : (unsigned)d->index % 3;
+    for (unsigned k = 0; k < n && k < max; k++) {
+        if (n_procs[d->index] >= 0) {
+            out[k].pid = procs_of[d->index][k].pid;
+            out[k].usedGpuMemory = procs_of[d->index][k].mib * MIB;
+            out[k].gpuInstanceId = out[k].computeInstanceId = procs_of[d->index][k].gi;
+        } else {
+            out[k].pid = 1000 + (unsigned)d->index * 10 + k;
+            out[k].usedGpuMemory = 512 * MIB;
+            out[k].gpuInstanceId = out[k].computeInstanceId = 0xFFFFFFFF;
+        }
+    }
+    return n;
+}
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(device_t *d, unsigned int *count, process_t *procs) {
     DEVICE(d);
-    unsigned int n = (unsigned)d->index % 3;
+    process_t all[MAX_PROCS];
+    unsigned n = processes_of(d, all, MAX_PROCS);
     if (n == 0) { *count = 0; return OK; }
     if (!procs || *count < n) { *count = n; return ERR_INSUFFICIENT_SIZE; }
-    for (unsigned int k = 0; k < n; k++) {
-        procs[k].pid = 1000 + (unsigned)d->index * 10 + k;
-        procs[k].usedGpuMemory = 512 * MIB;
-        procs[k].gpuInstanceId = procs[k].computeInstanceId = 0xFFFFFFFF;
-    }
+    memcpy(procs, all, n * sizeof *procs);
     *count = n;
     return OK;
 }
@@ -445,13 +479,28 @@ nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(device_t *d, unsigned int 
     *count = 0;
     return OK;
 }
-/* Per-process utilization: "no sample since that time stamp", as the driver answers between its samples.
- * Its CPU cost on the H100 was not measured: the default is assumed. */
-nvmlReturn_t nvmlDeviceGetProcessUtilization(device_t *d, void *samples, unsigned int *count, unsigned long long since) {
-    (void)samples; (void)since;
+/* Per-process utilization. Default: "no sample since that time stamp" (NOT_FOUND), as the driver answers between
+ * its samples; with process_samples 1, one sample per running process, stamped now. Its CPU cost on the H100 was
+ * not measured: the default is assumed. */
+typedef struct { unsigned int pid; unsigned long long timeStamp; unsigned int smUtil, memUtil, encUtil, decUtil; } process_sample_t;
+nvmlReturn_t nvmlDeviceGetProcessUtilization(device_t *d, process_sample_t *samples, unsigned int *count, unsigned long long since) {
+    (void)since;
     DEVICE(d);
-    *count = 0;
-    return ERR_NOT_FOUND;
+    process_t all[MAX_PROCS];
+    unsigned n = process_samples ? processes_of(d, all, MAX_PROCS) : 0;
+    if (n == 0) { *count = 0; return ERR_NOT_FOUND; }
+    if (!samples || *count < n) { *count = n; return ERR_INSUFFICIENT_SIZE; }
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    for (unsigned k = 0; k < n; k++) {
+        samples[k].pid = all[k].pid;
+        samples[k].timeStamp = (unsigned long long)now.tv_sec * 1000000ULL + (unsigned long long)now.tv_nsec / 1000;
+        samples[k].smUtil = 10 + (all[k].pid % 7) * 5;
+        samples[k].memUtil = samples[k].smUtil / 2;
+        samples[k].encUtil = samples[k].decUtil = 0;
+    }
+    *count = n;
+    return OK;
 }
 
 typedef struct { unsigned long long referenceTime, violationTime; } violation_t;

@@ -182,10 +182,15 @@ def scrape_node_exporter(port: int) -> str:
 
 
 if __name__ == "__main__":
-    # python -m tests.support.infiniband_tree OUT.tar.gz: the standard tree as an archive (Molecule workers).
+    # python -m tests.support.infiniband_tree OUT.tar.gz: the Molecule workers' sysfs as an archive: the standard
+    # tree, and Slurm job 100's cgroup (its process 3101 runs on GPUs and is the Neuron runtime llama-serve).
     import tempfile
+
+    from tests.support.jobs_tree import job_cgroup_stats, slurm_job_cgroup
 
     with tempfile.TemporaryDirectory() as work:
         root = standard_tree(Path(work) / "sys")
+        slurm_job_cgroup(root / "fs" / "cgroup", 100, (3101,))
+        job_cgroup_stats(root / "fs" / "cgroup", 100)
         with tarfile.open(sys.argv[1], "w:gz") as archive:
             archive.add(root, arcname=".")

@@ -41,6 +41,13 @@ def nvidia_procfs(root: Path, gpus: int = 4, minors: tuple[int, ...] = MINORS) -
     return root
 
 
+def fabric_manager_process(procfs: Path, pid: int = 5150) -> Path:
+    """The NVIDIA Fabric Manager running, as procfs shows it (its comm): what an NVSwitch system needs."""
+    (procfs / str(pid)).mkdir(parents=True, exist_ok=True)
+    (procfs / str(pid) / "comm").write_text("nv-fabricmanager\n")
+    return procfs
+
+
 def slurm_job_cgroup(cgroup_root: Path, job: int, pids: tuple[int, ...], version: int = 2, uid: int = 1000) -> Path:
     """A Slurm job's cgroup with `pids` in its first step's task, where Slurm's cgroup plugin puts it: v2 under
     system.slice/slurmstepd.scope, v1 under every controller's slurm/uid_<uid> (Slurm's cgroup.conf layout)."""

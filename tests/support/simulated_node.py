@@ -16,7 +16,7 @@ from typing import Iterator
 import yaml
 
 from tests.support.infiniband_tree import standard_tree
-from tests.support.jobs_tree import bus_id, job_cgroup_stats, nvidia_procfs, slurm_job_cgroup
+from tests.support.jobs_tree import bus_id, fabric_manager_process, job_cgroup_stats, nvidia_procfs, slurm_job_cgroup
 from tests.support.kernel_log_lines import BOOT, record, xid_line
 from tests.support.neuron_reports import line, report
 from tests.support.paths import FAKE_NEURON_MONITOR, ROOT
@@ -31,14 +31,15 @@ def start_exporter(work: Path, port: int, fake_nvml_dir: Path) -> subprocess.Pop
     # An HGX H100 board: 18 NVLink links per GPU, GPU 3's link 7 down, every GPU's fabric registration completed.
     fabric = "".join(f"gpm {i}\nnvlink {i} 18\nfabric {i} 3 0 2\n" for i in range(8))
     faults = "lost 5\nxid 2 79\nnvlink_down 3 7\nnvlink_errors 3 7 0 4\n"
+    # Job 100's process 3101 (its cgroup's) on GPUs 0 and 1, with the driver's per-process samples.
+    faults += "process_samples 1\nprocess 0 3101 4096\nprocess 1 3101 2048\n"
     nvml.write_text("gpus 8\nenergy_follows_power 1\n" + faults + fabric)
     sysfs = standard_tree(work / "sys")
     slurm_job_cgroup(sysfs / "fs" / "cgroup", 100, (3101,))  # the Neuron runtime llama-serve runs in job 100
     for job in (100, 200):  # what each job uses on the CPU side (collector job_resources)
         job_cgroup_stats(sysfs / "fs" / "cgroup", job)
     procfs = nvidia_procfs(work / "proc", gpus=8)
-    (procfs / "4242").mkdir()
-    (procfs / "4242" / "comm").write_text("nv-fabricmanager\n")  # the Fabric Manager an NVSwitch system needs
+    fabric_manager_process(procfs)  # what an NVSwitch system needs
     jobs = work / "jobs"
     jobs.mkdir()
     # Two Slurm jobs sharing GPU minor 1: the per-job rules join through both.
@@ -78,10 +79,27 @@ def start_exporter(work: Path, port: int, fake_nvml_dir: Path) -> subprocess.Pop
     return start_accelmon(["--config", str(settings)], env, stderr=subprocess.DEVNULL)
 
 
-def start_node_exporter(binary: str, port: int) -> subprocess.Popen[bytes]:
-    """node_exporter with the collectors the dashboards read, on 127.0.0.1:`port`."""
-    collectors = ["cpu", "meminfo", "filesystem", "netdev", "loadavg"]
-    command = [binary, f"--web.listen-address=127.0.0.1:{port}", "--collector.disable-defaults"]
+def rapl_sysfs(root: Path) -> Path:
+    """A sysfs tree with one CPU package's RAPL zone and its DRAM sub-zone, as Linux's powercap driver shows them
+    (class/powercap/intel-rapl:N[:M]/{name,energy_uj,max_energy_range_uj}): this machine, a VM, has none."""
+    for zone, name, energy in (("intel-rapl:0", "package-0", 123456789), ("intel-rapl:0:0", "dram", 2345678)):
+        folder = root / "class" / "powercap" / zone
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "name").write_text(f"{name}\n")
+        (folder / "energy_uj").write_text(f"{energy}\n")
+        (folder / "max_energy_range_uj").write_text("262143328850\n")
+    return root
+
+
+def start_node_exporter(binary: str, port: int, sysfs: Path) -> subprocess.Popen[bytes]:
+    """node_exporter with the collectors the dashboards and rules read, on 127.0.0.1:`port`; RAPL from `sysfs`."""
+    collectors = ["cpu", "meminfo", "filesystem", "netdev", "loadavg", "rapl"]
+    command = [
+        binary,
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--collector.disable-defaults",
+        f"--path.sysfs={sysfs}",
+    ]
     command += [f"--collector.{name}" for name in collectors]
     return subprocess.Popen(command, stderr=subprocess.DEVNULL)
 
@@ -122,7 +140,7 @@ def simulated_prometheus(work: Path, fake_nvml_dir: Path) -> Iterator[str]:
     assert node_exporter and prometheus_binary, "scripts/setup.sh unpacks prometheus and node_exporter into .tools/"
     processes = [
         start_exporter(work, ports["exporter"], fake_nvml_dir),
-        start_node_exporter(node_exporter, ports["node"]),
+        start_node_exporter(node_exporter, ports["node"], rapl_sysfs(work / "node-sys")),
         subprocess.Popen(
             [
                 prometheus_binary,

@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 import pynvml
 
-from accelmon.collectors.nvml import nvidia_driver_loaded, text
+from accelmon.collectors.nvml import NvmlSession, nvidia_driver_loaded, text
 from accelmon.core import Catalogue, Collector, Samples
 from accelmon.registry import Registration, register, seconds
 
@@ -98,46 +98,26 @@ class FabricCollector(Collector):
 
     def __init__(self, procfs: str = "/proc", nvml: Any = None) -> None:
         self.procfs = procfs
-        self.nvml: Any = nvml if nvml is not None else pynvml
+        self.session = NvmlSession("no NVLink or fabric metrics", nvml)
+        self.nvml: Any = self.session.nvml
         self.gpus: list[Gpu] = []
-        self._initialized = False
 
     def hardware_answering(self) -> bool:
-        return self._initialized
+        return self.session.open
 
     def start(self) -> None:
         self._init()
 
     def _init(self) -> None:
-        nvml = self.nvml
-        try:
-            nvml.nvmlInit()
-            count = nvml.nvmlDeviceGetCount()
-        except nvml.NVMLError as error:
-            log.info("NVML not available (%s): no NVLink or fabric metrics", error)
-            return
-        self._initialized = True
-        self.gpus = []
-        for index in range(count):
-            try:
-                handle = nvml.nvmlDeviceGetHandleByIndex(index)
-                uuid = nvml.nvmlDeviceGetUUID(handle)
-            except nvml.NVMLError as error:
-                log.info("GPU %d: %s (its links are skipped until it answers)", index, error)
-                self.gpus.append(Gpu(index, None))
-                continue
-            self.gpus.append(Gpu(index, handle, text(uuid)))
+        found = self.session.gpus()
+        if found is not None:
+            self.gpus = [Gpu(index, handle, uuid) for index, handle, uuid in found]
 
     def stop(self) -> None:
-        if self._initialized:
-            try:
-                self.nvml.nvmlShutdown()
-            except self.nvml.NVMLError:
-                pass
-            self._initialized = False
+        self.session.close()
 
     def sample(self) -> Samples:
-        if not self._initialized:
+        if not self.session.open:
             self._init()
         out = Samples()
         any_fabric = False

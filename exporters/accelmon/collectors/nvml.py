@@ -645,6 +645,45 @@ class NvmlCollector(Collector):
             pass
 
 
+class NvmlSession:
+    """An NVML session of a collector's own (NVML counts its inits: each collector opens and closes its own), for
+    collectors that read a few things on their own schedule (fabric, gpu_processes)."""
+
+    def __init__(self, purpose: str, nvml: Any = None) -> None:
+        self.purpose = purpose  # what is missing without NVML, for the log
+        self.nvml: Any = nvml if nvml is not None else pynvml
+        self.open = False
+
+    def gpus(self) -> list[tuple[int, Any, str]] | None:
+        """(index, handle, UUID) of every GPU, None for the handle of one that does not answer (yet); None if NVML
+        cannot be opened (no driver: retried at the next call)."""
+        nvml = self.nvml
+        try:
+            nvml.nvmlInit()
+            count = nvml.nvmlDeviceGetCount()
+        except nvml.NVMLError as error:
+            log.info("NVML not available (%s): %s", error, self.purpose)
+            return None
+        self.open = True
+        found: list[tuple[int, Any, str]] = []
+        for index in range(count):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                found.append((index, handle, text(nvml.nvmlDeviceGetUUID(handle))))
+            except nvml.NVMLError as error:
+                log.info("GPU %d: %s (left out until it answers)", index, error)
+                found.append((index, None, ""))
+        return found
+
+    def close(self) -> None:
+        if self.open:
+            try:
+                self.nvml.nvmlShutdown()
+            except self.nvml.NVMLError:
+                pass
+            self.open = False
+
+
 def _putter(out: Samples, labels: tuple[str, ...]) -> Callable[..., None]:
     """put(spec, value, scale=1, extra=()): value * scale under the GPU's labels (and extra), unless None."""
 

@@ -1,0 +1,160 @@
+"""Which job uses how much of each GPU: NVML's compute processes and per-process utilization samples, put in their
+batch job through the job cgroup tree, so a GPU shared by several jobs (time-slicing, MPS, MIG) is split between
+them.
+
+Example exposition lines::
+
+    accelmon_gpu_job_memory_used_bytes{gpu="1",gpu_instance_id="",job_id="4242",uuid="GPU-…"} 2.1e+10
+    accelmon_gpu_job_sm_utilization_ratio{gpu="1",job_id="4242",uuid="GPU-…"} 0.45
+
+One series per (GPU, job) that runs on it, never per process (pids churn): processes outside any job are summed
+under `job_id=""`. Memory comes from nvmlDeviceGetComputeRunningProcesses (per MIG instance where MIG is on: its
+`gpu_instance_id`); SM and memory utilization from nvmlDeviceGetProcessUtilization, the driver's samples since the
+previous read, averaged per process (NVML has no such samples in MIG mode: no utilization series there). A GPU that
+does not answer is left out while the others go on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import defaultdict
+from typing import Any, Callable
+
+from accelmon.collectors.jobs import JobOfProcess
+from accelmon.collectors.nvml import NvmlSession, nvidia_driver_loaded
+from accelmon.core import Catalogue, Collector, Samples
+from accelmon.registry import Registration, register, seconds
+
+log = logging.getLogger("accelmon.gpu_processes")
+
+INTERVAL = seconds("interval_seconds", 10, "how often each GPU's processes and their utilization samples are read")
+C = Catalogue(
+    "gpu_processes",
+    "GPU use per job (NVML processes)",
+    "Source: nvmlDeviceGetComputeRunningProcesses and nvmlDeviceGetProcessUtilization, every "
+    f"`interval_seconds` ({INTERVAL.default:g} s); processes are put in jobs by the job cgroup tree (Slurm's "
+    '`job_<id>` directories). `job_id=""` sums the processes in no job. Percent to ratio (/100). The CPU cost of '
+    "these calls on an H100 was not measured (docs/hardware.md).",
+)
+JOB_GPU = ("gpu", "uuid", "job_id")
+MEMORY = C.gauge(
+    "accelmon_gpu_job_memory_used_bytes",
+    "GPU memory the job's processes hold on this GPU (or MIG instance).",
+    [*JOB_GPU, "gpu_instance_id"],
+)
+PROCESSES = C.gauge("accelmon_gpu_job_processes", "The job's compute processes on this GPU.", JOB_GPU)
+SM = C.gauge(
+    "accelmon_gpu_job_sm_utilization_ratio",
+    "Share of the last interval a kernel of the job's processes ran on this GPU (0..1; the jobs of a GPU add up to "
+    "at most its utilization).",
+    JOB_GPU,
+)
+MEMORY_UTILIZATION = C.gauge(
+    "accelmon_gpu_job_memory_utilization_ratio",
+    "Share of the last interval the job's processes read or wrote this GPU's memory (0..1).",
+    JOB_GPU,
+)
+NO_INSTANCE = 0xFFFFFFFF  # NVML's gpuInstanceId outside MIG
+
+
+class GpuProcessesCollector(Collector):
+    name = "gpu_processes"
+
+    def __init__(self, job_of: Callable[[int], str], nvml: Any = None, wall_clock: Callable[[], float] = time.time):
+        self.job_of = job_of
+        self.session = NvmlSession("no per-job GPU use", nvml)
+        self.nvml: Any = self.session.nvml
+        self._wall_clock = wall_clock
+        self._gpus: list[tuple[int, Any, str]] = []
+        self._since: dict[int, int] = {}  # GPU index -> the newest sample's time stamp (µs) already read
+        self._no_samples: set[int] = set()  # GPUs whose driver has no per-process samples (MIG, old drivers)
+
+    def hardware_answering(self) -> bool:
+        return self.session.open
+
+    def start(self) -> None:
+        self._init()
+
+    def _init(self) -> None:
+        found = self.session.gpus()
+        if found is not None:
+            self._gpus = [gpu for gpu in found if gpu[1] is not None]
+
+    def stop(self) -> None:
+        self.session.close()
+
+    def sample(self) -> Samples:
+        if not self.session.open:
+            self._init()
+        out = Samples()
+        for index, handle, uuid in self._gpus:
+            try:
+                self._sample_gpu(index, handle, uuid, out)
+            except self.nvml.NVMLError as error:
+                log.debug("GPU %d: %s", index, error)  # lost or busy: the device counters report it
+        return out
+
+    def _sample_gpu(self, index: int, handle: Any, uuid: str, out: Samples) -> None:
+        nvml = self.nvml
+        memory: dict[tuple[str, str], float] = defaultdict(float)
+        processes: dict[str, int] = defaultdict(int)
+        jobs: dict[int, str] = {}
+        for process in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            job = jobs.setdefault(process.pid, self.job_of(process.pid))
+            instance = "" if process.gpuInstanceId in (None, NO_INSTANCE) else str(process.gpuInstanceId)
+            memory[(job, instance)] += float(process.usedGpuMemory or 0)  # None: the driver does not say
+            processes[job] += 1
+        for (job, instance), used in sorted(memory.items()):
+            out.add(MEMORY, [str(index), uuid, job, instance], used)
+        for job, count in sorted(processes.items()):
+            out.add(PROCESSES, [str(index), uuid, job], count)
+        if index in self._no_samples or not processes:
+            return
+        sm, mem = self._utilization(index, handle, jobs)
+        for job in sorted(processes):
+            out.add(SM, [str(index), uuid, job], sm.get(job, 0.0))
+            out.add(MEMORY_UTILIZATION, [str(index), uuid, job], mem.get(job, 0.0))
+
+    def _utilization(self, index: int, handle: Any, jobs: dict[int, str]) -> tuple[dict[str, float], dict[str, float]]:
+        """Per job, the mean over the driver's samples since the last read of its processes' SM and memory use,
+        summed over the job's processes; nothing new since then is no use."""
+        nvml = self.nvml
+        since = self._since.get(index, int((self._wall_clock() - 60) * 1e6))
+        try:
+            samples = nvml.nvmlDeviceGetProcessUtilization(handle, since)
+        except nvml.NVMLError_NotFound:
+            return {}, {}  # no sample since `since`: the GPU ran none of them
+        except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound):
+            log.info("GPU %d: no per-process utilization samples (MIG or an old driver)", index)
+            self._no_samples.add(index)
+            return {}, {}
+        per_process: dict[int, list[tuple[float, float]]] = defaultdict(list)
+        for sample in samples:
+            per_process[sample.pid].append((float(sample.smUtil), float(sample.memUtil)))
+            self._since[index] = max(self._since.get(index, 0), int(sample.timeStamp))
+        sm: dict[str, float] = defaultdict(float)
+        mem: dict[str, float] = defaultdict(float)
+        for pid, values in per_process.items():
+            job = jobs.get(pid)
+            if job is None:
+                continue  # a process that ended since the process list was read
+            sm[job] += sum(v[0] for v in values) / len(values) / 100
+            mem[job] += sum(v[1] for v in values) / len(values) / 100
+        return dict(sm), dict(mem)
+
+
+REGISTRATION = register(
+    Registration(
+        name="gpu_processes",
+        help="GPU memory and SM use per job and GPU, from NVML's processes (default: on where the driver is loaded)",
+        build=lambda options, paths: GpuProcessesCollector(
+            job_of=JobOfProcess(os.path.join(paths.sysfs, "fs", "cgroup"))
+        ),
+        catalogue=C,
+        options=(INTERVAL,),
+        enabled_by_default=nvidia_driver_loaded,
+        devices=("char-nvidia-frontend rw",),
+    )
+)

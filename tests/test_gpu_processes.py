@@ -1,0 +1,91 @@
+"""Per-job GPU use: the fake driver's processes, put in Slurm jobs through a fixture cgroup tree."""
+
+from __future__ import annotations
+
+import pytest
+
+from accelmon.collectors.gpu_processes import GpuProcessesCollector
+from accelmon.collectors.jobs import JobOfProcess
+from accelmon.core import render
+from tests.support.exposition import promtool_check, sample_value
+from tests.support.jobs_tree import slurm_job_cgroup
+
+MIB = 2**20
+UUID1 = "GPU-00000001-0000-4000-8000-000000000000"
+
+
+@pytest.fixture
+def make(fake_nvml, tmp_path):
+    """A collector over the fake driver configured with `config`; pids 501 in job 100, 502 in job 200 (cgroup v2)."""
+    cgroup = tmp_path / "cgroup"
+    slurm_job_cgroup(cgroup, 100, (501,))
+    slurm_job_cgroup(cgroup, 200, (502, 504))
+    made = []
+
+    def build(config: str) -> GpuProcessesCollector:
+        fake_nvml.configure(config)
+        collector = GpuProcessesCollector(job_of=JobOfProcess(str(cgroup)))
+        collector.start()
+        made.append(collector)
+        return collector
+
+    yield build
+    for collector in made:
+        collector.stop()
+
+
+def read(collector: GpuProcessesCollector) -> str:
+    text = render(collector.sample()).decode()
+    promtool_check(text)
+    return text
+
+
+def test_a_shared_gpu_is_split_between_its_jobs(make):
+    # GPU 1 runs a process of job 100, one of job 200 and one outside any job; GPU 0 runs none.
+    text = read(make("gpus 2\nprocess_samples 1\nprocess 1 501 1024\nprocess 1 502 2048\nprocess 1 503 256\n"))
+    gpu1 = {"gpu": "1", "uuid": UUID1}
+    assert sample_value(text, "accelmon_gpu_job_memory_used_bytes", job_id="100", **gpu1) == 1024 * MIB
+    assert sample_value(text, "accelmon_gpu_job_memory_used_bytes", job_id="200", **gpu1) == 2048 * MIB
+    assert sample_value(text, "accelmon_gpu_job_memory_used_bytes", job_id="", **gpu1) == 256 * MIB
+    assert sample_value(text, "accelmon_gpu_job_memory_used_bytes", job_id="100", gpu_instance_id="") is not None
+    # The fake's samples: SM 10 % + 5 % x (pid mod 7), memory half of that.
+    assert sample_value(text, "accelmon_gpu_job_sm_utilization_ratio", job_id="100", **gpu1) == pytest.approx(0.30)
+    assert sample_value(text, "accelmon_gpu_job_sm_utilization_ratio", job_id="200", **gpu1) == pytest.approx(0.35)
+    assert sample_value(text, "accelmon_gpu_job_sm_utilization_ratio", job_id="", **gpu1) == pytest.approx(0.40)
+    assert sample_value(text, "accelmon_gpu_job_memory_utilization_ratio", job_id="100", **gpu1) == pytest.approx(0.15)
+    assert sample_value(text, "accelmon_gpu_job_processes", job_id="200", **gpu1) == 1
+    assert sample_value(text, "accelmon_gpu_job_processes", gpu="0") is None  # a GPU with no process: no series
+
+
+def test_two_processes_of_one_job_add_up_and_mig_instances_are_kept_apart(make):
+    text = read(make("gpus 1\nprocess_samples 1\nprocess 0 502 1000 1\nprocess 0 504 500 2\n"))
+    assert sample_value(text, "accelmon_gpu_job_processes", job_id="200") == 2
+    assert sample_value(text, "accelmon_gpu_job_memory_used_bytes", job_id="200", gpu_instance_id="1") == 1000 * MIB
+    assert sample_value(text, "accelmon_gpu_job_memory_used_bytes", job_id="200", gpu_instance_id="2") == 500 * MIB
+    # 502 mod 7 = 5 (35 %), 504 mod 7 = 0 (10 %)
+    assert sample_value(text, "accelmon_gpu_job_sm_utilization_ratio", job_id="200") == pytest.approx(0.45)
+
+
+def test_no_sample_since_the_last_read_is_no_use(make):
+    text = read(make("gpus 1\nprocess 0 501 100\n"))  # the driver answers NOT_FOUND: no sample since then
+    assert sample_value(text, "accelmon_gpu_job_sm_utilization_ratio", job_id="100") == 0
+    assert sample_value(text, "accelmon_gpu_job_memory_used_bytes", job_id="100") == 100 * MIB
+
+
+def test_without_per_process_samples_only_memory_is_served_and_asked_once(make, fake_nvml):
+    collector = make("gpus 1\nprocess 0 501 100\nunsupported nvmlDeviceGetProcessUtilization\n")
+    before = fake_nvml.calls_of("nvmlDeviceGetProcessUtilization")
+    read(collector)
+    text = read(collector)
+    assert "accelmon_gpu_job_sm_utilization_ratio{" not in text
+    assert sample_value(text, "accelmon_gpu_job_memory_used_bytes", job_id="100") == 100 * MIB
+    assert fake_nvml.calls_of("nvmlDeviceGetProcessUtilization") - before == 1
+
+
+def test_a_lost_gpu_leaves_the_others(make, fake_nvml):
+    collector = make("gpus 2\nprocess 0 501 100\nprocess 1 502 200\n")
+    fake_nvml.set_lost(0)
+    text = read(collector)
+    assert sample_value(text, "accelmon_gpu_job_memory_used_bytes", gpu="0") is None
+    assert sample_value(text, "accelmon_gpu_job_memory_used_bytes", gpu="1", job_id="200") == 200 * MIB
+    fake_nvml.set_lost(0, False)
