@@ -82,6 +82,12 @@ def parser() -> argparse.ArgumentParser:
         help="with --check-config: print each collector's setting, options with defaults, whether it would run on "
         "this host and the device nodes it needs (systemd DeviceAllow=), as JSON; with --scan: the verdicts as JSON",
     )
+    p.add_argument(
+        "--compat",
+        choices=("dcgm-exporter",),
+        help="also serve another exporter's names from the same samples: dcgm-exporter's DCGM_FI_* series "
+        "(the same as --collector.dcgm_compat)",
+    )
     p.add_argument("--version", action="version", version=f"accelmon-exporter {__version__}")
     for name, registration in collectors().items():
         p.add_argument(
@@ -108,6 +114,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         flag = getattr(args, f"collector_{name}")
         if flag is not None:
             settings.collector(name).enabled = flag
+    if args.compat == "dcgm-exporter":
+        settings.collector("dcgm_compat").enabled = True
     return settings
 
 

@@ -38,8 +38,19 @@ def sample_value(exposition: str, metric: str, /, **labels: str) -> Optional[flo
     return None
 
 
-def promtool_check(exposition: str) -> None:
+# dcgm-exporter's own names that promtool's lint objects to (collector dcgm_compat copies them so that dcgm-exporter's
+# dashboards and rules work): its label modelName, and DCGM_FI_DEV_PCIE_REPLAY_COUNTER. Only these are let through.
+DCGM_EXPORTER_NAMES = (
+    "label names should be written in 'snake_case' not 'camelCase'",
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER metric name should not include type 'counter'",
+)
+
+
+def promtool_check(exposition: str, allowed: tuple[str, ...] = ()) -> None:
+    """`promtool check metrics` passes, but for the findings in `allowed` (each line ending in one of them)."""
     promtool = shutil.which("promtool")
     assert promtool, "promtool not found: scripts/setup.sh unpacks it into .tools/usr/bin"
     result = subprocess.run([promtool, "check", "metrics"], input=exposition, capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout + result.stderr
+    findings = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+    left = [line for line in findings if not allowed or not line.endswith(allowed)]
+    assert result.returncode == 0 or (allowed and not left), result.stdout + result.stderr

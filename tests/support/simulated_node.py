@@ -70,6 +70,8 @@ def start_exporter(work: Path, port: int, fake_nvml_dir: Path) -> subprocess.Pop
                     "profiling": {"enabled": True, "backend": "gpm"},
                     "jobs": {"interval_seconds": 1, "state_dir": str(jobs)},
                     "job_resources": {"interval_seconds": 1, "state_dir": str(jobs)},
+                    # dcgm-exporter's names beside ours: its dashboard's and alerts' queries are run against both.
+                    "dcgm_compat": {"enabled": True},
                 },
             }
         )
