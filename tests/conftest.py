@@ -18,6 +18,7 @@ from typing import Callable, Iterator
 
 import pytest
 
+from tests.support.fakeamdsmi import FakeAmdSmi, build_fake_amdsmi
 from tests.support.fakenvml import FakeNvml, build_fake_nvml
 from tests.support.simulated_node import simulated_prometheus
 
@@ -48,6 +49,25 @@ def fake_nvml(fake_nvml_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     fake = FakeNvml.load(fake_nvml_dir, config)
     yield fake
     fake.release()
+
+
+@pytest.fixture(scope="session")
+def fake_rocm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ROCm directory whose lib/libamd_smi.so is the fake (tests/fakeamdsmi)."""
+    rocm = tmp_path_factory.mktemp("rocm")
+    build_fake_amdsmi(rocm)
+    return rocm
+
+
+@pytest.fixture
+def fake_amdsmi(fake_rocm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeAmdSmi:
+    """The fake libamd_smi.so, where AMD's amdsmi bindings look first ($ROCM_PATH/lib); they bind it on their first
+    import in this process."""
+    config = tmp_path / "fake-amdsmi.conf"
+    config.write_text("")
+    monkeypatch.setenv("FAKE_AMDSMI_CONFIG", str(config))
+    monkeypatch.setenv("ROCM_PATH", str(fake_rocm))
+    return FakeAmdSmi(fake_rocm / "lib" / "libamd_smi.so", config)
 
 
 @pytest.fixture(scope="module")

@@ -73,7 +73,7 @@ def test_kernel_log_and_nvml_give_one_verdict_per_gpu(tmp_path, procfs, nvml_sam
     # GPU 1: NVML lost it (no UUID from NVML); the driver's procfs files still name it.
     assert gpu(node, "1").uuid == uuid(1)
     assert check(node, "1", "gpu_lost") == health.Check(
-        "gpu_lost", "failure", "NVML lost the GPU (GpuIsLost)", "reboot_node"
+        "gpu_lost", "failure", "the GPU stopped answering its driver library (NVML, amdsmi)", "reboot_node"
     )
     # GPU 2: XID 79, seen both as an NVML event and in the kernel log, is judged once, from the kernel log.
     xid = check(node, "2", "xid")

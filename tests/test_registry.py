@@ -170,9 +170,10 @@ def test_devices_of_disabled_collectors_are_not_allowed(tmp_path):
     config.write_text("collectors: {neuron: {enabled: false}, profiling: {enabled: true}}\n")
     described = plan(load(str(config)))
     # kernel_log is at auto: the kernel log may be read once a driver is loaded.
-    assert described["device_allow"] == ["/dev/kmsg r", "char-nvidia-caps r", "char-nvidia-frontend rw"]
+    amd = ["char-drm rw", "char-kfd rw"]  # amd is at auto too
+    assert described["device_allow"] == ["/dev/kmsg r", *amd, "char-nvidia-caps r", "char-nvidia-frontend rw"]
     # Left at auto, neuron may find its hardware at a later start: its device class is allowed.
-    everything = ["/dev/kmsg r", "char-neuron rw", "char-nvidia-caps r", "char-nvidia-frontend rw"]
+    everything = ["/dev/kmsg r", *amd, "char-neuron rw", "char-nvidia-caps r", "char-nvidia-frontend rw"]
     assert plan(load(None))["device_allow"] == everything
     assert described["collectors"]["neuron"]["enabled"] is False
     assert described["collectors"]["nvml"]["enabled"] == "auto"

@@ -73,7 +73,8 @@ def parser() -> argparse.ArgumentParser:
         "--scan",
         action="store_true",
         help="check the health of every GPU once (no service needed), print a table (or JSON with --json) and exit: "
-        "0 ok, 1 warning, 2 failure, 3 if the scan could not run (bad settings). Reads NVML and the kernel log only",
+        "0 ok, 1 warning, 2 failure, 3 if the scan could not run (bad settings). Reads NVML (amdsmi on AMD GPUs), "
+        "the fabric and the kernel log only",
     )
     p.add_argument("--check-config", action="store_true", help="check the settings and exit (0 if valid, 2 if not)")
     p.add_argument(
@@ -173,7 +174,7 @@ def plan(settings: Settings) -> dict[str, object]:
 
 SCAN_FAILED = 3  # the scan's own exit status when it could not run: 0, 1 and 2 are the verdicts
 # What the health checks read; the other collectors (profiling's window, neuron-monitor) only slow a scan down.
-SCAN_COLLECTORS = ("nvml", "kernel_log", "fabric")
+SCAN_COLLECTORS = ("nvml", "amd", "kernel_log", "fabric")
 
 
 def scan_health(settings: Settings) -> health.NodeHealth:

@@ -20,7 +20,15 @@ from accelmon.core import Samples
 
 VERDICTS = ("ok", "warning", "failure")
 # Clock-event reasons that mean the hardware slowed the GPU down (not the idle or application-clock ones).
-SLOWDOWN_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown")
+# NVIDIA's, then AMD's (accelmon.collectors.amd.THROTTLE_BITS).
+SLOWDOWN_REASONS = (
+    "hw_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+    "sw_thermal_slowdown",
+    "thermal_limit",
+    "prochot",
+)
 XID_WARNING_WINDOW_SECONDS = 3600.0  # an application-class XID warns for an hour after it was logged
 
 Labels = dict[str, str]
@@ -158,10 +166,12 @@ def _when(timestamp: float) -> str:
 def check_lost(view: View, gpu: Gpu, now: float) -> Check:
     up = view.value("accelmon_gpu_up", gpu)
     if up == 0:
-        return Check("gpu_lost", "failure", "NVML lost the GPU (GpuIsLost)", "reboot_node")
+        return Check(
+            "gpu_lost", "failure", "the GPU stopped answering its driver library (NVML, amdsmi)", "reboot_node"
+        )
     if up is None and view.of("accelmon_gpu_up"):
-        return Check("gpu_lost", "failure", "the driver lists the GPU, NVML does not", "reboot_node")
-    return Check("gpu_lost", "ok", "answers NVML")
+        return Check("gpu_lost", "failure", "the driver lists the GPU, its library (NVML) does not", "reboot_node")
+    return Check("gpu_lost", "ok", "answers its driver library")
 
 
 def check_xid(view: View, gpu: Gpu, now: float) -> Check:
@@ -279,6 +289,25 @@ def check_nvlink(view: View, gpu: Gpu, now: float) -> Check:
     return Check("nvlink", "ok", f"{len(states)} links up, no replay or recovery error")
 
 
+def check_xgmi(view: View, gpu: Gpu, now: float) -> Check:
+    """AMD's GPU-to-GPU links (collector amd): a link down to a peer costs that pair its bandwidth (RCCL falls back
+    to PCIe or fails); XGMI errors since they were last reset mean a link that retrains. A GPU reset retrains the
+    links; one that stays down needs service (docs/amd.md)."""
+    states = view.of("accelmon_amd_gpu_xgmi_link_up", gpu)
+    if not states:
+        return Check("xgmi", "ok", "no XGMI reported")
+    down = sorted(int(labels["link"]) for labels, value in states if value == 0)
+    if down:
+        links = ", ".join(str(link) for link in down)
+        return Check(
+            "xgmi", "failure", f"XGMI down: link {links} ({len(states) - len(down)} of {len(states)} up)", "reset_gpu"
+        )
+    errors = view.value("accelmon_amd_gpu_xgmi_error_state", gpu)
+    if errors:
+        return Check("xgmi", "warning", "XGMI errors: " + ("several" if errors >= 2 else "one"), "reset_gpu")
+    return Check("xgmi", "ok", f"{len(states)} links up, no XGMI error")
+
+
 FABRIC_STATES = {1: "not started", 2: "in progress", 3: "completed"}
 
 
@@ -345,9 +374,10 @@ GPU_CHECKS: tuple[Callable[[View, Gpu, float], Check], ...] = (
     check_pcie,
     check_nvlink,
     check_fabric,
+    check_xgmi,
     check_dcgm,
 )
-CHECK_NAMES = ("gpu_lost", "xid", "ecc", "memory_repair", "slowdown", "pcie", "nvlink", "fabric", "dcgm")
+CHECK_NAMES = ("gpu_lost", "xid", "ecc", "memory_repair", "slowdown", "pcie", "nvlink", "fabric", "xgmi", "dcgm")
 
 
 def node_checks(view: View) -> list[Check]:

@@ -63,11 +63,15 @@ CATALOGUE = Catalogue(
 C = CATALOGUE
 INFO = C.gauge(
     "accelmon_gpu_info",
-    "Identity of a GPU; value is 1.",
-    [*GPU, "name", "pci_bus_id", "serial", "vbios_version", "driver_version", "cuda_compute_capability"],
+    "Identity of a GPU (vendor: nvidia or amd, whose collector serves it); value is 1.",
+    [*GPU, "name", "pci_bus_id", "serial", "vbios_version", "driver_version", "cuda_compute_capability", "vendor"],
     read=ONCE,
 )
-UP = C.gauge("accelmon_gpu_up", "1 if the GPU answers NVML, 0 once it is lost (GpuIsLost or Unknown).", GPU)
+UP = C.gauge(
+    "accelmon_gpu_up",
+    "1 if the GPU answers its driver library (NVML, amdsmi), 0 once it is lost (NVML: GpuIsLost).",
+    GPU,
+)
 UTILIZATION = C.gauge("accelmon_gpu_utilization_ratio", "Fraction of the last sample period a kernel ran (0..1).", GPU)
 MEMORY_UTILIZATION = C.gauge(
     "accelmon_gpu_memory_utilization_ratio",
@@ -82,17 +86,17 @@ MEMORY_RESERVED = C.gauge(
 )
 BAR1_USED = C.gauge("accelmon_gpu_bar1_memory_used_bytes", "BAR1 memory in use.", GPU, read=SLOW)
 BAR1_TOTAL = C.gauge("accelmon_gpu_bar1_memory_total_bytes", "BAR1 memory size.", GPU, read=SLOW)
-TEMPERATURE = C.gauge("accelmon_gpu_temperature_celsius", "GPU die temperature.", GPU)
+TEMPERATURE = C.gauge("accelmon_gpu_temperature_celsius", "GPU die temperature (AMD: hotspot).", GPU)
 MEMORY_TEMPERATURE = C.gauge("accelmon_gpu_memory_temperature_celsius", "HBM temperature.", GPU)
-POWER = C.gauge("accelmon_gpu_power_watts", "Power draw (NVML reports milliwatts).", GPU)
+POWER = C.gauge("accelmon_gpu_power_watts", "Power draw (AMD: socket power).", GPU)
 POWER_LIMIT = C.gauge("accelmon_gpu_power_limit_watts", "Enforced power limit.", GPU)
 ENERGY = C.counter(
     "accelmon_gpu_energy_joules_total",
-    "Energy used since the driver was loaded (NVML reports millijoules).",
+    "Energy used since the driver was loaded.",
     GPU,
     read=SLOW,
 )
-SM_CLOCK = C.gauge("accelmon_gpu_sm_clock_hertz", "Current SM clock (NVML reports MHz).", GPU)
+SM_CLOCK = C.gauge("accelmon_gpu_sm_clock_hertz", "Current SM clock (AMD: GFX clock).", GPU)
 MEMORY_CLOCK = C.gauge("accelmon_gpu_memory_clock_hertz", "Current memory clock.", GPU)
 SM_CLOCK_MAX = C.gauge("accelmon_gpu_sm_clock_max_hertz", "Maximum SM clock.", GPU, read=ONCE)
 MEMORY_CLOCK_MAX = C.gauge("accelmon_gpu_memory_clock_max_hertz", "Maximum memory clock.", GPU, read=ONCE)
@@ -371,6 +375,7 @@ class NvmlCollector(Collector):
                 "vbios_version": str(self._call(gpu, "vbios", nvml.nvmlDeviceGetVbiosVersion) or ""),
                 "driver_version": driver,
                 "cuda_compute_capability": "{}.{}".format(*capability) if capability else "",
+                "vendor": "nvidia",
             }
             gpu.max_sm_clock = _scaled(self._call(gpu, "max_sm_clock", nvml.nvmlDeviceGetMaxClockInfo, 1), MHZ)
             gpu.max_memory_clock = _scaled(self._call(gpu, "max_mem_clock", nvml.nvmlDeviceGetMaxClockInfo, 2), MHZ)
