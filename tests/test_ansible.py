@@ -258,6 +258,23 @@ def test_the_unit_passes_the_web_config_only_when_there_is_one(tmp_path, web_con
     assert "DeviceAllow=char-nvidia-frontend rw" in lines
 
 
+@pytest.mark.parametrize("groups", [[], ["render", "video"]])
+def test_the_unit_joins_the_gpu_groups_only_on_amd_hosts(tmp_path, groups):
+    """On an AMD host the preflight finds which of render and video exist; amdsmi opens device nodes they own."""
+    unit = tmp_path / "accelmon-exporter.service"
+    variables = {
+        "__accelmon_exporter_web_config": {},
+        "__accelmon_exporter_plan": {"device_allow": ["char-kfd rw", "char-drm rw"], "capabilities": []},
+        "__accelmon_exporter_supplementary_groups": groups,
+    }
+    render_role_template("accelmon_exporter", "accelmon-exporter.service.j2", unit, variables)
+    lines = unit.read_text().splitlines()
+    assert [line for line in lines if line.startswith("SupplementaryGroups=")] == (
+        ["SupplementaryGroups=render video"] if groups else []
+    )
+    assert "DeviceAllow=char-kfd rw" in lines
+
+
 @pytest.mark.parametrize(
     ("capabilities", "expected"),
     [

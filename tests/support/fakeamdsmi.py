@@ -84,3 +84,9 @@ class FakeAmdSmi:
 
     def size_of(self, structure: str) -> int:
         return int(self.library.fakeAmdSmiSizeOf(structure.encode()))
+
+
+if __name__ == "__main__":  # python -m tests.support.fakeamdsmi ROCM_DIR: for the Molecule worker scenario
+    import sys
+
+    print(build_fake_amdsmi(Path(sys.argv[1])))

@@ -1,0 +1,42 @@
+"""Verify the AMD worker: the role installed AMD's amdsmi bindings and joined the GPU groups, and the hardened
+service serves two MI300X (the fake libamd_smi.so) under the shared names, with their health judged."""
+
+testinfra_hosts = ["podman://accelmon-worker-amd"]
+
+
+def metrics(host):
+    return host.check_output(
+        "for i in $(seq 1 30); do curl -sf http://127.0.0.1:19470/metrics | grep -q 'accelmon_gpu_up{' && break; "
+        "sleep 1; done; curl -sf http://127.0.0.1:19470/metrics"
+    )
+
+
+def test_the_service_serves_the_amd_gpus_under_the_shared_names(host):
+    text = metrics(host)
+    assert 'accelmon_collector_success{collector="amd"} 1.0\n' in text
+    assert 'accelmon_collector_hardware_answering{collector="amd"} 1.0\n' in text
+    info = [line for line in text.splitlines() if line.startswith("accelmon_gpu_info{")]
+    assert len(info) == 2 and all('vendor="amd"' in line and "AMD Instinct MI300X" in line for line in info), info
+    assert 'accelmon_gpu_power_watts{gpu="1",uuid="01ff74a1-0000-1000-8001-000000001001"} 310.0\n' in text
+    assert 'accelmon_amd_gpu_ras_errors_total{block="umc",gpu="0",type="corrected"' in text
+    assert "accelmon_gpu_nvlink" not in text and 'vendor="nvidia"' not in text  # no NVIDIA driver here
+
+
+def test_the_health_checks_judge_the_amd_gpus(host):
+    text = metrics(host)
+    xgmi = [line for line in text.splitlines() if 'check="xgmi",gpu="1",' in line]
+    assert len(xgmi) == 1 and xgmi[0].endswith(" 2.0"), xgmi  # link 3 down: failure
+    assert "accelmon_node_health_verdict 2.0\n" in text
+
+
+def test_the_role_installed_the_pinned_bindings_and_joined_the_gpu_groups(host):
+    version = host.check_output(
+        "/opt/accelmon/venv/bin/python -c \"import importlib.metadata as m; print(m.version('amdsmi'))\""
+    )
+    assert version == "7.0.2"
+    groups = [name for name in ("render", "video") if host.run(f"getent group {name}").rc == 0]
+    assert groups, "Debian 12 has the render and video groups"
+    show = host.check_output("systemctl show accelmon-exporter -p SupplementaryGroups -p DeviceAllow")
+    values = dict(line.split("=", 1) for line in show.splitlines())
+    assert values["SupplementaryGroups"].split() == groups
+    assert "char-kfd rw" in values["DeviceAllow"] and "char-drm rw" in values["DeviceAllow"]
