@@ -9,6 +9,7 @@ import urllib.parse
 
 import pytest
 
+from accelmon.collectors.amd import AmdCollector
 from accelmon.collectors.dcgm_compat import FIELDS, DcgmCompatCollector
 from accelmon.collectors.kernel_log import KernelLogCollector
 from accelmon.collectors.nvml import NvmlCollector
@@ -94,6 +95,17 @@ def test_a_missing_source_leaves_its_fields_out(fake_nvml, tmp_path):
     compat = DcgmCompatCollector(procfs=str(tmp_path))
     compat.watch([])
     assert render(compat.sample()) == b""
+
+
+def test_amd_gpus_get_no_dcgm_names(fake_amdsmi):
+    fake_amdsmi.configure("gpus 2\n")
+    amd = Sampler(AmdCollector(), 1.0)
+    amd.sample_once()
+    compat = DcgmCompatCollector(procfs="/nonexistent")
+    compat.watch([amd])
+    assert "accelmon_gpu_power_watts" in render(amd.state().latest).decode()
+    assert render(compat.sample()) == b""
+    amd.collector.stop()
 
 
 # The queries of dcgm-exporter's Grafana dashboard (grafana.com 12239, "NVIDIA DCGM Exporter Dashboard") and of

@@ -260,7 +260,7 @@ GPU = Dashboard(
         Panel(
             "GPU inventory",
             "short",
-            [(f"accelmon_gpu_info{{{G}}}", "{{node}} {{gpu}} {{name}} {{pci_bus_id}}")],
+            [(f"accelmon_gpu_info{{{G}}}", "{{node}} {{gpu}} {{vendor}} {{name}} {{pci_bus_id}}")],
             "table",
             24,
         ),

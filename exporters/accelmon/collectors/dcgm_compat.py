@@ -235,6 +235,8 @@ class DcgmCompatCollector(Collector):
         host = self.hostname()
         identity: dict[str, tuple[str, ...]] = {}  # gpu index -> dcgm-exporter's labels but GPU_I_ID
         for labels, _ in by_name.get("accelmon_gpu_info", []):
+            if labels.get("vendor", "nvidia") != "nvidia":
+                continue  # DCGM's names are NVIDIA's: an AMD GPU (collector amd) has none
             minor = self._minor_of(labels.get("pci_bus_id", ""))
             identity[labels["gpu"]] = (
                 labels["gpu"],
