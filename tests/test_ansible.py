@@ -39,6 +39,24 @@ def test_the_docs_list_every_variable_with_its_default(role):
     )
 
 
+@pytest.mark.parametrize("role", ROLES)
+def test_each_role_has_a_readme_whose_variables_are_its_argument_spec(role):
+    """The README's table is generated from meta/argument_specs.yml and defaults/main.yml: a variable added, removed
+    or redescribed in the spec and not in the README (or the reverse) fails here."""
+    readme = (ROOT / "ansible" / "roles" / role / "README.md").read_text()
+    assert readme.startswith(f"# Role `{role}`\n")
+    for section in ("## What it installs and opens", "## Example", "## Variables"):
+        assert section in readme, f"{role}/README.md has no {section!r}"
+    assert f"- role: {role}" in readme  # the example uses it
+    checked = subprocess.run(
+        [sys.executable, "scripts/role_docs.py", "--check"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert checked.returncode == 0, checked.stdout
+    spec = yaml.safe_load((ROOT / "ansible" / "roles" / role / "meta" / "argument_specs.yml").read_text())
+    for name in spec["argument_specs"]["main"]["options"]:
+        assert f"| `{name}` |" in readme, name
+
+
 def deploy(tmp_path: Path, *variables: str, group: str = "worker") -> subprocess.CompletedProcess[str]:
     """ansible-playbook --check of deploy.yaml with this machine as the only host of `group`."""
     host = f"localhost ansible_connection=local ansible_python_interpreter={sys.executable}"
