@@ -58,6 +58,21 @@ if [ ! -x /usr/lib/cni/dnsname ]; then
   exit 1
 fi
 
+# Grafana's own dashboard model (@grafana/schema of the Grafana we deploy) and the TypeScript compiler that checks
+# each generated dashboard against it, pinned by master/grafana/schema-check/package-lock.json.
+schema=.tools/grafana-schema
+if [ ! -x "$schema/node_modules/.bin/tsc" ] ||
+  [ master/grafana/schema-check/package-lock.json -nt "$schema/package-lock.json" ]; then
+  if ! command -v npm >/dev/null; then
+    echo "setup: npm is missing (Debian: apt-get install npm): the dashboards are checked with Grafana's model" >&2
+    exit 1
+  fi
+  echo "setup: installing Grafana's dashboard model and tsc in $schema"
+  mkdir -p "$schema"
+  cp master/grafana/schema-check/package.json master/grafana/schema-check/package-lock.json "$schema/"
+  (cd "$schema" && npm ci --no-audit --no-fund --ignore-scripts --loglevel=error)
+fi
+
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi

@@ -4,12 +4,14 @@ panel query and rule expression returns data from a real Prometheus scraping the
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
 import urllib.parse
 import urllib.request
+from pathlib import Path
 
 import pytest
 import yaml
@@ -83,6 +85,49 @@ def test_dashboards_are_generated_from_code():
         [sys.executable, str(MASTER / "grafana" / "generate.py"), "--check"], capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout
+
+
+GRAFANA_MODEL = ROOT / ".tools" / "grafana-schema"  # scripts/setup.sh: npm ci of master/grafana/schema-check
+
+
+def type_check(dashboards: dict[str, str], work: Path) -> subprocess.CompletedProcess[str]:
+    """tsc over one TypeScript module per dashboard that declares its JSON a `Dashboard` of @grafana/schema: an
+    object literal may hold only the model's properties, each of the model's type."""
+    tsc = GRAFANA_MODEL / "node_modules" / ".bin" / "tsc"
+    assert tsc.exists(), f"{tsc} is missing: scripts/setup.sh installs it (npm ci of master/grafana/schema-check)"
+    work.mkdir()
+    for name, text in dashboards.items():
+        module = "import type { Dashboard } from '@grafana/schema';\n"
+        (work / f"{name}.ts").write_text(f"{module}const dashboard: Dashboard = {text};\nexport default dashboard;\n")
+    config = {"compilerOptions": {"strict": True, "noEmit": True, "module": "commonjs", "moduleResolution": "node",
+                                  "target": "es2020", "skipLibCheck": True}, "include": ["*.ts"]}  # fmt: skip
+    (work / "tsconfig.json").write_text(json.dumps(config))
+    return subprocess.run([str(tsc), "-p", str(work)], capture_output=True, text=True, timeout=120)
+
+
+def test_every_dashboard_is_a_dashboard_of_grafanas_own_model(tmp_path):
+    """Checked against Grafana's published dashboard model for the Grafana we deploy (@grafana/schema 11.6.0's
+    TypeScript types, compiled by tsc, both pinned): the SDK that writes the dashboards is not their judge."""
+    pinned = json.loads((MASTER / "grafana" / "schema-check" / "package.json").read_text())["devDependencies"]
+    image = yaml.safe_load((ROOT / "ansible" / "roles" / "accelmon_master" / "defaults" / "main.yml").read_text())
+    assert image["accelmon_master_grafana_image"].endswith(":" + pinned["@grafana/schema"])  # the same Grafana
+    # Inside the installed tree, so that '@grafana/schema' resolves to it.
+    work = GRAFANA_MODEL / f"check-{os.getpid()}"
+    try:
+        dashboards = {
+            p.stem.replace("-", "_"): p.read_text() for p in (MASTER / "grafana" / "dashboards").glob("*.json")
+        }
+        checked = type_check(dashboards, work)
+        assert checked.returncode == 0, checked.stdout
+        # The check is live: a property the model does not know fails it.
+        shutil.rmtree(work)
+        broken = {"broken": dashboards["accelmon_node"].replace('"title": "accelmon / ', '"titel": "accelmon / ', 1)}
+        refused = type_check(broken, work)
+        assert refused.returncode != 0 and "'\"titel\"' does not exist in type 'Dashboard'" in refused.stdout, (
+            refused.stdout
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def test_dashboards_are_well_formed():
