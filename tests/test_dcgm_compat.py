@@ -17,6 +17,7 @@ from accelmon.core import Sampler, render
 from tests.support.exposition import DCGM_EXPORTER_NAMES, promtool_check, sample_value
 from tests.support.jobs_tree import MINORS, bus_id, nvidia_procfs, uuid
 from tests.support.kernel_log_lines import BOOT, record, xid_line
+from tests.support.processes import exporter_env, run_once
 from tests.support.simulated_node import get
 
 MIB = 2**20
@@ -95,6 +96,20 @@ def test_a_missing_source_leaves_its_fields_out(fake_nvml, tmp_path):
     compat = DcgmCompatCollector(procfs=str(tmp_path))
     compat.watch([])
     assert render(compat.sample()) == b""
+
+
+@pytest.mark.parametrize(("flag", "own_served"), [("dcgm-exporter", True), ("dcgm-exporter-only", False)])
+def test_dcgm_names_beside_or_instead_of_accelmons(fake_nvml_dir, tmp_path, flag, own_served):
+    config = tmp_path / "fake.conf"
+    config.write_text("gpus 2\n")
+    result = run_once(["--compat", flag], exporter_env(fake_nvml_dir, config))
+    assert result.returncode == 0, result.stderr
+    promtool_check(result.stdout, allowed=DCGM_EXPORTER_NAMES)
+    assert sample_value(result.stdout, "DCGM_FI_DEV_POWER_USAGE", gpu="1") is not None
+    assert (sample_value(result.stdout, "accelmon_gpu_power_watts", gpu="1") is not None) == own_served
+    # Instead of them, the device series are not served; they are still sampled: the health verdicts are there.
+    assert sample_value(result.stdout, "accelmon_gpu_health_check_state", gpu="1", check="gpu_lost") is not None
+    assert 'accelmon_collector_success{collector="nvml"} 1.0' in result.stdout
 
 
 def test_amd_gpus_get_no_dcgm_names(fake_amdsmi):

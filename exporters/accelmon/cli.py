@@ -85,9 +85,10 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--compat",
-        choices=("dcgm-exporter",),
+        choices=("dcgm-exporter", "dcgm-exporter-only"),
         help="also serve another exporter's names from the same samples: dcgm-exporter's DCGM_FI_* series "
-        "(the same as --collector.dcgm_compat)",
+        "(the same as --collector.dcgm_compat); dcgm-exporter-only: instead of the nvml and profiling collectors' "
+        "own series (dcgm_compat's replace_own)",
     )
     p.add_argument("--version", action="version", version=f"accelmon-exporter {__version__}")
     for name, registration in collectors().items():
@@ -115,8 +116,10 @@ def settings_from(args: argparse.Namespace) -> Settings:
         flag = getattr(args, f"collector_{name}")
         if flag is not None:
             settings.collector(name).enabled = flag
-    if args.compat == "dcgm-exporter":
+    if args.compat in ("dcgm-exporter", "dcgm-exporter-only"):
         settings.collector("dcgm_compat").enabled = True
+    if args.compat == "dcgm-exporter-only":
+        settings.collector("dcgm_compat").options["replace_own"] = True
     return settings
 
 

@@ -131,6 +131,8 @@ class Collector:
     first_sample_delay = 0.0
     # Reads the other collectors' samples (see `watch`): sampled after them when all sample once (--once, --scan).
     reads_other_samples = False
+    # Collectors whose series this one serves in their place: they are still sampled, but not served.
+    replaces: tuple[str, ...] = ()
 
     def hardware_answering(self) -> bool | None:
         """Whether the hardware (or the tool) this collector reads answers now; None where that means nothing."""
@@ -332,6 +334,8 @@ class Exporter:
         extra_metrics: Iterable[Callable[[], Samples]] = (),
     ) -> None:
         self.samplers = samplers
+        # Collectors another one serves in their place (dcgm_compat's replace_own): sampled, not served.
+        self._replaced = {name for sampler in samplers for name in sampler.collector.replaces}
         # Self-metrics of parts that are not collectors (the CloudWatch publisher), rendered on each scrape.
         self.extra_metrics = list(extra_metrics)
         self._stale_after_intervals = stale_after_intervals
@@ -381,7 +385,7 @@ class Exporter:
         parts = []
         for sampler, state in states:
             # Data from a collector that has hung for long is dropped rather than served as if current.
-            if self._is_fresh(sampler, state, now, self._drop_after_seconds):
+            if sampler.name not in self._replaced and self._is_fresh(sampler, state, now, self._drop_after_seconds):
                 parts.append(sampler.rendered(state, openmetrics))
         parts.append(render(self._self_metrics(states, now), openmetrics))
         parts += [render(metrics(), openmetrics) for metrics in self.extra_metrics]

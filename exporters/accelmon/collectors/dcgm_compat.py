@@ -24,12 +24,20 @@ from typing import Optional
 
 from accelmon.collectors.jobs import _driver_gpus
 from accelmon.core import Catalogue, Collector, MetricSpec, Sampler, Samples
-from accelmon.registry import Registration, never, register, seconds
+from accelmon.registry import Option, Registration, never, register, seconds
 
 MIB = 2**20
 # dcgm-exporter's labels (MIG's GPU_I_ID and GPU_I_PROFILE empty outside MIG, which Prometheus reads as absent).
 LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION", "GPU_I_ID")
 INTERVAL = seconds("interval_seconds", 1, "how often the DCGM_FI_* series are made from the latest samples")
+REPLACE_OWN = Option(
+    "replace_own",
+    False,
+    "serve the DCGM_FI_* series instead of the nvml and profiling collectors' own (still sampled: the health checks "
+    "read them); for sites that keep only dcgm-exporter's dashboards and rules (accelmon's read its own names)",
+)
+# The collectors whose series the DCGM names stand for, hidden from scrapes with replace_own.
+REPLACED = ("nvml", "profiling")
 C = Catalogue(
     "dcgm_compat",
     "dcgm-exporter compatible names",
@@ -207,8 +215,11 @@ class DcgmCompatCollector(Collector):
     name = "dcgm_compat"
     reads_other_samples = True
 
-    def __init__(self, procfs: str = "/proc", hostname: Callable[[], str] = socket.gethostname) -> None:
+    def __init__(
+        self, procfs: str = "/proc", hostname: Callable[[], str] = socket.gethostname, replace_own: bool = False
+    ) -> None:
         self.procfs = procfs
+        self.replaces = REPLACED if replace_own else ()
         self.hostname = hostname
         self.sources: list[Sampler] = []
         self._minors: Optional[dict[str, str]] = None
@@ -278,9 +289,9 @@ REGISTRATION = register(
     Registration(
         name="dcgm_compat",
         help="dcgm-exporter's DCGM_FI_* names beside accelmon's, from the same samples (default: off)",
-        build=lambda options, paths: DcgmCompatCollector(procfs=paths.procfs),
+        build=lambda options, paths: DcgmCompatCollector(procfs=paths.procfs, replace_own=options["replace_own"]),
         catalogue=C,
-        options=(INTERVAL,),
+        options=(INTERVAL, REPLACE_OWN),
         enabled_by_default=never,
     )
 )
