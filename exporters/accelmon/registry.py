@@ -9,21 +9,14 @@ its hardware, the device nodes it needs, its metric catalogue and its help text.
 from __future__ import annotations
 
 import importlib
-import math
 import pkgutil
 from dataclasses import dataclass, field
-from typing import Any, Callable, Union
+from typing import Any, Callable
 
 from accelmon.core import Catalogue, Collector, MetricSpec
+from accelmon.validation import MIN_SECONDS, ConfigError, Option, OptionValue, finite, seconds
 
-# No option in seconds below this: 1e-9 made a sampler spin a whole core.
-MIN_SECONDS = 0.1
-
-OptionValue = Union[bool, float, str]
-
-
-class ConfigError(ValueError):
-    """A setting is wrong; the message names it."""
+__all__ = ["MIN_SECONDS", "ConfigError", "Option", "OptionValue", "Paths", "Registration", "finite", "seconds"]
 
 
 @dataclass(frozen=True)
@@ -34,64 +27,6 @@ class Paths:
     procfs: str = "/proc"
     devfs: str = "/dev"
     kmsg: str = "/dev/kmsg"  # the kernel log; a file in its format for tests
-
-
-@dataclass(frozen=True)
-class Option:
-    """One setting of a collector (`collectors.NAME.OPTION` in the config file); its default gives its type."""
-
-    name: str
-    default: OptionValue
-    help: str
-    choices: tuple[str, ...] = ()
-    minimum: float | None = None  # numbers: the smallest value accepted (always more than 0)
-
-    def check(self, value: Any, where: str) -> OptionValue:
-        """value, if it suits this option; ConfigError naming `where` otherwise."""
-        if isinstance(self.default, bool):
-            if not isinstance(value, bool):
-                raise ConfigError(f"{where}: expected true or false, got {value!r}")
-            return value
-        if isinstance(self.default, (int, float)):
-            number = finite(value)
-            if number is None or number <= 0:
-                raise ConfigError(f"{where}: expected a positive number, got {value!r}")
-            if self.minimum is not None and number < self.minimum:
-                raise ConfigError(f"{where}: expected at least {self.minimum:g}, got {value!r}")
-            return number
-        if not isinstance(value, str) or not value:
-            raise ConfigError(f"{where}: expected a non-empty string, got {value!r}")
-        if self.choices and value not in self.choices:
-            raise ConfigError(f"{where}: expected one of {', '.join(self.choices)}, got {value!r}")
-        return value
-
-    def describe(self) -> str:
-        """One line for --help: name, default, bounds or choices, meaning."""
-        if isinstance(self.default, bool):
-            default = str(self.default).lower()
-        elif isinstance(self.default, float):
-            default = f"{self.default:g}"
-        else:
-            default = self.default or '""'
-        bounds = f"; one of {', '.join(self.choices)}" if self.choices else ""
-        bounds += f"; at least {self.minimum:g}" if self.minimum is not None else ""
-        return f"{self.name} (default {default}{bounds}): {self.help}"
-
-
-def seconds(name: str, default: float, text: str) -> Option:
-    """A duration option, never under MIN_SECONDS."""
-    return Option(name, float(default), text, minimum=MIN_SECONDS)
-
-
-def finite(value: Any) -> float | None:
-    """value as a finite float, or None: .inf killed a sampler thread, .nan made it spin, 10**400 overflowed."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None
 
 
 def never(paths: Paths, options: dict[str, Any]) -> bool:

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import yaml
 
-from accelmon.registry import ConfigError
+from accelmon.validation import ConfigError
 
 CLIENT_AUTH = {
     "NoClientCert": ssl.CERT_NONE,
