@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -68,6 +69,19 @@ def test_a_short_recent_job_is_found_with_the_default_30_day_lookback(prometheus
     result = report("100", "--prometheus", prometheus, "--out", str(tmp_path / "r"))
     assert result.returncode == 0, result.stderr
     assert "job 100: 2 GPU(s) on 1 node(s)" in result.stdout
+
+
+def test_each_nodes_hardware_is_in_the_summary_and_the_html(job_100):
+    out, summary, _ = job_100
+    (host,) = summary["hosts"]
+    # The simulated node's node_exporter reads this machine's /proc; its exporter the fake NVML's H100s.
+    assert host["node"] == "gpu-node-1" and host["cpus"] == os.cpu_count()
+    assert host["memory_bytes"] == pytest.approx(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), rel=0.05)
+    models = {line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")}
+    assert host["cpu_model"] == ", ".join(sorted(models)) and host["sockets"] >= 1
+    assert "x NVIDIA H100 80GB HBM3" in host["gpus"] and host["gpu_driver"]
+    assert host["kernel"].startswith(os.uname().release)
+    assert "<h2>Hosts</h2>" in (out / "report.html").read_text()
 
 
 def test_the_slower_gpu_is_named_a_straggler(job_100):

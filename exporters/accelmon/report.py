@@ -151,6 +151,9 @@ class Prometheus:
             "result"
         ]
 
+    def instant(self, query: str, at: float) -> list[dict[str, Any]]:
+        return self.get("/api/v1/query", query=query, time=f"{at:.3f}")["result"]
+
     def retention_seconds(self) -> float | None:
         try:
             text = self.get("/api/v1/status/runtimeinfo").get("storageRetention", "")
@@ -281,6 +284,46 @@ def collect(prometheus: Prometheus, job: Job) -> Any:
     frame = pd.DataFrame(vars(rows))
     frame["time"] = pd.to_datetime(frame["time"], unit="s", utc=True)
     return frame
+
+
+def hardware(prometheus: Prometheus, job: Job) -> list[dict[str, Any]]:
+    """Each node's hardware as the job ended: CPU model and sockets (node_exporter's cpu collector with
+    --collector.cpu.info, as the node_exporter role runs it), logical CPUs, memory, GPUs by model, the GPU driver
+    and the kernel. What a node's exporters do not say is left out of its entry."""
+    nodes = "|".join(regex_literal(node) for node in job.nodes)
+    selector = f'node=~"{nodes}"'
+
+    def by_node(query: str) -> dict[str, list[dict[str, str]]]:
+        found: dict[str, list[dict[str, str]]] = {}
+        for one in prometheus.instant(query, job.end):
+            labels = dict(one["metric"])
+            labels["value"] = one["value"][1]
+            found.setdefault(labels.get("node", ""), []).append(labels)
+        return found
+
+    cpus = by_node(f'count by (node) (node_cpu_seconds_total{{mode="idle",{selector}}})')
+    memory = by_node(f"max by (node) (node_memory_MemTotal_bytes{{{selector}}})")
+    packages = by_node(f"count by (node, model_name, package) (node_cpu_info{{{selector}}})")
+    gpus = by_node(f"count by (node, name, vendor, driver_version) (accelmon_gpu_info{{{selector}}})")
+    kernel = by_node(f"max by (node, release, machine) (node_uname_info{{{selector}}})")
+    hosts = []
+    for node in job.nodes:
+        entry: dict[str, Any] = {"node": node}
+        if node in packages:
+            entry["cpu_model"] = ", ".join(sorted({p.get("model_name", "") for p in packages[node]}))
+            entry["sockets"] = len({p.get("package", "") for p in packages[node]})
+        if node in cpus:
+            entry["cpus"] = int(float(cpus[node][0]["value"]))
+        if node in memory:
+            entry["memory_bytes"] = float(memory[node][0]["value"])
+        if node in gpus:
+            models = sorted(gpus[node], key=lambda g: g.get("name", ""))
+            entry["gpus"] = ", ".join(f"{int(float(g['value']))} x {g.get('name', '')}" for g in models)
+            entry["gpu_driver"] = ", ".join(sorted({g.get("driver_version", "") for g in models}))
+        if node in kernel:
+            entry["kernel"] = f"{kernel[node][0].get('release', '')} {kernel[node][0].get('machine', '')}".strip()
+        hosts.append(entry)
+    return hosts
 
 
 def regex_literal(text: str) -> str:
@@ -586,6 +629,13 @@ td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3
 <td>{{ num(n.job_swap_peak_bytes and n.job_swap_peak_bytes / 2**20, " MiB") }}</td>
 <td>{{ num(n.job_io_bytes and n.job_io_bytes / 2**20, " MiB") }}</td>
 <td>{{ num(n.cpu_energy_joules, " J") }}</td></tr>{% endfor %}</table>
+<h2>Hosts</h2>
+<table><tr><th class="l">node</th><th class="l">CPU</th><th>sockets</th><th>CPUs</th><th>memory</th>
+<th class="l">GPUs</th><th class="l">GPU driver</th><th class="l">kernel</th></tr>
+{% for h in s.hosts %}<tr><td class="l">{{ h.node }}</td><td class="l">{{ h.cpu_model or "-" }}</td>
+<td>{{ h.sockets or "-" }}</td><td>{{ h.cpus or "-" }}</td>
+<td>{{ num(h.memory_bytes and h.memory_bytes / 2**30, " GiB") }}</td><td class="l">{{ h.gpus or "-" }}</td>
+<td class="l">{{ h.gpu_driver or "-" }}</td><td class="l">{{ h.kernel or "-" }}</td></tr>{% endfor %}</table>
 <h2>Over time</h2>
 {% for title, png in images %}<figure><img alt="{{ title }}" src="data:image/png;base64,{{ png }}"></figure>
 {% endfor %}
@@ -640,6 +690,14 @@ def pdf(summary: dict[str, Any], images: list[tuple[str, bytes]], path: Path) ->
             ", ".join(f"{g['node']} GPU {g['gpu']} ({'; '.join(g['reasons'])})" for g in summary["stragglers"])
             or "none"
         ),
+        "",
+        *(
+            f"{h['node']}: {h.get('cpu_model', '?')}, {h.get('cpus', '?')} CPUs, "
+            f"{h['memory_bytes'] / 2**30:.0f} GiB; {h.get('gpus', 'no GPU')}"
+            if "memory_bytes" in h
+            else f"{h['node']}: {h.get('gpus', 'no GPU')}"
+            for h in summary.get("hosts", [])
+        ),
     ]
     with PdfPages(path) as document:
         figure = plt.figure(figsize=(8.27, 11.69))
@@ -662,6 +720,7 @@ def write_report(prometheus: Prometheus, job_id: str, out: Path, lookback: float
     job = find_job(prometheus, job_id, lookback, time.time() if now is None else now)
     frame = collect(prometheus, job)
     summary = summarize(job, frame)
+    summary["hosts"] = hardware(prometheus, job)
     images = plots(job, frame)
     out.mkdir(parents=True, exist_ok=True)
     frame.to_csv(out / "data.csv", index=False)

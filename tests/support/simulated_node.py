@@ -95,11 +95,12 @@ def rapl_sysfs(root: Path) -> Path:
 
 def start_node_exporter(binary: str, port: int, sysfs: Path) -> subprocess.Popen[bytes]:
     """node_exporter with the collectors the dashboards and rules read, on 127.0.0.1:`port`; RAPL from `sysfs`."""
-    collectors = ["cpu", "meminfo", "filesystem", "netdev", "loadavg", "rapl"]
+    collectors = ["cpu", "meminfo", "filesystem", "netdev", "loadavg", "rapl", "uname"]
     command = [
         binary,
         f"--web.listen-address=127.0.0.1:{port}",
         "--collector.disable-defaults",
+        "--collector.cpu.info",  # node_cpu_info, the job report's CPU model (the role runs it so too)
         f"--path.sysfs={sysfs}",
     ]
     command += [f"--collector.{name}" for name in collectors]

@@ -147,6 +147,7 @@ def test_node_exporter_runs_without_infiniband(host):
     )
     assert "node_cpu_seconds_total" in text
     assert 'node_scrape_collector_success{collector="infiniband"}' not in text
+    assert "node_cpu_info{" in text  # --collector.cpu.info: the job report's CPU model and sockets
 
 
 @pytest.mark.parametrize("flag", ["--check-config", "--version"])
