@@ -79,11 +79,10 @@ def test_a_job_without_gpus_unknown_gpus_and_mig(host):
     slurm("prolog", state, SLURM_JOB_ID="8", SLURM_JOB_GPUS="0,9,GPU-not-here,MIG-1c2d3e4f-aaaa")
     samples = jobs.JobsCollector(str(state), str(procfs)).sample()
     assert value(samples, jobs.JOBS) == 2
-    # Minor 9 is no GPU of this host: counted, never guessed. A UUID the driver does not list (a MIG instance)
-    # is kept with its own UUID, which the NVML collector's MIG series carry.
-    assert info(samples) == {("1", uuid(1), "8", "", ""), ("", "GPU-not-here", "8", "", ""),
-                             ("", "MIG-1c2d3e4f-aaaa", "8", "", "")}  # fmt: skip
-    assert value(samples, jobs.UNRESOLVED) == 1
+    # Minor 9 and GPU-not-here are no GPUs of this host: counted, never guessed. A MIG instance (the driver lists
+    # whole GPUs only) is kept with its own UUID, which the NVML collector's MIG series carry.
+    assert info(samples) == {("1", uuid(1), "8", "", ""), ("", "MIG-1c2d3e4f-aaaa", "8", "", "")}
+    assert value(samples, jobs.UNRESOLVED) == 2
 
 
 def test_values_cannot_forge_keys_and_bad_input_never_fails_the_job(host, tmp_path):

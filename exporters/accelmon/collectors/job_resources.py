@@ -22,15 +22,14 @@ import logging
 import os
 from typing import Optional
 
-from accelmon.collectors.jobs import SLURM_JOB_CGROUP, recorded_job_ids
+from accelmon.collectors.jobs import SLURM_JOB_CGROUP, STATE_DIR, recorded_job_ids
 from accelmon.core import Catalogue, Collector, MetricSpec, Samples
-from accelmon.registry import Option, Paths, Registration, register, seconds
+from accelmon.registry import Paths, Registration, register, seconds
 
 log = logging.getLogger("accelmon.job_resources")
 
 JOB = ("job_id",)
 INTERVAL = seconds("interval_seconds", 10, "how often the jobs' cgroups are read")
-STATE_DIR = Option("state_dir", "/run/accelmon/jobs", "where the scheduler's prolog writes one record per job")
 C = Catalogue(
     "job_resources",
     "Batch jobs' CPU, memory and I/O (cgroups)",

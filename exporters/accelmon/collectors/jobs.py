@@ -59,6 +59,9 @@ MALFORMED = CATALOGUE.counter(
 KEYS = ("scheduler", "job_id", "user", "account", "gpus")
 MAX_VALUE = 256  # a label value longer than this is cut: a record is input from a script, not trusted to be small
 MAX_RECORD_BYTES = 64 * 1024
+# The job records' directory: one declaration, which job_resources shares and the role reads through
+# `--check-config --json` (the prolog and epilog default to it too).
+STATE_DIR = Option("state_dir", "/run/accelmon/jobs", "where the scheduler's prolog writes one record per job")
 UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z-]+$")
 # Slurm's job cgroup: cgroup v1 <controller>/slurm[_<node>]/uid_<uid>/job_<id>, cgroup v2
 # system.slice/slurmstepd.scope/job_<id>; the steps and tasks below it.
@@ -236,8 +239,10 @@ class JobsCollector(Collector):
             for token in filter(None, (t.strip() for t in record.get("gpus", "").split(","))):
                 if token.isdigit() and token in by_minor:
                     gpu = by_minor[token]
-                elif UUID.match(token):
-                    gpu = by_uuid.get(token) or Gpu("", token)  # a MIG instance: joined by its own UUID
+                elif token in by_uuid:
+                    gpu = by_uuid[token]
+                elif UUID.match(token) and token.startswith("MIG-"):
+                    gpu = Gpu("", token)  # a MIG instance (the driver lists GPUs only): joined by its own UUID
                 else:
                     unresolved += 1
                     continue
@@ -265,7 +270,7 @@ register(
         catalogue=CATALOGUE,
         options=(
             seconds("interval_seconds", 5, "how often the job records are read"),
-            Option("state_dir", "/run/accelmon/jobs", "where the scheduler's prolog writes one record per job"),
+            STATE_DIR,
         ),
         enabled_by_default=_has_state_dir,
     )
