@@ -445,7 +445,7 @@ def test_a_dead_endpoint_and_a_silent_imds_slow_neither_sampling_nor_metrics(fak
         ({"storage_resolution": 10}, "cloudwatch.storage_resolution: expected 1 (high resolution) or 60"),
         ({"period_seconds": 10}, "cloudwatch.period_seconds: expected a number from 60 to 3600"),
         ({"dimensions": ["InstanceId", "Hostname"]}, "cloudwatch.dimensions: expected a list of"),
-        ({"gpu_dimension": "serial"}, "cloudwatch.gpu_dimension: expected index or uuid"),
+        ({"gpu_dimension": "serial"}, "cloudwatch.gpu_dimension: expected one of index, uuid"),
         ({"endpoint_url": "monitoring.local"}, "cloudwatch.endpoint_url: expected an http:// or https:// URL"),
         ({"metrics": []}, "cloudwatch.metrics: expected a non-empty list"),
         ({"metrics": [{"metric": "gpu_util", "name": "U"}]}, "cloudwatch.metrics[0].metric: 'gpu_util' is not"),
@@ -513,3 +513,15 @@ def test_docs_list_the_publishers_self_metrics():
     text = (Path(ROOT) / "docs" / "metrics.md").read_text()
     for spec in cloudwatch.CATALOGUE.specs:
         assert f"`{spec.name}`" in text
+
+
+def test_the_docs_list_every_setting_from_its_declaration():
+    """docs/cloudwatch.md's settings table is generated from the one declaration that also validates them."""
+    from accelmon.cloudwatch.settings import OPTIONS, options_table
+
+    page = (ROOT / "docs" / "cloudwatch.md").read_text()
+    assert options_table() in page, "docs/cloudwatch.md: regenerate the settings table from OPTIONS"
+    for option in OPTIONS:  # and each is checked: its default passes, a wrong type is refused naming it
+        assert option.check(option.default, f"cloudwatch.{option.name}") == option.default
+        with pytest.raises(ConfigError, match=f"cloudwatch.{option.name}"):
+            parse_settings({option.name: object()}, known_metrics())

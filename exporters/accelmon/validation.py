@@ -19,13 +19,18 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Option:
-    """One setting of a collector (`collectors.NAME.OPTION` in the config file); its default gives its type."""
+    """One setting (`collectors.NAME.OPTION` in the config file, or a key of `cloudwatch:`): its default gives its
+    type: a bool, a number (bounded by `minimum` and `maximum`, whole numbers only with `whole`) or a string (one of
+    `choices` if given; empty only with `empty`)."""
 
     name: str
     default: OptionValue
     help: str
     choices: tuple[str, ...] = ()
     minimum: float | None = None  # numbers: the smallest value accepted (always more than 0)
+    maximum: float | None = None  # numbers: the largest
+    whole: bool = False  # numbers: whole numbers only
+    empty: bool = False  # strings: the empty string is accepted (it means "not set")
 
     def check(self, value: Any, where: str) -> OptionValue:
         """value, if it suits this option; ConfigError naming `where` otherwise."""
@@ -34,17 +39,27 @@ class Option:
                 raise ConfigError(f"{where}: expected true or false, got {value!r}")
             return value
         if isinstance(self.default, (int, float)):
-            number = finite(value)
-            if number is None or number <= 0:
-                raise ConfigError(f"{where}: expected a positive number, got {value!r}")
-            if self.minimum is not None and number < self.minimum:
-                raise ConfigError(f"{where}: expected at least {self.minimum:g}, got {value!r}")
-            return number
-        if not isinstance(value, str) or not value:
-            raise ConfigError(f"{where}: expected a non-empty string, got {value!r}")
+            return self._number(value, where)
+        if not isinstance(value, str) or (not value and not self.empty):
+            kind = "a string" if self.empty else "a non-empty string"
+            raise ConfigError(f"{where}: expected {kind}, got {value!r}")
         if self.choices and value not in self.choices:
             raise ConfigError(f"{where}: expected one of {', '.join(self.choices)}, got {value!r}")
         return value
+
+    def _number(self, value: Any, where: str) -> float:
+        number = finite(value)
+        if self.maximum is not None:
+            lowest = self.minimum if self.minimum is not None else 0
+            if number is None or not lowest <= number <= self.maximum or number <= 0:
+                raise ConfigError(f"{where}: expected a number from {lowest:g} to {self.maximum:g}, got {value!r}")
+        elif number is None or number <= 0:
+            raise ConfigError(f"{where}: expected a positive number, got {value!r}")
+        elif self.minimum is not None and number < self.minimum:
+            raise ConfigError(f"{where}: expected at least {self.minimum:g}, got {value!r}")
+        if self.whole and number != int(number):
+            raise ConfigError(f"{where}: expected a whole number, got {value!r}")
+        return number
 
     def describe(self) -> str:
         """One line for --help: name, default, bounds or choices, meaning."""
@@ -55,7 +70,10 @@ class Option:
         else:
             default = self.default or '""'
         bounds = f"; one of {', '.join(self.choices)}" if self.choices else ""
-        bounds += f"; at least {self.minimum:g}" if self.minimum is not None else ""
+        if self.maximum is not None:
+            bounds += f"; from {self.minimum if self.minimum is not None else 0:g} to {self.maximum:g}"
+        elif self.minimum is not None:
+            bounds += f"; at least {self.minimum:g}"
         return f"{self.name} (default {default}{bounds}): {self.help}"
 
 

@@ -3,12 +3,12 @@ and how; every wrong value is a ConfigError naming it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from accelmon.cloudwatch.aggregate import DEVICE_DIMENSIONS, MAX_DATUMS_PER_REQUEST, MAX_DIMENSIONS
 from accelmon.core import MetricSpec
-from accelmon.validation import ConfigError, finite
+from accelmon.validation import ConfigError, Option, finite
 
 UNITS = (
     "Seconds Microseconds Milliseconds Bytes Kilobytes Megabytes Gigabytes Terabytes Bits Kilobits Megabits "
@@ -95,19 +95,41 @@ def _metric(raw: Any, where: str) -> MetricChoice:
     return MetricChoice(metric, name, unit, scale, tuple(sorted(match.items())))
 
 
-def _text(data: dict[str, Any], key: str, default: str, where: str) -> str:
-    value = data.get(key, default)
-    if not isinstance(value, str):
-        raise ConfigError(f"{where}.{key}: expected a string, got {value!r}")
-    return value
+# The section's settings, declared once: validated from here, listed in docs/cloudwatch.md from here (a test checks
+# the page), and passed through by the role as given (`accelmon_exporter_cloudwatch`). `metrics` (a list of
+# mappings) is checked by `_metric` against the exporter's metric catalogue.
+OPTIONS = (
+    Option("enabled", False, "publish to CloudWatch"),
+    Option("region", "", "the AWS region; empty: the instance's (IMDS), else the AWS chain's", empty=True),
+    Option("namespace", "accelmon", "CloudWatch namespace (1-255 ASCII characters, not AWS/...)"),
+    Option("period_seconds", 60.0, "one datum per metric per period (at least 60 at standard resolution)",
+           minimum=1, maximum=3600),
+    Option("storage_resolution", 60.0, "1 (high resolution: sub-minute periods) or 60 (standard)", minimum=1,
+           maximum=60, whole=True),
+    Option("gpu_dimension", "index", "the GPU dimension's value", choices=("index", "uuid")),
+    Option("endpoint_url", "", "a VPC endpoint (http:// or https://); empty: the region's public one", empty=True),
+    Option("imds_endpoint", "http://169.254.169.254", "where IMDSv2 answers"),
+    Option("imds_timeout_seconds", 1.0, "IMDS's timeout per request", minimum=0.1, maximum=10),
+    Option("request_timeout_seconds", 10.0, "PutMetricData's timeout per request", minimum=0.5, maximum=60),
+    Option("max_attempts", 5.0, "tries per request, the first included (throttling backs off)", minimum=1,
+           maximum=10, whole=True),
+    Option("max_pending_datums", 20_000.0, "unsent datums kept while the endpoint is down (the oldest go first)",
+           minimum=MAX_DATUMS_PER_REQUEST, maximum=10_000_000, whole=True),
+)  # fmt: skip
 
 
-def _number(data: dict[str, Any], key: str, default: float, lowest: float, highest: float, where: str) -> float:
-    value = data.get(key, default)
-    number = finite(value)
-    if number is None or not lowest <= number <= highest:
-        raise ConfigError(f"{where}.{key}: expected a number from {lowest:g} to {highest:g}, got {value!r}")
-    return number
+def options_table() -> str:
+    """docs/cloudwatch.md's table of the settings, from OPTIONS."""
+    rows = ["| setting | default, bounds | meaning |", "| --- | --- | --- |"]
+    for option in OPTIONS:
+        line = option.describe()
+        default = line[line.index("(") + 1 : line.index("):")]
+        rows.append(f"| `{option.name}` | {default} | {option.help} |")
+    rows.append(f"| `dimensions` | default [{', '.join(CloudWatchSettings.dimensions)}] | the dimensions each datum "
+                f"carries, each of {', '.join(DIMENSIONS)} at most once (fewer: fewer billed metrics) |")  # fmt: skip
+    rows.append("| `metrics` | gpumon's and neuron-monitor-cloudwatch's (above) | what is published: `metric`, `name`, "
+                "`unit`, `scale`, `match` |")  # fmt: skip
+    return "\n".join(rows)
 
 
 def parse_settings(data: Any, known_metrics: dict[str, MetricSpec], where: str = "cloudwatch") -> CloudWatchSettings:
@@ -116,30 +138,26 @@ def parse_settings(data: Any, known_metrics: dict[str, MetricSpec], where: str =
         return CloudWatchSettings()
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
-    allowed = {option.name for option in fields(CloudWatchSettings)}
+    allowed = {option.name for option in OPTIONS} | {"dimensions", "metrics"}
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
-    defaults = CloudWatchSettings()
-    enabled = data.get("enabled", False)
-    if not isinstance(enabled, bool):
-        raise ConfigError(f"{where}.enabled: expected true or false, got {enabled!r}")
-    namespace = _text(data, "namespace", defaults.namespace, where)
-    if not 1 <= len(namespace) <= 255 or namespace.startswith("AWS/") or not namespace.isascii():
+    values = {o.name: o.check(data[o.name], f"{where}.{o.name}") if o.name in data else o.default for o in OPTIONS}
+    namespace = str(values["namespace"])
+    if len(namespace) > 255 or namespace.startswith("AWS/") or not namespace.isascii():
         raise ConfigError(f"{where}.namespace: expected 1-255 ASCII characters not starting AWS/, got {namespace!r}")
-    resolution = data.get("storage_resolution", defaults.storage_resolution)
-    if resolution not in (1, 60) or isinstance(resolution, bool):
-        raise ConfigError(f"{where}.storage_resolution: expected 1 (high resolution) or 60, got {resolution!r}")
+    if values["storage_resolution"] not in (1, 60):
+        raise ConfigError(
+            f"{where}.storage_resolution: expected 1 (high resolution) or 60, got {data['storage_resolution']!r}"
+        )
     # Standard resolution keeps one value a minute: a shorter period would only cost more requests.
-    period = _number(data, "period_seconds", defaults.period_seconds, 1 if resolution == 1 else 60, 3600, where)
-    dimensions = data.get("dimensions", list(defaults.dimensions))
+    if values["storage_resolution"] == 60 and float(values["period_seconds"]) < 60:  # type: ignore[arg-type]
+        raise ConfigError(f"{where}.period_seconds: expected a number from 60 to 3600, got {data['period_seconds']!r}")
+    dimensions = data.get("dimensions", list(CloudWatchSettings.dimensions))
     if not isinstance(dimensions, list) or not all(d in DIMENSIONS for d in dimensions):
         raise ConfigError(f"{where}.dimensions: expected a list of {', '.join(DIMENSIONS)}; got {dimensions!r}")
     if len(set(dimensions)) != len(dimensions) or len(dimensions) > MAX_DIMENSIONS:
         raise ConfigError(f"{where}.dimensions: each at most once; got {dimensions!r}")
-    gpu_dimension = data.get("gpu_dimension", defaults.gpu_dimension)
-    if gpu_dimension not in ("index", "uuid"):
-        raise ConfigError(f"{where}.gpu_dimension: expected index or uuid, got {gpu_dimension!r}")
     raw_metrics = data.get("metrics", list(DEFAULT_METRICS))
     if not isinstance(raw_metrics, list) or not raw_metrics:
         raise ConfigError(f"{where}.metrics: expected a non-empty list, got {raw_metrics!r}")
@@ -156,33 +174,25 @@ def parse_settings(data: Any, known_metrics: dict[str, MetricSpec], where: str =
     seen_names = [(choice.name, choice.match) for choice in metrics]
     if len(set(seen_names)) != len(seen_names):
         raise ConfigError(f"{where}.metrics: two entries publish the same name with the same match")
-    endpoint = _text(data, "endpoint_url", "", where)
-    imds = _text(data, "imds_endpoint", defaults.imds_endpoint, where)
-    for key, url in (("endpoint_url", endpoint), ("imds_endpoint", imds)):
+    for key in ("endpoint_url", "imds_endpoint"):
+        url = str(values[key])
         if url and not url.startswith(("http://", "https://")):
             raise ConfigError(f"{where}.{key}: expected an http:// or https:// URL, got {url!r}")
-    attempts = _number(data, "max_attempts", defaults.max_attempts, 1, 10, where)
-    if attempts != int(attempts):
-        raise ConfigError(f"{where}.max_attempts: expected a whole number, got {attempts!r}")
     return CloudWatchSettings(
-        enabled=enabled,
-        region=_text(data, "region", "", where),
+        enabled=bool(values["enabled"]),
+        region=str(values["region"]),
         namespace=namespace,
-        period_seconds=period,
-        storage_resolution=int(resolution),
+        period_seconds=float(values["period_seconds"]),  # type: ignore[arg-type]
+        storage_resolution=int(values["storage_resolution"]),  # type: ignore[call-overload]
         dimensions=tuple(dimensions),
-        gpu_dimension=gpu_dimension,
+        gpu_dimension=str(values["gpu_dimension"]),
         metrics=metrics,
-        endpoint_url=endpoint,
-        imds_endpoint=imds,
-        imds_timeout_seconds=_number(data, "imds_timeout_seconds", defaults.imds_timeout_seconds, 0.1, 10, where),
-        request_timeout_seconds=_number(
-            data, "request_timeout_seconds", defaults.request_timeout_seconds, 0.5, 60, where
-        ),
-        max_attempts=int(attempts),
-        max_pending_datums=int(
-            _number(data, "max_pending_datums", defaults.max_pending_datums, MAX_DATUMS_PER_REQUEST, 1e7, where)
-        ),
+        endpoint_url=str(values["endpoint_url"]),
+        imds_endpoint=str(values["imds_endpoint"]),
+        imds_timeout_seconds=float(values["imds_timeout_seconds"]),  # type: ignore[arg-type]
+        request_timeout_seconds=float(values["request_timeout_seconds"]),  # type: ignore[arg-type]
+        max_attempts=int(values["max_attempts"]),  # type: ignore[call-overload]
+        max_pending_datums=int(values["max_pending_datums"]),  # type: ignore[call-overload]
     )
 
 
