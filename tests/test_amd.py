@@ -176,8 +176,10 @@ def test_a_gpu_lost_mid_run_is_reported_while_the_others_go_on_and_comes_back(ma
     assert sample_value(text, "accelmon_gpu_power_watts", gpu="1") is None
     checks = {g.index: g for g in health.evaluate([collector.sample()], now=0).gpus}
     assert checks["1"].verdict == "failure" and checks["1"].action == "reboot_node"
-    fake_amdsmi.set_lost(1, False)  # after a GPU reset
-    assert sample_value(read(collector), "accelmon_gpu_up", gpu="1") == 1
+    fake_amdsmi.set_lost(1, False)  # after a GPU reset: everything again, its counters at once
+    text = read(collector)
+    assert sample_value(text, "accelmon_gpu_up", gpu="1") == 1
+    assert sample_value(text, "accelmon_gpu_energy_joules_total", gpu="1") is not None
 
 
 def test_without_the_package_the_collector_says_why_and_serves_nothing(monkeypatch, caplog):

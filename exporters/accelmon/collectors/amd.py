@@ -247,12 +247,19 @@ class AmdCollector(Collector):
         if slow:
             self._next_slow = now + self.slow_interval
         for gpu in self._gpus:
+            # A GPU's series are kept only if all its reads answered: one failing half-way serves none but up 0.
+            mine = Samples()
             try:
-                self._sample_gpu(gpu, out, slow)
-                out.add(UP, [str(gpu.index), gpu.uuid], 1)
+                self._sample_gpu(gpu, mine, slow)
             except GpuNotAnsweringError as error:
                 log.debug("GPU %d: %s", gpu.index, error)
+                gpu.slow = Samples()  # read again once it answers
                 out.add(UP, [str(gpu.index), gpu.uuid], 0)
+                continue
+            for spec, rows in mine.rows.items():
+                for values, value in rows:
+                    out.add(spec, values, value)
+            out.add(UP, [str(gpu.index), gpu.uuid], 1)
         return out
 
     def _call(self, gpu: AmdGpu, key: str, function: Callable[..., Any], *args: Any) -> Any:
@@ -343,7 +350,7 @@ class AmdCollector(Collector):
             put(current, (self._call(gpu, f"clock_{kind}", smi.amdsmi_get_clock_info, clock) or {}).get("clk"), MHZ)
             put(maximum, gpu.max_clocks[kind], MHZ)
         self._sample_metrics(gpu, out, labels, activity.get("gfx_activity"))
-        if slow:
+        if slow or not gpu.slow.rows:  # or the GPU just answered again
             gpu.slow = Samples()
             self._sample_counters(gpu, gpu.slow, labels)
         for spec, rows in gpu.slow.rows.items():
