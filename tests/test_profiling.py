@@ -63,6 +63,32 @@ def test_gpm_when_no_host_engine(fake_dcgm, fake_nvml):
         collector.stop()
 
 
+def test_gpm_per_mig_instance(fake_dcgm, fake_nvml):
+    """A GPU in MIG mode: each GPU instance gets its own GPM windows (nvmlGpmMigSampleGet), so a job given an instance
+    sees what it used of that instance; the whole GPU's series stay as they are."""
+    fake_nvml.configure("gpus 2\nmig 1 2\ngpm 0\ngpm 1\n")
+    clock = ManualClock()
+    collector = make(clock, interval=0.2)
+    try:
+        time.sleep(0.11)
+        clock.now += 0.2
+        text = sample(collector)
+        promtool_check(text)
+        # The fake's SM activity: 50 % + the GPU index, 5 % more per instance id (1 and 2 on GPU 1).
+        for instance, ratio in (("1", 0.56), ("2", 0.61)):
+            assert value(text, "accelmon_gpu_mig_sm_active_ratio", gpu="1", gpu_instance_id=instance) == (
+                pytest.approx(ratio)
+            )
+            assert value(text, "accelmon_gpu_mig_tensor_active_ratio", gpu="1", gpu_instance_id=instance) == (
+                pytest.approx(0.40)
+            )
+        assert value(text, "accelmon_gpu_mig_sm_active_ratio", gpu="0") is None  # not in MIG mode
+        assert value(text, "accelmon_gpu_sm_active_ratio", gpu="1") == pytest.approx(0.51)
+        assert fake_nvml.calls_of("nvmlGpmMigSampleGet") == 4  # two windows' ends, two instances
+    finally:
+        collector.stop()
+
+
 def test_no_backend_is_no_data_and_no_failure(fake_dcgm, fake_nvml):
     fake_nvml.configure("gpus 2\n")  # no GPM anywhere, no host engine
     collector = make()

@@ -18,7 +18,8 @@
  *   profile h100                what a real H100 SXM answered: cost h100, fan speed and retired-page fields
  *                               29-31 NOT_SUPPORTED, driver 580.159.04
  *   hang FUNC                   FUNC blocks until fakeNvmlRelease() is called
- *   gpm I                       GPU I supports GPM (profiling metrics)
+ *   gpm I                       GPU I supports GPM (profiling metrics); with `mig I COUNT` too, each MIG instance
+ *                               answers nvmlGpmMigSampleGet (SM util 5 % more per instance id)
  *   pcie I GEN WIDTH            GPU I's PCIe link trained at generation GEN and WIDTH lanes (default: 5 and 16, the
  *                               maximum of an H100 SXM in a Gen5 slot; an idle GPU runs at generation 1, as real
  *                               GPUs drop their link speed when idle)
@@ -222,6 +223,7 @@ static const struct { const char *fn; double ms; } call_cost_ms[] = {
     {"nvmlDeviceGetPowerUsage", 0.03},
     {"nvmlDeviceGetSamples", 0.47},               /* power samples; GPU-utilization samples cost 2.7 */
     {"nvmlGpmSampleGet", 0.35},
+    {"nvmlGpmMigSampleGet", 0.35},                /* assumed as the GPU's: unmeasured (no H100 in MIG mode lent) */
     {"nvmlGpmMetricsGet", 0.0},                   /* charged per metric: 0.18 ms each */
     {"nvmlDeviceGetFieldValues", 0.05},           /* plus field_cost_ms per field */
     {"nvmlEventSetWait_v2", 0.0},                 /* waiting costs no CPU: 0.3 ms per 2 s timeout */
@@ -677,7 +679,7 @@ nvmlReturn_t nvmlEventSetWait_v2(event_set_t *set, event_data_t *data, unsigned 
 
 /* ---- GPM (Hopper and newer): profiling metrics from two samples ---- */
 typedef struct { unsigned int version; unsigned int isSupportedDevice; } gpm_support_t;
-typedef struct { int device; unsigned long long taken; } gpm_sample_t;
+typedef struct { int device; unsigned int gpu_instance; unsigned long long taken; } gpm_sample_t;
 typedef struct { char *shortName, *longName, *unit; } metric_info_t;
 typedef struct { unsigned int metricId; nvmlReturn_t nvmlReturn; double value; metric_info_t metricInfo; } gpm_metric_t;
 #define GPM_METRIC_MAX 477
@@ -698,18 +700,31 @@ nvmlReturn_t nvmlGpmSampleAlloc(gpm_sample_t **sample) {
     return *sample ? OK : ERR_UNKNOWN;
 }
 nvmlReturn_t nvmlGpmSampleFree(gpm_sample_t *sample) { ENTER(); free(sample); return OK; }
+static void take_sample(gpm_sample_t *sample, int device, unsigned int gpu_instance) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    sample->device = device;
+    sample->gpu_instance = gpu_instance;
+    sample->taken = (unsigned long long)now.tv_sec * 1000000000ULL + (unsigned long long)now.tv_nsec;
+}
 nvmlReturn_t nvmlGpmSampleGet(device_t *d, gpm_sample_t *sample) {
     DEVICE(d);
     if (!gpm_supported[d->index]) return ERR_NOT_SUPPORTED;
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    sample->device = d->index;
-    sample->taken = (unsigned long long)now.tv_sec * 1000000000ULL + (unsigned long long)now.tv_nsec;
+    take_sample(sample, d->index, 0);
     return OK;
 }
-static int gpm_value(int gpu, unsigned int id, double *value) {
+/* A MIG instance's sample (nvml.h: Hopper and later, GPU instance ids as nvmlDeviceGetGpuInstanceId gives them; the
+ * fake's are 1..COUNT). Unmeasured on a real H100 in MIG mode: written from nvml.h. */
+nvmlReturn_t nvmlGpmMigSampleGet(device_t *d, unsigned int gpu_instance, gpm_sample_t *sample) {
+    DEVICE(d);
+    if (!gpm_supported[d->index]) return ERR_NOT_SUPPORTED;
+    if (gpu_instance < 1 || (int)gpu_instance > mig_count[d->index]) return ERR_INVALID_ARGUMENT;
+    take_sample(sample, d->index, gpu_instance);
+    return OK;
+}
+static int gpm_value(int gpu, unsigned int gpu_instance, unsigned int id, double *value) {
     switch (id) {
-    case 2: *value = 50.0 + gpu; return 1;      /* SM util % */
+    case 2: *value = 50.0 + gpu + 5.0 * gpu_instance; return 1;  /* SM util %; a MIG instance adds 5 % per id */
     case 3: *value = 25.0; return 1;            /* SM occupancy % */
     case 5: *value = 40.0; return 1;            /* any tensor % */
     case 10: *value = 30.0; return 1;           /* DRAM bandwidth % */
@@ -732,7 +747,8 @@ nvmlReturn_t nvmlGpmMetricsGet(gpm_metrics_get_t *request) {
     int too_close = request->sample2->taken - request->sample1->taken < 100000000ULL;
     for (unsigned int k = 0; k < request->numMetrics; k++) {
         gpm_metric_t *m = &request->metrics[k];
-        m->nvmlReturn = gpm_value(request->sample2->device, m->metricId, &m->value) ? OK : ERR_NOT_SUPPORTED;
+        m->nvmlReturn = gpm_value(request->sample2->device, request->sample2->gpu_instance, m->metricId, &m->value)
+                            ? OK : ERR_NOT_SUPPORTED;
         if (too_close && m->nvmlReturn == OK) m->value = m->metricId == 10 ? NAN : 0.0;
     }
     return OK;

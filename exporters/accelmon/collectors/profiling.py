@@ -203,6 +203,18 @@ COUNTERS = [
         MIB,
     ),
 ]
+# Per MIG instance, through GPM only (nvmlGpmMigSampleGet: Hopper and later; DCGM's per-instance fields are not
+# read): the share of the instance's own SMs and memory, what a job given the instance used of it.
+MIG = (*GPU, "gpu_instance_id")
+MIG_COUNTERS = {
+    COUNTERS[0].spec: C.gauge("accelmon_gpu_mig_sm_active_ratio", "SM active, over the MIG instance's SMs (GPM).", MIG),
+    COUNTERS[2].spec: C.gauge(
+        "accelmon_gpu_mig_tensor_active_ratio", "Tensor pipes active in the MIG instance (GPM).", MIG
+    ),
+    COUNTERS[3].spec: C.gauge(
+        "accelmon_gpu_mig_dram_active_ratio", "Device memory busy for the MIG instance (GPM).", MIG
+    ),
+}
 DCGM_FIELDS = [c.dcgm_field for c in COUNTERS] + [1001]  # 1001 (graphics engine active) keeps the group valid on
 # every DCGM version; it is watched but not exported (accelmon_gpu_utilization_ratio covers it).
 # DCGM's blank sentinels start here (DCGM_FT_FP64_BLANK 140737488355328.0, DCGM_FT_INT64_BLANK 0x7ffffffffffffff0).
@@ -210,6 +222,7 @@ FP64_BLANK = 140737488355328.0
 INT64_BLANK = 0x7FFFFFFFFFFFFFF0
 
 Readings = dict[int, tuple[str, dict[Any, float]]]  # gpu index -> (uuid, {spec: value})
+MigReadings = dict[tuple[int, int], tuple[str, dict[Any, float]]]  # (gpu index, GPU instance id) -> the same
 
 
 def dcgm_modules(bindings_paths: tuple[str, ...]) -> tuple[ModuleType, ModuleType] | None:
@@ -316,9 +329,11 @@ class GpmBackend:
         self.max_window = 3.0 * interval + 1.0
         self._clock = clock
         self._gpus: dict[int, tuple[Any, str]] = {}
-        self._samples: dict[int, list[Any]] = {}
-        self._window_start: dict[int, float] = {}  # gpu index -> monotonic time its first sample was taken
+        # Sample pairs and window starts per (GPU index, GPU instance id): instance 0 is the whole GPU.
+        self._samples: dict[tuple[int, int], list[Any]] = {}
+        self._window_start: dict[tuple[int, int], float] = {}
         self._initialized = False
+        self.mig_readings: MigReadings = {}  # the latest read's MIG instances
 
     def open(self) -> bool:
         nvml = self.nvml
@@ -335,9 +350,9 @@ class GpmBackend:
                     continue
                 uuid = nvml.nvmlDeviceGetUUID(handle)
                 self._gpus[index] = (handle, uuid if isinstance(uuid, str) else uuid.decode())
-                self._samples[index] = [nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()]
-                nvml.nvmlGpmSampleGet(handle, self._samples[index][0])
-                self._window_start[index] = self._clock()
+                self._start_window((index, 0))
+                for instance in self._mig_instances(handle):
+                    self._start_window((index, instance))
             except nvml.NVMLError as error:
                 log.info("GPU %d: no GPM (%s)", index, error)
                 self._gpus.pop(index, None)
@@ -347,23 +362,65 @@ class GpmBackend:
         log.info("profiling through NVML GPM on GPU(s) %s", ", ".join(map(str, sorted(self._gpus))))
         return True
 
+    def _mig_instances(self, handle: Any) -> list[int]:
+        """The GPU instance ids of a GPU in MIG mode (none otherwise), as the GPU had them when profiling started."""
+        nvml = self.nvml
+        try:
+            if nvml.nvmlDeviceGetMigMode(handle)[0] != 1:
+                return []
+            count = nvml.nvmlDeviceGetMaxMigDeviceCount(handle)
+        except nvml.NVMLError:
+            return []
+        instances = []
+        for slot in range(count):
+            try:
+                mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+                instances.append(int(nvml.nvmlDeviceGetGpuInstanceId(mig)))
+            except nvml.NVMLError:
+                continue  # an empty slot
+        return instances
+
+    def _take(self, key: tuple[int, int], sample: Any) -> None:
+        handle = self._gpus[key[0]][0]
+        if key[1]:
+            self.nvml.nvmlGpmMigSampleGet(handle, key[1], sample)
+        else:
+            self.nvml.nvmlGpmSampleGet(handle, sample)
+
+    def _start_window(self, key: tuple[int, int]) -> None:
+        samples = [self.nvml.nvmlGpmSampleAlloc(), self.nvml.nvmlGpmSampleAlloc()]
+        self._samples[key] = samples
+        try:
+            self._take(key, samples[0])
+        except self.nvml.NVMLError as error:
+            log.info("GPU %d instance %d: no GPM sample (%s)", key[0], key[1], error)
+            for sample in self._samples.pop(key):
+                self.nvml.nvmlGpmSampleFree(sample)
+            if key[1] == 0:
+                raise
+            return
+        self._window_start[key] = self._clock()
+
     def read(self) -> Readings:
         nvml = self.nvml
         readings: Readings = {}
+        mig_readings: MigReadings = {}
         wanted = [c for c in COUNTERS if c.gpm_metric is not None]
-        for index, (handle, uuid) in self._gpus.items():
-            previous, current = self._samples[index]
+        for key in list(self._samples):
+            index, instance = key
+            uuid = self._gpus[index][1]
+            previous, current = self._samples[key]
             try:
-                nvml.nvmlGpmSampleGet(handle, current)
+                self._take(key, current)
             except nvml.NVMLError as error:
-                log.debug("GPU %d: GPM sample failed: %s", index, error)
+                log.debug("GPU %d instance %d: GPM sample failed: %s", index, instance, error)
                 continue
             now = self._clock()
-            window = now - self._window_start[index]
+            window = now - self._window_start[key]
             if window < self.min_window:
                 continue  # keep the older first sample: the window grows until it is full
-            self._samples[index] = [current, previous]  # this sample starts the next window
-            self._window_start[index] = now
+            self._samples[key] = [current, previous]  # this sample starts the next window
+            self._window_start[key] = now
             if window > self.max_window:
                 log.debug("GPU %d: GPM window of %.1f s after a gap dropped", index, window)
                 continue
@@ -383,7 +440,11 @@ class GpmBackend:
                 for slot, counter in enumerate(wanted)
                 if request.metrics[slot].nvmlReturn == 0
             }
-            readings[index] = (uuid, values)
+            if instance:
+                mig_readings[key] = (uuid, {MIG_COUNTERS[k]: v for k, v in values.items() if k in MIG_COUNTERS})
+            else:
+                readings[index] = (uuid, values)
+        self.mig_readings = mig_readings
         return readings
 
     def close(self) -> None:
@@ -476,6 +537,9 @@ class ProfilingCollector(Collector):
             for counter in COUNTERS:
                 if counter.spec in values:
                     out.add(counter.spec, (str(gpu), uuid), values[counter.spec])
+        for (gpu, instance), (uuid, values) in sorted(getattr(self.active, "mig_readings", {}).items()):
+            for spec, value in values.items():
+                out.add(spec, (str(gpu), uuid, str(instance)), value)
         return out
 
     def stop(self) -> None:
