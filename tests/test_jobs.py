@@ -8,6 +8,7 @@ import subprocess
 import pytest
 
 from accelmon.collectors import jobs
+from accelmon.collectors.nvml import NvmlSession
 from tests.support.exposition import promtool_check, sample_value
 from tests.support.jobs_tree import MINORS, nvidia_procfs, slurm_job_cgroup, uuid
 from tests.support.paths import ROOT
@@ -83,6 +84,24 @@ def test_a_job_without_gpus_unknown_gpus_and_mig(host):
     # whole GPUs only) is kept with its own UUID, which the NVML collector's MIG series carry.
     assert info(samples) == {("1", uuid(1), "8", "", ""), ("", "MIG-1c2d3e4f-aaaa", "8", "", "")}
     assert value(samples, jobs.UNRESOLVED) == 2
+
+
+def test_a_uuid_the_driver_files_do_not_list_gets_its_index_from_nvml(fake_nvml, tmp_path):
+    """No /proc/driver/nvidia (the exporter in a container): NVML names the GPU; a UUID NVML lacks stays unresolved."""
+    fake_nvml.configure("gpus 2\n")
+    state = tmp_path / "jobs"
+    state.mkdir()
+    slurm("prolog", state, SLURM_JOB_ID="11", SLURM_JOB_GPUS="GPU-00000001-0000-4000-8000-000000000000,GPU-gone")
+    collector = jobs.JobsCollector(str(state), str(tmp_path / "no-proc"), NvmlSession("test"))
+    try:
+        samples = collector.sample()
+        assert info(samples) == {("1", "GPU-00000001-0000-4000-8000-000000000000", "11", "", "")}
+        assert value(samples, jobs.UNRESOLVED) == 1
+        listed = fake_nvml.calls_of("nvmlDeviceGetCount_v2")
+        collector.sample()
+        assert fake_nvml.calls_of("nvmlDeviceGetCount_v2") == listed  # the missing UUID is not asked again at once
+    finally:
+        collector.stop()
 
 
 def test_values_cannot_forge_keys_and_bad_input_never_fails_the_job(host, tmp_path):

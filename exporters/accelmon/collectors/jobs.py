@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from accelmon.collectors.nvml import NvmlSession
 from accelmon.core import Catalogue, Collector, Samples
 from accelmon.registry import Option, Paths, Registration, register, seconds
 
@@ -59,6 +60,7 @@ MALFORMED = CATALOGUE.counter(
 KEYS = ("scheduler", "job_id", "user", "account", "gpus")
 MAX_VALUE = 256  # a label value longer than this is cut: a record is input from a script, not trusted to be small
 MAX_RECORD_BYTES = 64 * 1024
+NVML_REFRESH_SECONDS = 60.0  # a UUID NVML did not list is asked about again at most this often
 # The job records' directory: one declaration, which job_resources shares and the role reads through
 # `--check-config --json` (the prolog and epilog default to it too).
 STATE_DIR = Option("state_dir", "/run/accelmon/jobs", "where the scheduler's prolog writes one record per job")
@@ -206,9 +208,14 @@ def recorded_job_ids(state_dir: str) -> set[str]:
 class JobsCollector(Collector):
     name = "jobs"
 
-    def __init__(self, state_dir: str, procfs: str) -> None:
+    def __init__(self, state_dir: str, procfs: str, nvml: NvmlSession | None = None) -> None:
         self.state_dir = state_dir
         self.procfs = procfs
+        # NVML names a GPU by UUID where the driver's procfs files do not (a container without /proc/driver/nvidia):
+        # asked only then, its answer kept until a UUID it did not list turns up.
+        self.nvml = nvml
+        self._nvml_indices: dict[str, str] = {}
+        self._nvml_asked = -NVML_REFRESH_SECONDS  # monotonic time of the last listing
         self.malformed = 0
         self._counted: dict[str, tuple[int, int]] = {}  # record -> (mtime_ns, size) whose bad lines were counted
 
@@ -241,6 +248,8 @@ class JobsCollector(Collector):
                     gpu = by_minor[token]
                 elif token in by_uuid:
                     gpu = by_uuid[token]
+                elif token.startswith("GPU-") and UUID.match(token) and self._nvml_index(token):
+                    gpu = Gpu(self._nvml_indices[token], token)
                 elif UUID.match(token) and token.startswith("MIG-"):
                     gpu = Gpu("", token)  # a MIG instance (the driver lists GPUs only): joined by its own UUID
                 else:
@@ -257,6 +266,19 @@ class JobsCollector(Collector):
         out.add(MALFORMED, (), self.malformed)
         return out
 
+    def _nvml_index(self, uuid: str) -> bool:
+        """Whether NVML lists a GPU of this UUID (its index kept in _nvml_indices)."""
+        now = time.monotonic()
+        if uuid not in self._nvml_indices and self.nvml is not None and now - self._nvml_asked >= NVML_REFRESH_SECONDS:
+            self._nvml_asked = now
+            found = self.nvml.gpus() or []
+            self._nvml_indices = {gpu_uuid: str(index) for index, _, gpu_uuid in found if gpu_uuid}
+        return uuid in self._nvml_indices
+
+    def stop(self) -> None:
+        if self.nvml is not None:
+            self.nvml.close()
+
 
 def _has_state_dir(paths: Paths, options: dict[str, object]) -> bool:
     return os.path.isdir(str(options["state_dir"]))
@@ -266,7 +288,9 @@ register(
     Registration(
         name="jobs",
         help="batch jobs holding GPUs, from scheduler prolog records (default: on where the state directory exists)",
-        build=lambda options, paths: JobsCollector(str(options["state_dir"]), paths.procfs),
+        build=lambda options, paths: JobsCollector(
+            str(options["state_dir"]), paths.procfs, NvmlSession("no GPU index for job records that name GPUs by UUID")
+        ),
         catalogue=CATALOGUE,
         options=(
             seconds("interval_seconds", 5, "how often the job records are read"),

@@ -664,12 +664,13 @@ class NvmlSession:
         cannot be opened (no driver: retried at the next call)."""
         nvml = self.nvml
         try:
-            nvml.nvmlInit()
+            if not self.open:  # once per session: NVML counts its inits
+                nvml.nvmlInit()
+                self.open = True
             count = nvml.nvmlDeviceGetCount()
         except nvml.NVMLError as error:
             log.info("NVML not available (%s): %s", error, self.purpose)
             return None
-        self.open = True
         found: list[tuple[int, Any, str]] = []
         for index in range(count):
             try:
