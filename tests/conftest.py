@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -49,6 +49,22 @@ def fake_nvml(fake_nvml_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     fake = FakeNvml.load(fake_nvml_dir, config)
     yield fake
     fake.release()
+
+
+@pytest.fixture
+def started() -> Iterator[Callable[[Any], Any]]:
+    """start(collector): the collector started, and stopped when the test ends (after its fakes' own teardown,
+    which releases any call a test left hanging)."""
+    made: list[Any] = []
+
+    def start(collector: Any) -> Any:
+        collector.start()
+        made.append(collector)
+        return collector
+
+    yield start
+    for collector in made:
+        collector.stop()
 
 
 @pytest.fixture(scope="session")

@@ -26,21 +26,15 @@ GIB = 2**30
 
 
 @pytest.fixture
-def make(fake_amdsmi):
+def make(fake_amdsmi, started):
     """A started collector over the fake configured with `config`, on a clock the test moves."""
-    made = []
 
     def build(config: str = "") -> tuple[AmdCollector, ManualClock]:
         fake_amdsmi.configure(config)
         clock = ManualClock()
-        collector = AmdCollector(slow_interval=30, clock=clock)
-        collector.start()
-        made.append(collector)
-        return collector, clock
+        return started(AmdCollector(slow_interval=30, clock=clock)), clock
 
-    yield build
-    for collector in made:
-        collector.stop()
+    return build
 
 
 def read(collector: AmdCollector) -> str:

@@ -25,20 +25,13 @@ def procfs(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def make_collector(fake_nvml, procfs) -> Iterator[Callable[[str], FabricCollector]]:
-    made: list[FabricCollector] = []
-
+def make_collector(fake_nvml, procfs, started) -> Iterator[Callable[[str], FabricCollector]]:
     def make(config: str) -> FabricCollector:
         fake_nvml.configure(config)
-        collector = FabricCollector(procfs=str(procfs))
-        collector.start()
-        made.append(collector)
-        return collector
+        return started(FabricCollector(procfs=str(procfs)))
 
     yield make
     fake_nvml.release()
-    for collector in made:
-        collector.stop()
 
 
 def read(collector: FabricCollector) -> str:

@@ -15,23 +15,17 @@ UUID1 = "GPU-00000001-0000-4000-8000-000000000000"
 
 
 @pytest.fixture
-def make(fake_nvml, tmp_path):
+def make(fake_nvml, tmp_path, started):
     """A collector over the fake driver configured with `config`; pids 501 in job 100, 502 in job 200 (cgroup v2)."""
     cgroup = tmp_path / "cgroup"
     slurm_job_cgroup(cgroup, 100, (501,))
     slurm_job_cgroup(cgroup, 200, (502, 504))
-    made = []
 
     def build(config: str) -> GpuProcessesCollector:
         fake_nvml.configure(config)
-        collector = GpuProcessesCollector(job_of=JobOfProcess(str(cgroup)))
-        collector.start()
-        made.append(collector)
-        return collector
+        return started(GpuProcessesCollector(job_of=JobOfProcess(str(cgroup))))
 
-    yield build
-    for collector in made:
-        collector.stop()
+    return build
 
 
 def read(collector: GpuProcessesCollector) -> str:

@@ -18,20 +18,13 @@ UUID1 = "GPU-00000001-0000-4000-8000-000000000000"
 
 
 @pytest.fixture
-def make_collector(fake_nvml) -> Iterator[Callable[..., NvmlCollector]]:
-    made: list[NvmlCollector] = []
-
+def make_collector(fake_nvml, started) -> Iterator[Callable[..., NvmlCollector]]:
     def make(config: str = "", **options) -> NvmlCollector:
         fake_nvml.configure(config)
-        collector = NvmlCollector(**options)
-        collector.start()
-        made.append(collector)
-        return collector
+        return started(NvmlCollector(**options))
 
     yield make
     fake_nvml.release()
-    for collector in made:
-        collector.stop()
 
 
 class Reading:

@@ -75,6 +75,11 @@ class Samples:
             rows = self.rows[spec] = []
         rows.append((labels if isinstance(labels, tuple) else tuple(labels), value))
 
+    def extend(self, other: Samples) -> None:
+        """Every series of `other` added to this sample."""
+        for spec, rows in other.rows.items():
+            self.rows.setdefault(spec, []).extend(rows)
+
 
 class _Families:
     """What prometheus_client's exposition functions collect from: the metric families of one sample."""

@@ -256,9 +256,7 @@ class AmdCollector(Collector):
                 gpu.slow = Samples()  # read again once it answers
                 out.add(UP, [str(gpu.index), gpu.uuid], 0)
                 continue
-            for spec, rows in mine.rows.items():
-                for values, value in rows:
-                    out.add(spec, values, value)
+            out.extend(mine)
             out.add(UP, [str(gpu.index), gpu.uuid], 1)
         return out
 
@@ -353,9 +351,7 @@ class AmdCollector(Collector):
         if slow or not gpu.slow.rows:  # or the GPU just answered again
             gpu.slow = Samples()
             self._sample_counters(gpu, gpu.slow, labels)
-        for spec, rows in gpu.slow.rows.items():
-            for values, value in rows:
-                out.add(spec, values, value)
+        out.extend(gpu.slow)
 
     def _sample_metrics(self, gpu: AmdGpu, out: Samples, labels: tuple[str, str], gfx_activity: Any) -> None:
         """gpu_metrics through the bindings' C layer: the Python layer folds the throttle mask into a bool."""
