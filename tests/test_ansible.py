@@ -301,11 +301,21 @@ def test_the_unit_joins_the_gpu_groups_only_on_amd_hosts(tmp_path, groups):
             ["CAP_SYSLOG"],
             ["ProtectKernelLogs=no", "CapabilityBoundingSet=CAP_SYSLOG", "AmbientCapabilities=CAP_SYSLOG"],
         ),
+        (
+            ["CAP_PERFMON"],
+            [
+                "ProtectKernelLogs=yes",
+                "CapabilityBoundingSet=CAP_PERFMON",
+                "AmbientCapabilities=CAP_PERFMON",
+                "SystemCallFilter=perf_event_open",
+            ],
+        ),
     ],
 )
 def test_the_unit_grants_only_the_capabilities_the_exporter_asks_for(tmp_path, capabilities, expected):
     """The exporter's plan (--check-config --json) names CAP_SYSLOG where the kernel_log collector may run: the
-    unit grants it and lets the kernel log be read; elsewhere no capability and ProtectKernelLogs stay as before."""
+    unit grants it and lets the kernel log be read; CAP_PERFMON where job_perf is enabled, with perf_event_open let
+    through the system-call filter; elsewhere no capability, ProtectKernelLogs and the filter stay as before."""
     unit = tmp_path / "accelmon-exporter.service"
     variables = {
         "__accelmon_exporter_web_config": {},
@@ -317,6 +327,7 @@ def test_the_unit_grants_only_the_capabilities_the_exporter_asks_for(tmp_path, c
         line
         for line in lines
         if line.split("=")[0] in ("ProtectKernelLogs", "CapabilityBoundingSet", "AmbientCapabilities")
+        or line == "SystemCallFilter=perf_event_open"
     ]
     assert chosen == expected
 

@@ -4,25 +4,41 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from accelmon.collectors import jobs
 from accelmon.collectors.nvml import NvmlSession
+from tests.support.ansible import render_role_template
 from tests.support.exposition import promtool_check, sample_value
 from tests.support.jobs_tree import MINORS, nvidia_procfs, slurm_job_cgroup, uuid
-from tests.support.paths import ROOT
 from tests.support.processes import exporter_env, run_once
 
-SCRIPTS = ROOT / "ansible" / "roles" / "accelmon_exporter" / "files"
+
+@pytest.fixture(scope="module")
+def scripts(tmp_path_factory) -> Path:
+    """The role's prolog and epilog as Ansible renders them, their state directory a symlink (`state`) that
+    `slurm` points at each test's own directory: rendered once, run many times."""
+    rendered = tmp_path_factory.mktemp("slurm-scripts")
+    for script in ("prolog", "epilog"):
+        render_role_template(
+            "accelmon_exporter", f"slurm-{script}.sh.j2", rendered / f"{script}.sh",
+            {"__accelmon_exporter_jobs_dir": str(rendered / "state")},
+        )  # fmt: skip
+    return rendered
 
 
-def slurm(script: str, state_dir, **env: str) -> subprocess.CompletedProcess[str]:
-    """Runs the prolog or epilog as slurmd would: as root, with the job's SLURM_* variables and no PATH."""
-    environment = {"ACCELMON_JOBS_DIR": str(state_dir), **env}
-    return subprocess.run(
-        ["/bin/sh", str(SCRIPTS / f"slurm-{script}.sh")], env=environment, capture_output=True, text=True
-    )
+@pytest.fixture
+def slurm(scripts):
+    def run(script: str, state_dir, **env: str) -> subprocess.CompletedProcess[str]:
+        """Runs the prolog or epilog as slurmd would: as root, with the job's SLURM_* variables and no PATH."""
+        link = scripts / "state"
+        link.unlink(missing_ok=True)
+        link.symlink_to(state_dir)  # dangling where the test's directory does not exist: no state directory
+        return subprocess.run(["/bin/sh", str(scripts / f"{script}.sh")], env=env, capture_output=True, text=True)
+
+    return run
 
 
 def info(samples) -> set[tuple[str, ...]]:
@@ -40,7 +56,7 @@ def host(tmp_path):
     return state, nvidia_procfs(tmp_path / "proc")
 
 
-def test_slurm_index_is_the_device_minor_not_nvmls_index(host):
+def test_slurm_index_is_the_device_minor_not_nvmls_index(host, slurm):
     """Slurm's GPU 0 is /dev/nvidia0; on this host that GPU is second in PCI bus order, so NVML calls it 1."""
     state, procfs = host
     assert slurm("prolog", state, SLURM_JOB_ID="4242", SLURM_JOB_USER="alice", SLURM_JOB_ACCOUNT="physics",
@@ -55,7 +71,7 @@ def test_slurm_index_is_the_device_minor_not_nvmls_index(host):
     assert value(samples, jobs.JOBS) == 1 and value(samples, jobs.UNRESOLVED) == 0
 
 
-def test_uuids_shared_gpus_and_the_epilog(host):
+def test_uuids_shared_gpus_and_the_epilog(host, slurm):
     state, procfs = host
     # Recent Slurm: UUIDs. Two jobs share GPU 3 (a shared GRES): two info series for it.
     slurm("prolog", state, SLURM_JOB_ID="1", SLURM_JOB_USER="alice", SLURM_JOB_GPUS=f"{uuid(3)},{uuid(1)}")
@@ -74,7 +90,7 @@ def test_uuids_shared_gpus_and_the_epilog(host):
     assert os.listdir(state) == []
 
 
-def test_a_job_without_gpus_unknown_gpus_and_mig(host):
+def test_a_job_without_gpus_unknown_gpus_and_mig(host, slurm):
     state, procfs = host
     slurm("prolog", state, SLURM_JOB_ID="7", SLURM_JOB_USER="carol")  # a CPU-only job
     slurm("prolog", state, SLURM_JOB_ID="8", SLURM_JOB_GPUS="0,9,GPU-not-here,MIG-1c2d3e4f-aaaa")
@@ -86,7 +102,7 @@ def test_a_job_without_gpus_unknown_gpus_and_mig(host):
     assert value(samples, jobs.UNRESOLVED) == 2
 
 
-def test_a_uuid_the_driver_files_do_not_list_gets_its_index_from_nvml(fake_nvml, tmp_path):
+def test_a_uuid_the_driver_files_do_not_list_gets_its_index_from_nvml(fake_nvml, tmp_path, slurm):
     """No /proc/driver/nvidia (the exporter in a container): NVML names the GPU; a UUID NVML lacks stays unresolved."""
     fake_nvml.configure("gpus 2\n")
     state = tmp_path / "jobs"
@@ -104,7 +120,7 @@ def test_a_uuid_the_driver_files_do_not_list_gets_its_index_from_nvml(fake_nvml,
         collector.stop()
 
 
-def test_values_cannot_forge_keys_and_bad_input_never_fails_the_job(host, tmp_path):
+def test_values_cannot_forge_keys_and_bad_input_never_fails_the_job(host, tmp_path, slurm):
     state, procfs = host
     result = slurm("prolog", state, SLURM_JOB_ID="9", SLURM_JOB_USER="eve\ngpus=0,1,2,3", SLURM_JOB_GPUS="2")
     assert result.returncode == 0
@@ -132,7 +148,7 @@ def test_malformed_records_are_skipped_and_counted_once(host):
     assert value(collector.sample(), jobs.MALFORMED) == 3
 
 
-def test_exporter_serves_job_info_that_passes_promtool(tmp_path, fake_nvml_dir):
+def test_exporter_serves_job_info_that_passes_promtool(tmp_path, fake_nvml_dir, slurm):
     state = tmp_path / "jobs"
     state.mkdir()
     procfs = nvidia_procfs(tmp_path / "proc")

@@ -76,6 +76,7 @@ def test_each_nodes_hardware_is_in_the_summary_and_the_html(job_100):
     (host,) = summary["hosts"]
     # The simulated node's node_exporter reads this machine's /proc; its exporter the fake NVML's H100s.
     assert host["node"] == "gpu-node-1" and host["cpus"] == os.cpu_count()
+    assert host["counters_unavailable"] == ["all (collector job_perf off)"]  # the simulated node counts no perf events
     assert host["memory_bytes"] == pytest.approx(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), rel=0.05)
     models = {line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")}
     assert host["cpu_model"] == ", ".join(sorted(models)) and host["sockets"] >= 1
@@ -218,6 +219,10 @@ def test_the_cpu_side_efficiency_energy_share_and_findings():
                 "job_memory_used_bytes": (31 if node == "n1" else 8) * 2**30, "job_memory_limit_bytes": 32 * 2**30,
                 "job_swap_used_bytes": 2**29 if node == "n1" else 0.0, "job_io_bytes_per_second": 2**20,
                 "cpu_power_watts": power, "job_cpu_share": share,
+                # perf counters: n1 retires 0.4 instructions per cycle (memory-bound), n2 2.5
+                "job_instructions_per_second": 2e9 if node == "n1" else 5e9,
+                "job_cycles_per_second": 5e9 if node == "n1" else 2e9,
+                "job_flops": 3e9, "job_double_flops": 1e9, "job_cache_misses_per_second": 1e8,
             }  # fmt: skip
             for metric, value in values.items():
                 gpu, uuid = ("0", "GPU-a" if node == "n1" else "GPU-b") if metric == "utilization" else ("", "")
@@ -237,10 +242,17 @@ def test_the_cpu_side_efficiency_energy_share_and_findings():
         "n1: GPUs mostly idle (10 %) while the job's 8 CPUs were saturated (95 %): input-bound; more data-loader "
         "workers or CPUs per GPU",
         "n1: memory peaked at 97 % of the job's limit: close to being killed",
+        "n1: the job's CPU code retired 0.40 instructions per cycle on busy cores: stalled on memory; look at data "
+        "layout or memory-bound preprocessing",
         "n1: the job swapped (512 MiB at peak)",
     ]
+    assert n1["job_instructions_per_cycle"] == pytest.approx(0.4) and n2["job_instructions_per_cycle"] == pytest.approx(
+        2.5
+    )
+    assert n1["job_flops_mean"] == pytest.approx(3e9) and n1["job_double_flops_mean"] == pytest.approx(1e9)
+    assert n1["job_cache_miss_bytes_per_second"] == pytest.approx(64e8)
     page = module.html(summary, [], "http://127.0.0.1:9090")
-    assert "input-bound" in page and "CPU efficiency" in page
+    assert "input-bound" in page and "CPU efficiency" in page and "instructions per cycle" in page
 
 
 # --- Bad input: a clear message and a non-zero exit, never a traceback ----------------------------------------------

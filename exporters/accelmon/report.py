@@ -85,6 +85,26 @@ NODE_METRICS = (
     ("job_io_bytes_per_second",
      'sum by (node) (rate(accelmon_job_io_bytes_total{{job_id="{job}",node=~"{nodes}"}}[{window}]))',
      "B/s", "The job's block I/O"),
+    # The job's perf counters (collector job_perf, where enabled): IPC, FLOPS, cache misses, context switches.
+    ("job_instructions_per_second",
+     'sum by (node) (rate(accelmon_job_instructions_total{{job_id="{job}",node=~"{nodes}"}}[{window}]))',
+     "1/s", "The job's instructions retired"),
+    ("job_cycles_per_second",
+     'sum by (node) (rate(accelmon_job_cpu_cycles_total{{job_id="{job}",node=~"{nodes}"}}[{window}]))',
+     "1/s", "The job's CPU cycles"),
+    ("job_flops",
+     'sum by (node) (rate(accelmon_job_floating_point_operations_total{{job_id="{job}",node=~"{nodes}"}}[{window}]))',
+     "FLOP/s", "The job's floating-point operations"),
+    ("job_double_flops",
+     'sum by (node) (rate(accelmon_job_floating_point_operations_total{{job_id="{job}",precision="double",'
+     'node=~"{nodes}"}}[{window}]))',
+     "FLOP/s", "The job's double-precision operations"),
+    ("job_cache_misses_per_second",
+     'sum by (node) (rate(accelmon_job_cache_misses_total{{job_id="{job}",node=~"{nodes}"}}[{window}]))',
+     "1/s", "The job's cache misses"),
+    ("job_context_switches_per_second",
+     'sum by (node) (rate(accelmon_job_context_switches_total{{job_id="{job}",node=~"{nodes}"}}[{window}]))',
+     "1/s", "The job's context switches"),
     # CPU power (RAPL through node_exporter), and the job's share of the node's busy CPU time: the job's CPU energy
     # is the node's times that share (an estimate: RAPL measures packages, not processes; docs/jobs.md).
     ("cpu_power_watts",
@@ -107,6 +127,8 @@ NODE_PLOTTED = ("cpu_utilization", "job_cpu_cores_used", "host_memory_used_bytes
 INPUT_BOUND_GPU = 0.3  # GPUs under this mean utilization...
 INPUT_BOUND_CPU = 0.9  # ...while the job's cores are this busy: the CPUs hold the GPUs back
 MEMORY_NEAR_LIMIT = 0.95
+LOW_IPC = 0.7  # instructions per cycle under this on busy cores: the CPU code waits on memory
+CACHE_LINE_BYTES = 64  # the memory traffic estimate: one line per last-level miss (x86; docs/jobs.md)
 
 
 class ReportError(Exception):
@@ -306,6 +328,7 @@ def hardware(prometheus: Prometheus, job: Job) -> list[dict[str, Any]]:
     packages = by_node(f"count by (node, model_name, package) (node_cpu_info{{{selector}}})")
     gpus = by_node(f"count by (node, name, vendor, driver_version) (accelmon_gpu_info{{{selector}}})")
     kernel = by_node(f"max by (node, release, machine) (node_uname_info{{{selector}}})")
+    counters = by_node(f"accelmon_job_perf_event_available{{{selector}}}")
     hosts = []
     for node in job.nodes:
         entry: dict[str, Any] = {"node": node}
@@ -322,6 +345,12 @@ def hardware(prometheus: Prometheus, job: Job) -> list[dict[str, Any]]:
             entry["gpu_driver"] = ", ".join(sorted({g.get("driver_version", "") for g in models}))
         if node in kernel:
             entry["kernel"] = f"{kernel[node][0].get('release', '')} {kernel[node][0].get('machine', '')}".strip()
+        # Which per-job counters the node could not count, and why (collector job_perf; "off" where not enabled).
+        entry["counters_unavailable"] = (
+            sorted(f"{c.get('event', '')} ({c.get('reason', '')})" for c in counters[node] if float(c["value"]) == 0)
+            if node in counters
+            else ["all (collector job_perf off)"]
+        )
         hosts.append(entry)
     return hosts
 
@@ -419,9 +448,18 @@ def summarize(job: Job, frame: Any) -> dict[str, Any]:
         joined = power[power.node == node].merge(share[share.node == node], on="time", suffixes=("_w", "_s"))
         node_cpu_energy = float((joined.value_w * joined.value_s.clip(0, 1)).sum() * job.step) if len(joined) else None
         cpu_energy += node_cpu_energy or 0.0
+        instructions, cycles = of_node("job_instructions_per_second", node), of_node("job_cycles_per_second", node)
+        misses = mean(of_node("job_cache_misses_per_second", node))
         nodes.append(
             {
                 "node": node,
+                "job_instructions_per_cycle": (
+                    float(instructions.sum() / cycles.sum()) if len(instructions) and cycles.sum() else None
+                ),
+                "job_flops_mean": mean(of_node("job_flops", node)),
+                "job_double_flops_mean": mean(of_node("job_double_flops", node)),
+                "job_cache_miss_bytes_per_second": misses * CACHE_LINE_BYTES if misses is not None else None,
+                "job_context_switches_per_second": mean(of_node("job_context_switches_per_second", node)),
                 "cpu_utilization_mean": mean(of_node("cpu_utilization", node)),
                 "host_memory_peak_bytes": peak(of_node("host_memory_used_bytes", node)),
                 "job_cpu_cores_used_mean": used,
@@ -494,6 +532,12 @@ def findings(gpu_utilization: float | None, nodes: list[dict[str, Any]]) -> list
         if ratio is not None and ratio >= MEMORY_NEAR_LIMIT:
             found.append(
                 f"{node['node']}: memory peaked at {100 * ratio:.0f} % of the job's limit: close to being killed"
+            )
+        ipc = node.get("job_instructions_per_cycle")
+        if ipc is not None and ipc < LOW_IPC and efficiency and efficiency >= 0.5:
+            found.append(
+                f"{node['node']}: the job's CPU code retired {ipc:.2f} instructions per cycle on busy cores: "
+                "stalled on memory; look at data layout or memory-bound preprocessing"
             )
         if node["job_swap_peak_bytes"]:
             found.append(f"{node['node']}: the job swapped ({node['job_swap_peak_bytes'] / 2**20:.0f} MiB at peak)")
@@ -629,6 +673,16 @@ td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3
 <td>{{ num(n.job_swap_peak_bytes and n.job_swap_peak_bytes / 2**20, " MiB") }}</td>
 <td>{{ num(n.job_io_bytes and n.job_io_bytes / 2**20, " MiB") }}</td>
 <td>{{ num(n.cpu_energy_joules, " J") }}</td></tr>{% endfor %}</table>
+<h2>CPU counters</h2>
+<table><tr><th class="l">node</th><th>instructions per cycle</th><th>GFLOP/s (double)</th>
+<th>memory traffic (est.)</th><th>context switches</th></tr>
+{% for n in s.node_summary %}<tr><td class="l">{{ n.node }}</td><td>{{ num(n.job_instructions_per_cycle) }}</td>
+<td>{{ num(n.job_flops_mean and n.job_flops_mean / 1e9) }}
+({{ num(n.job_double_flops_mean and n.job_double_flops_mean / 1e9) }})</td>
+<td>{{ num(n.job_cache_miss_bytes_per_second and n.job_cache_miss_bytes_per_second / 2**30, " GiB/s") }}</td>
+<td>{{ num(n.job_context_switches_per_second, "/s") }}</td></tr>{% endfor %}</table>
+{% for h in s.hosts %}{% if h.counters_unavailable %}
+<p><small>{{ h.node }}: not counted: {{ h.counters_unavailable|join(", ") }}</small></p>{% endif %}{% endfor %}
 <h2>Hosts</h2>
 <table><tr><th class="l">node</th><th class="l">CPU</th><th>sockets</th><th>CPUs</th><th>memory</th>
 <th class="l">GPUs</th><th class="l">GPU driver</th><th class="l">kernel</th></tr>
@@ -682,6 +736,12 @@ def pdf(summary: dict[str, Any], images: list[tuple[str, bytes]], path: Path) ->
         f"Energy: {summary['energy_joules']:.0f} J = {summary['energy_kwh']:.4f} kWh (GPUs); "
         f"{summary['total_energy_joules']:.0f} J with the job's CPU share",
         f"CPU efficiency: {pct(summary['cpu_efficiency'])}",
+        *(
+            f"{n['node']}: IPC {n['job_instructions_per_cycle']:.2f}"
+            + (f", {n['job_flops_mean'] / 1e9:.1f} GFLOP/s" if n.get("job_flops_mean") is not None else "")
+            for n in summary["node_summary"]
+            if n.get("job_instructions_per_cycle") is not None
+        ),
         f"GPU-hours held {summary['gpu_hours_allocated']:.3f}, idle {summary['gpu_hours_idle']:.3f}",
         "",
         "Findings: " + ("; ".join(summary["findings"]) or "none on the CPU side"),

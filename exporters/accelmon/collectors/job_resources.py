@@ -75,7 +75,7 @@ def job_cgroups(root: str, jobs: set[str]) -> dict[str, list[str]]:
     return found
 
 
-def _read(directories: list[str], name: str) -> Optional[str]:
+def read_first(directories: list[str], name: str) -> Optional[str]:
     """The first of `directories` that has the file `name`: the controller that owns it (v1), or the one (v2)."""
     for directory in directories:
         try:
@@ -111,18 +111,24 @@ def _keyed(text: Optional[str]) -> dict[str, float]:
     return values
 
 
-def cpu_count(cpuset: Optional[str]) -> Optional[int]:
-    """CPUs in a cpuset list such as `0-3,8,10-11`."""
+def cpu_list(cpuset: Optional[str]) -> Optional[list[int]]:
+    """The CPUs of a cpuset list such as `0-3,8,10-11`; None for an empty or malformed one."""
     if cpuset is None or not cpuset.strip():
         return None
-    count = 0
+    cpus: list[int] = []
     for part in cpuset.strip().split(","):
         first, _, last = part.partition("-")
         try:
-            count += (int(last) - int(first) + 1) if last else 1
+            cpus.extend(range(int(first), int(last) + 1) if last else [int(first)])
         except ValueError:
             return None
-    return count
+    return cpus
+
+
+def cpu_count(cpuset: Optional[str]) -> Optional[int]:
+    """How many CPUs a cpuset list such as `0-3,8,10-11` names."""
+    cpus = cpu_list(cpuset)
+    return None if cpus is None else len(cpus)
 
 
 def io_bytes_v2(text: Optional[str]) -> Optional[tuple[float, float]]:
@@ -180,36 +186,36 @@ class JobResourcesCollector(Collector):
             if value is not None:
                 out.add(spec, [*labels, *extra], value)
 
-        v2 = _read(directories, "cgroup.controllers") is not None
+        v2 = read_first(directories, "cgroup.controllers") is not None
         if v2:
-            cpu = _keyed(_read(directories, "cpu.stat"))
+            cpu = _keyed(read_first(directories, "cpu.stat"))
             put(CPU, _scaled(cpu.get("user_usec"), 1e-6), "user")
             put(CPU, _scaled(cpu.get("system_usec"), 1e-6), "system")
             put(THROTTLED, _scaled(cpu.get("throttled_usec"), 1e-6))
-            put(CPUS, cpu_count(_read(directories, "cpuset.cpus.effective")))
-            put(MEMORY, _number(_read(directories, "memory.current")))
-            put(MEMORY_PEAK, _number(_read(directories, "memory.peak")))
-            put(MEMORY_LIMIT, _number(_read(directories, "memory.max")))
-            put(SWAP, _number(_read(directories, "memory.swap.current")))
-            io = io_bytes_v2(_read(directories, "io.stat"))
+            put(CPUS, cpu_count(read_first(directories, "cpuset.cpus.effective")))
+            put(MEMORY, _number(read_first(directories, "memory.current")))
+            put(MEMORY_PEAK, _number(read_first(directories, "memory.peak")))
+            put(MEMORY_LIMIT, _number(read_first(directories, "memory.max")))
+            put(SWAP, _number(read_first(directories, "memory.swap.current")))
+            io = io_bytes_v2(read_first(directories, "io.stat"))
         else:
-            ticks = _keyed(_read(directories, "cpuacct.stat"))
+            ticks = _keyed(read_first(directories, "cpuacct.stat"))
             put(CPU, _scaled(ticks.get("user"), 1 / USER_HZ), "user")
             put(CPU, _scaled(ticks.get("system"), 1 / USER_HZ), "system")
-            put(THROTTLED, _scaled(_keyed(_read(directories, "cpu.stat")).get("throttled_time"), 1e-9))
-            put(CPUS, cpu_count(_read(directories, "cpuset.cpus")))
-            used = _number(_read(directories, "memory.usage_in_bytes"))
+            put(THROTTLED, _scaled(_keyed(read_first(directories, "cpu.stat")).get("throttled_time"), 1e-9))
+            put(CPUS, cpu_count(read_first(directories, "cpuset.cpus")))
+            used = _number(read_first(directories, "memory.usage_in_bytes"))
             put(MEMORY, used)
-            put(MEMORY_PEAK, _number(_read(directories, "memory.max_usage_in_bytes")))
-            limit = _number(_read(directories, "memory.limit_in_bytes"))
+            put(MEMORY_PEAK, _number(read_first(directories, "memory.max_usage_in_bytes")))
+            limit = _number(read_first(directories, "memory.limit_in_bytes"))
             put(MEMORY_LIMIT, limit if limit is not None and limit < UNLIMITED else None)
-            with_swap = _number(_read(directories, "memory.memsw.usage_in_bytes"))
+            with_swap = _number(read_first(directories, "memory.memsw.usage_in_bytes"))
             put(SWAP, max(0.0, with_swap - used) if with_swap is not None and used is not None else None)
-            io = io_bytes_v1(_read(directories, "blkio.throttle.io_service_bytes"))
+            io = io_bytes_v1(read_first(directories, "blkio.throttle.io_service_bytes"))
         if io is not None:
             put(IO, io[0], "read")
             put(IO, io[1], "write")
-        put(TASKS, _number(_read(directories, "pids.current")))
+        put(TASKS, _number(read_first(directories, "pids.current")))
 
 
 def _scaled(value: Optional[float], scale: float) -> Optional[float]:
