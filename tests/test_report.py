@@ -138,6 +138,8 @@ def test_pdf_pages_are_not_blank(job_100, tmp_path):
     assert len(pages) >= 3  # the summary, then the plots two to a page
     for page in pages:
         assert mpimg.imread(page).std() > 0.01, f"{page.name} is blank"
+    first = subprocess.run(["pdftotext", "-l", "1", str(out / "report.pdf"), "-"], capture_output=True, text=True)
+    assert "CPU counters not counted: all (collector job_perf off)" in first.stdout.replace("\n", " ")
 
 
 def chromium(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

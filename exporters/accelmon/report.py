@@ -758,6 +758,11 @@ def pdf(summary: dict[str, Any], images: list[tuple[str, bytes]], path: Path) ->
             else f"{h['node']}: {h.get('gpus', 'no GPU')}"
             for h in summary.get("hosts", [])
         ),
+        *(
+            f"{h['node']}: CPU counters not counted: {', '.join(h['counters_unavailable'])}"
+            for h in summary.get("hosts", [])
+            if h.get("counters_unavailable")
+        ),
     ]
     with PdfPages(path) as document:
         figure = plt.figure(figsize=(8.27, 11.69))

@@ -141,6 +141,65 @@ def test_a_slurm_job_is_attributed_while_it_runs_and_reported_after(host, tmp_pa
     assert (out / "report.html").stat().st_size > 10_000 and (out / "report.pdf").exists()
 
 
+# Each task of the job below: burns one core for 45 s and holds 200 MiB, writes the CPU time it measured for itself,
+# then idles 25 s so that the exporter (job cgroups read every 10 s) and Prometheus see the final figures.
+BURN = """import resource, sys, time
+held = bytearray(200 * 2**20)
+for page in range(0, len(held), 4096):
+    held[page] = 1
+end = time.monotonic() + 45
+while time.monotonic() < end:
+    pass
+usage = resource.getrusage(resource.RUSAGE_SELF)
+with open(f"/tmp/burn-{sys.argv[1]}-{sys.argv[2]}", "w") as out:
+    out.write(str(usage.ru_utime + usage.ru_stime))
+time.sleep(25)
+"""
+
+
+def test_a_jobs_cpu_time_and_memory_come_from_its_cgroup_and_reach_the_report(host, tmp_path):
+    """A real Slurm job (cgroup plugins, v1) runs two tasks on one node, each burning a core for 45 s and holding
+    200 MiB: the job's CPU seconds in Prometheus (collector job_resources, from the job's cgroup) are what its
+    processes measured for themselves, within 10 %; its memory peak is at least their 400 MiB, under the 600 MiB
+    limit Slurm set; and accelmon-report's CPU section shows the cores used and the peak."""
+    controller = testinfra.get_host(f"podman://{CLUSTER}-worker-1")
+    for worker in WORKERS:
+        on = testinfra.get_host(f"podman://{worker}")
+        on.check_output(f"cat > /tmp/burn.py <<'EOF'\n{BURN}EOF")
+        on.check_output("printf '%s\\n' '#!/bin/sh' 'exec python3 /tmp/burn.py \"$SLURM_JOB_ID\" \"$SLURM_PROCID\"' "
+                        "> /tmp/burn.sh && chmod 0755 /tmp/burn.sh")  # fmt: skip
+    job = controller.check_output(
+        "su alice -c 'sbatch --parsable --chdir=/tmp --nodes=1 --ntasks=2 --cpus-per-task=1 --mem=600M "
+        '--gres=gpu:1 --wrap "srun /tmp/burn.sh"\''
+    ).strip()
+    node = wait_for(lambda: controller.check_output(f"squeue -h -j {job} -o %N").strip(), timeout=60)
+    assert node in WORKERS, controller.check_output(f"scontrol show job {job}")
+    worker = testinfra.get_host(f"podman://{node}")
+    files = f"/tmp/burn-{job}-0 /tmp/burn-{job}-1"
+    assert wait_for(lambda: worker.run(f"cat {files}").rc == 0, timeout=120), worker.run(f"ls /tmp; cat {files}")
+    measured = sum(float(worker.file(f"/tmp/burn-{job}-{task}").content_string) for task in (0, 1))
+    time.sleep(20)  # the exporter's next read of the job's cgroup, then a scrape
+    used = query(host, f"/api/v1/query?query=sum(accelmon_job_cpu_seconds_total%7Bjob_id%3D%22{job}%22%7D)")
+    peak = query(host, f"/api/v1/query?query=max(accelmon_job_memory_peak_bytes%7Bjob_id%3D%22{job}%22%7D)")
+    limit = query(host, f"/api/v1/query?query=max(accelmon_job_memory_limit_bytes%7Bjob_id%3D%22{job}%22%7D)")
+    cpu_seconds = float(used["result"][0]["value"][1])
+    print(f"job {job}: {cpu_seconds:.1f} CPU seconds from its cgroup, {measured:.1f} measured by its processes")
+    assert measured > 20 and abs(cpu_seconds - measured) <= 0.1 * measured, (cpu_seconds, measured)
+    assert 400 * 2**20 <= float(peak["result"][0]["value"][1]) <= 600 * 2**20
+    assert float(limit["result"][0]["value"][1]) == 600 * 2**20
+    assert wait_for(lambda: controller.run(f"squeue -h -j {job}").stdout.strip() == "", timeout=60)
+    out = tmp_path / "report"
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "accelmon-report"), job, "--prometheus", published_prometheus(),
+         "--out", str(out), "--lookback", "1h"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    (summary,) = json.loads((out / "summary.json").read_text())["node_summary"]
+    assert summary["node"] == node and summary["job_cpus_allocated"] == 2
+    assert summary["job_cpu_cores_used_mean"] > 0.3 and summary["job_memory_peak_bytes"] >= 400 * 2**20
+
+
 HEALTH_CHECK = (
     "HealthCheckProgram=/usr/local/sbin/accelmon-slurm-health-check",
     "HealthCheckInterval=5",
