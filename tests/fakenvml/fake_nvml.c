@@ -2,7 +2,7 @@
  * A fake libnvidia-ml.so.1 for accelmon's tests: it answers the NVML calls the exporter makes,
  * through the real pynvml ctypes layer, with deterministic values derived from the GPU index.
  *
- * Configured by the file named in $FAKE_NVML_CONFIG, read at every nvmlInitWithFlags; one
+ * Configured by the file named in $FAKE_NVML_CONFIG, read at an nvmlInitWithFlags when it changed; one
  * directive per line:
  *   gpus N                      number of GPUs (default 2)
  *   name TEXT                   product name
@@ -42,6 +42,7 @@
  */
 #include <math.h>
 #include <pthread.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,6 +87,7 @@ static int energy_follows_power;          /* the energy counter grows by power x
 static struct timespec loaded_at;
 static char driver_version[32] = "550.54.15";
 static int initialized;
+static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
 static unsigned long long call_count;
 #define MAX_COUNTED 128
 static struct { const char *fn; unsigned long long calls; } counted[MAX_COUNTED];  /* calls per entry point */
@@ -309,13 +311,33 @@ void fakeNvmlQueueXid(int index, unsigned long long xid) {
 }
 
 /* ---- library ---- */
+/* The configuration is read again at an init only when its file changed since it was last read (tests rewrite it
+ * between runs). Re-reading an unchanged file reset every array under the collectors already reading it: one
+ * collector's init once made another's read of a GPU's NVLink links find none, and those links were never asked
+ * again. Real NVML's init never changes what an initialised reader sees. */
+static struct stat config_seen;
+static int config_read;
+static int config_changed(void) {
+    const char *path = getenv("FAKE_NVML_CONFIG");
+    struct stat now;
+    if (!path || stat(path, &now) != 0) return 1;
+    int changed = !config_read || now.st_ino != config_seen.st_ino || now.st_size != config_seen.st_size ||
+                  now.st_mtim.tv_sec != config_seen.st_mtim.tv_sec || now.st_mtim.tv_nsec != config_seen.st_mtim.tv_nsec;
+    config_seen = now;
+    config_read = 1;
+    return changed;
+}
 nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     (void)flags;
-    read_config();
-    for (int i = 0; i < MAX_GPUS; i++) {
-        gpus[i].index = i; gpus[i].is_mig = 0; gpus[i].parent = i;
-        for (int m = 0; m < MAX_MIG; m++) { migs[i][m].index = m; migs[i][m].is_mig = 1; migs[i][m].parent = i; }
+    pthread_mutex_lock(&init_lock);
+    if (config_changed()) {
+        read_config();
+        for (int i = 0; i < MAX_GPUS; i++) {
+            gpus[i].index = i; gpus[i].is_mig = 0; gpus[i].parent = i;
+            for (int m = 0; m < MAX_MIG; m++) { migs[i][m].index = m; migs[i][m].is_mig = 1; migs[i][m].parent = i; }
+        }
     }
+    pthread_mutex_unlock(&init_lock);
     ENTER();
     initialized = 1;
     return OK;

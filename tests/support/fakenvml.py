@@ -49,7 +49,7 @@ class FakeNvml:
         return cls(ctypes.CDLL(str(directory / "libnvidia-ml.so.1"), mode=ctypes.RTLD_GLOBAL), config)
 
     def configure(self, text: str) -> None:
-        """Directives for the next nvmlInit (see fake_nvml.c)."""
+        """Directives for the next nvmlInit (see fake_nvml.c: the file is read again when it changed)."""
         self.config.write_text(text)
 
     def calls(self) -> int:
