@@ -56,6 +56,7 @@ def host(tmp_path):
     return state, nvidia_procfs(tmp_path / "proc")
 
 
+@pytest.mark.e2e  # the role's prolog and epilog, rendered by ansible-playbook
 def test_slurm_index_is_the_device_minor_not_nvmls_index(host, slurm):
     """Slurm's GPU 0 is /dev/nvidia0; on this host that GPU is second in PCI bus order, so NVML calls it 1."""
     state, procfs = host
@@ -71,6 +72,7 @@ def test_slurm_index_is_the_device_minor_not_nvmls_index(host, slurm):
     assert value(samples, jobs.JOBS) == 1 and value(samples, jobs.UNRESOLVED) == 0
 
 
+@pytest.mark.e2e  # the role's prolog and epilog, rendered by ansible-playbook
 def test_uuids_shared_gpus_and_the_epilog(host, slurm):
     state, procfs = host
     # Recent Slurm: UUIDs. Two jobs share GPU 3 (a shared GRES): two info series for it.
@@ -90,6 +92,7 @@ def test_uuids_shared_gpus_and_the_epilog(host, slurm):
     assert os.listdir(state) == []
 
 
+@pytest.mark.e2e  # the role's prolog and epilog, rendered by ansible-playbook
 def test_a_job_without_gpus_unknown_gpus_and_mig(host, slurm):
     state, procfs = host
     slurm("prolog", state, SLURM_JOB_ID="7", SLURM_JOB_USER="carol")  # a CPU-only job
@@ -102,6 +105,7 @@ def test_a_job_without_gpus_unknown_gpus_and_mig(host, slurm):
     assert value(samples, jobs.UNRESOLVED) == 2
 
 
+@pytest.mark.e2e  # the role's prolog and epilog, rendered by ansible-playbook
 def test_a_uuid_the_driver_files_do_not_list_gets_its_index_from_nvml(fake_nvml, tmp_path, slurm):
     """No /proc/driver/nvidia (the exporter in a container): NVML names the GPU; a UUID NVML lacks stays unresolved."""
     fake_nvml.configure("gpus 2\n")
@@ -120,6 +124,7 @@ def test_a_uuid_the_driver_files_do_not_list_gets_its_index_from_nvml(fake_nvml,
         collector.stop()
 
 
+@pytest.mark.e2e  # the role's prolog and epilog, rendered by ansible-playbook
 def test_values_cannot_forge_keys_and_bad_input_never_fails_the_job(host, tmp_path, slurm):
     state, procfs = host
     result = slurm("prolog", state, SLURM_JOB_ID="9", SLURM_JOB_USER="eve\ngpus=0,1,2,3", SLURM_JOB_GPUS="2")
@@ -148,6 +153,7 @@ def test_malformed_records_are_skipped_and_counted_once(host):
     assert value(collector.sample(), jobs.MALFORMED) == 3
 
 
+@pytest.mark.e2e  # the role's prolog and epilog, rendered by ansible-playbook
 def test_exporter_serves_job_info_that_passes_promtool(tmp_path, fake_nvml_dir, slurm):
     state = tmp_path / "jobs"
     state.mkdir()
