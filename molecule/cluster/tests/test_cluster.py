@@ -102,6 +102,17 @@ def published_prometheus() -> str:
     return f"http://{published[0]}"
 
 
+def report(job: str, out: Path) -> dict:
+    """accelmon-report for the job, run on the host against the published Prometheus; its summary.json."""
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "accelmon-report"), job, "--prometheus", published_prometheus(),
+         "--out", str(out), "--lookback", "1h"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads((out / "summary.json").read_text())
+
+
 def minor_to_uuid(worker) -> dict[str, str]:
     """The driver's own map (procfs `information` files) from device minor, Slurm's GPU index, to UUID."""
     text = worker.check_output("cat /opt/fake-proc/driver/nvidia/gpus/*/information")
@@ -129,13 +140,7 @@ def test_a_slurm_job_is_attributed_while_it_runs_and_reported_after(host, tmp_pa
     # When the job ends the epilog removes its record, and the series go stale.
     assert wait_for(lambda: not query(host, attributed)["result"], timeout=120), "still attributed after the job"
     out = tmp_path / "report"
-    result = subprocess.run(
-        [str(Path(sys.executable).parent / "accelmon-report"), job, "--prometheus", published_prometheus(),
-         "--out", str(out), "--lookback", "1h"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr
-    summary = json.loads((out / "summary.json").read_text())
+    summary = report(job, out)
     assert sorted(summary["nodes"]) == sorted(WORKERS) and summary["user"] == "alice"
     assert len(summary["gpus"]) == 4
     assert 20 <= summary["duration_seconds"] <= 60, summary["duration_seconds"]  # `sleep 30`, seen every 2 s
@@ -192,16 +197,9 @@ def test_a_jobs_cpu_time_and_memory_come_from_its_cgroup_and_reach_the_report(ho
     assert 400 * 2**20 <= float(peak["result"][0]["value"][1]) <= 600 * 2**20
     assert float(limit["result"][0]["value"][1]) == 600 * 2**20
     assert wait_for(lambda: controller.run(f"squeue -h -j {job}").stdout.strip() == "", timeout=60)
-    out = tmp_path / "report"
-    result = subprocess.run(
-        [str(Path(sys.executable).parent / "accelmon-report"), job, "--prometheus", published_prometheus(),
-         "--out", str(out), "--lookback", "1h"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr
-    (summary,) = json.loads((out / "summary.json").read_text())["node_summary"]
-    assert summary["node"] == node and summary["job_cpus_allocated"] == 2
-    assert summary["job_cpu_cores_used_mean"] > 0.3 and summary["job_memory_peak_bytes"] >= 400 * 2**20
+    (node_summary,) = report(job, tmp_path / "report")["node_summary"]
+    assert node_summary["node"] == node and node_summary["job_cpus_allocated"] == 2
+    assert node_summary["job_cpu_cores_used_mean"] > 0.3 and node_summary["job_memory_peak_bytes"] >= 400 * 2**20
 
 
 HEALTH_CHECK = (
