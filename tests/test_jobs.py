@@ -13,6 +13,8 @@ from accelmon.collectors.nvml import NvmlSession
 from tests.support.ansible import render_role_template
 from tests.support.exposition import promtool_check, sample_value
 from tests.support.jobs_tree import MINORS, nvidia_procfs, slurm_job_cgroup, uuid
+from tests.support.jobs_tree import job_info as info
+from tests.support.jobs_tree import only_value as value
 from tests.support.processes import exporter_env, run_once
 
 
@@ -39,14 +41,6 @@ def slurm(scripts):
         return subprocess.run(["/bin/sh", str(scripts / f"{script}.sh")], env=env, capture_output=True, text=True)
 
     return run
-
-
-def info(samples) -> set[tuple[str, ...]]:
-    return {labels for labels, _ in samples.rows.get(jobs.JOB_INFO, [])}
-
-
-def value(samples, spec) -> float:
-    return samples.rows[spec][0][1]
 
 
 @pytest.fixture

@@ -69,9 +69,12 @@ JOB_MEMORY, JOB_PEAK, JOB_LIMIT, JOB_SWAP = 6 * 2**30, 7 * 2**30, 8 * 2**30, 2**
 JOB_READ, JOB_WRITTEN, JOB_TASKS = 3 * 2**20 + 4096, 5 * 2**20, 42
 
 
-def job_cgroup_stats(cgroup_root: Path, job: int, version: int = 2, uid: int = 1000, user_hz: int = 100) -> None:
+def job_cgroup_stats(
+    cgroup_root: Path, job: int, version: int = 2, uid: int = 1000, user_hz: int = 100, oar_user: str = ""
+) -> None:
     """The accounting files of a Slurm job's cgroup as the kernel writes them (Documentation/admin-guide/cgroup-v2.rst
-    and cgroup-v1/*.rst): v2 in the job's one directory, v1 in each controller's; values are the JOB_* above."""
+    and cgroup-v1/*.rst): v2 in the job's one directory, v1 in each controller's; values are the JOB_* above.
+    With `oar_user`, an OAR job's (v1 only): `<controller>/oar/<user>_<job>`."""
     if version == 2:
         job_dir = cgroup_root / "system.slice" / "slurmstepd.scope" / f"job_{job}"
         job_dir.mkdir(parents=True, exist_ok=True)
@@ -118,6 +121,57 @@ def job_cgroup_stats(cgroup_root: Path, job: int, version: int = 2, uid: int = 1
     }
     for controller, files in by_controller.items():
         job_dir = cgroup_root / controller / "slurm" / f"uid_{uid}" / f"job_{job}"
+        if oar_user:
+            job_dir = cgroup_root / controller / "oar" / f"{oar_user}_{job}"
         job_dir.mkdir(parents=True, exist_ok=True)
         for name, text in files.items():
             (job_dir / name).write_text(text)
+
+
+def oar_job_files(runtime_dir: Path, job: int, user: str, project: str, resources: list[tuple[str, int, str]]) -> None:
+    """The files OAR 2.5.9's job resource manager (job_resource_manager_cgroups.pl) writes on each node of a job, in
+    the format the real OAR wrote them in the Molecule `oar` scenario (docs/jobs.md): `<user>_<job>.env` and
+    `<job>_resources`, one line per resource (`resources`: network_address, cpuset, gpudevice, "" for none)."""
+    runtime_dir.mkdir(parents=True, exist_ok=True)
+    (runtime_dir / f"{job}_resources").write_text(
+        "".join(
+            f" type = 'default' , network_address = '{node}' , besteffort = 'YES' , deploy = 'NO' , "
+            f"desktop_computing = 'NO' , available_upto = '2147483647' , cpuset = '{cpuset}' , "
+            f"last_available_upto = '0' , drain = 'NO' , gpudevice = '{gpu}' \n"
+            for node, cpuset, gpu in resources
+        )
+    )
+    (runtime_dir / str(job)).write_text("".join(sorted({f"{node}\n" for node, _, _ in resources})))
+    (runtime_dir / f"{user}_{job}.env").write_text(
+        f"export OAR_JOBID='{job}'\nexport OAR_ARRAYID='{job}'\nexport OAR_ARRAYINDEX='1'\n"
+        f"export OAR_USER='{user}'\nexport OAR_WORKDIR='/home/{user}'\nexport OAR_JOB_NAME=''\n"
+        f"export OAR_PROJECT_NAME='{project}'\nexport OAR_STDOUT='OAR.{job}.stdout'\n"
+        f"export OAR_STDERR='OAR.{job}.stderr'\nexport OAR_FILE_NODES='{runtime_dir}/{job}'\n"
+        f"export OAR_RESOURCE_PROPERTIES_FILE='{runtime_dir}/{job}_resources'\nexport OAR_JOB_WALLTIME='0:5:0'\n"
+        "export OAR_JOB_WALLTIME_SECONDS='300'\nexport OAR_NODEFILE=$OAR_FILE_NODES\n"
+        "export OAR_NODE_FILE=$OAR_FILE_NODES\nexport OAR_RESOURCE_FILE=$OAR_RESOURCE_PROPERTIES_FILE\n"
+        "export OAR_O_WORKDIR=$OAR_WORKDIR\nexport OAR_WORKING_DIRECTORY=$OAR_WORKDIR\n"
+        "export OAR_JOB_ID=$OAR_JOBID\nexport OAR_ARRAY_ID=$OAR_ARRAYID\nexport OAR_ARRAY_INDEX=$OAR_ARRAYINDEX\n"
+    )
+
+
+def oar_job_cgroup(cgroup_root: Path, job: int, user: str, pids: tuple[int, ...]) -> Path:
+    """An OAR job's cgroup (v1) with `pids`, where OAR's job resource manager makes it: one directory per controller
+    it uses, `<controller>/oar/<user>_<job>`, the processes in the job's directory itself."""
+    for controller in ("cpuset", "cpu", "cpuacct", "devices", "freezer"):
+        job_dir = cgroup_root / controller / "oar" / f"{user}_{job}"
+        job_dir.mkdir(parents=True, exist_ok=True)
+        (job_dir / "cgroup.procs").write_text("".join(f"{pid}\n" for pid in pids))
+    return cgroup_root
+
+
+def job_info(samples) -> set[tuple[str, ...]]:
+    """The label values of the jobs collector's accelmon_gpu_job_info series in `samples`."""
+    from accelmon.collectors.jobs import JOB_INFO
+
+    return {labels for labels, _ in samples.rows.get(JOB_INFO, [])}
+
+
+def only_value(samples, spec) -> float:
+    """The value of the one series of `spec` (a metric without labels) in `samples`."""
+    return samples.rows[spec][0][1]

@@ -25,7 +25,7 @@ from typing import Optional
 
 from accelmon import perf_events
 from accelmon.collectors.job_resources import cpu_list, job_cgroups, read_first
-from accelmon.collectors.jobs import STATE_DIR, recorded_job_ids
+from accelmon.collectors.jobs import OAR_RUNTIME_DIR, STATE_DIR, recorded_job_ids
 from accelmon.core import Catalogue, Collector, Samples
 from accelmon.perf_events import Counters, Event, KernelCounters, PerfError
 from accelmon.registry import Option, Registration, never, register, seconds
@@ -141,9 +141,16 @@ class JobPerfCollector(Collector):
     name = "job_perf"
 
     def __init__(
-        self, state_dir: str, sysfs: str, procfs: str, max_counters: int, counters: Counters | None = None
+        self,
+        state_dir: str,
+        sysfs: str,
+        procfs: str,
+        max_counters: int,
+        counters: Counters | None = None,
+        oar_runtime_dir: str = "",
     ) -> None:
         self.state_dir = state_dir
+        self.oar_runtime_dir = oar_runtime_dir
         self.sysfs = sysfs
         self.cgroup_root = os.path.join(sysfs, "fs", "cgroup")
         self.procfs = procfs
@@ -228,7 +235,7 @@ class JobPerfCollector(Collector):
 
     def sample(self) -> Samples:
         out = Samples()
-        recorded = recorded_job_ids(self.state_dir)
+        recorded = recorded_job_ids(self.state_dir, self.oar_runtime_dir)
         for job in [job for job in self.jobs if job not in recorded]:
             self._close(self.jobs.pop(job))
         states = dict.fromkeys(JOB_STATES, 0)
@@ -322,10 +329,14 @@ REGISTRATION = register(
         name="job_perf",
         help="batch jobs' hardware and software counters (perf events, needs CAP_PERFMON; default: off)",
         build=lambda options, paths: JobPerfCollector(
-            str(options["state_dir"]), paths.sysfs, paths.procfs, int(options["max_counters"])
+            str(options["state_dir"]),
+            paths.sysfs,
+            paths.procfs,
+            int(options["max_counters"]),
+            oar_runtime_dir=str(options["oar_runtime_dir"]),
         ),
         catalogue=C,
-        options=(INTERVAL, STATE_DIR, MAX_COUNTERS),
+        options=(INTERVAL, STATE_DIR, OAR_RUNTIME_DIR, MAX_COUNTERS),
         enabled_by_default=never,
         capabilities=("CAP_PERFMON",),
     )

@@ -7,13 +7,14 @@ Example exposition lines::
     accelmon_job_cpu_seconds_total{job_id="4242",mode="user"} 7312.5
     accelmon_job_memory_peak_bytes{job_id="4242"} 6.2e+10
 
-Series exist only for jobs with a record in the jobs collector's state directory (the scheduler's prolog writes it,
-the epilog removes it), so they are bounded by the jobs on the node and leave with the job. A job's cgroup is found
-by its directory name, `job_<id>`: cgroup v2 `system.slice/slurmstepd.scope/job_<id>` (one directory, every
-controller), cgroup v1 `<controller>/slurm[_<node>]/uid_<uid>/job_<id>` (one per controller). Counters are the
-kernel's, cumulative over the job's life: `rate()` gives CPU cores in use, and used over
-`accelmon_job_cpus_allocated` the CPU efficiency. A file a kernel lacks (memory.peak before Linux 5.19) leaves its
-series out; a job whose cgroup is not found is counted in `accelmon_jobs_without_cgroup`.
+Series exist only for jobs with a record (Slurm: in the jobs collector's state directory, the prolog writes it, the
+epilog removes it; OAR: its own job files), so they are bounded by the jobs on the node and leave with the job. A
+job's cgroup is found by its directory name: Slurm's `job_<id>`, cgroup v2 `system.slice/slurmstepd.scope/job_<id>`
+(one directory, every controller), cgroup v1 `<controller>/slurm[_<node>]/uid_<uid>/job_<id>` (one per
+controller); OAR's v1 `<controller>/oar/<user>_<id>` (its memory controller only where the site turned it on in
+OAR's job_resource_manager_cgroups.pl). Counters are the kernel's, cumulative over the job's life: `rate()` gives
+CPU cores in use, and used over `accelmon_job_cpus_allocated` the CPU efficiency. A file a kernel lacks (memory.peak
+before Linux 5.19) leaves its series out; a job whose cgroup is not found is counted in `accelmon_jobs_without_cgroup`.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ import logging
 import os
 from typing import Optional
 
-from accelmon.collectors.jobs import SLURM_JOB_CGROUP, STATE_DIR, recorded_job_ids
+from accelmon.collectors.jobs import OAR_RUNTIME_DIR, STATE_DIR, has_job_records, job_of_cgroup, recorded_job_ids
 from accelmon.core import Catalogue, Collector, MetricSpec, Samples
-from accelmon.registry import Paths, Registration, register, seconds
+from accelmon.registry import Registration, register, seconds
 
 log = logging.getLogger("accelmon.job_resources")
 
@@ -65,11 +66,11 @@ def job_cgroups(root: str, jobs: set[str]) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     base = root.rstrip(os.sep).count(os.sep)
     for directory, subdirectories, _ in os.walk(root):  # symlinks (v1's cpu -> cpu,cpuacct) not followed
-        match = SLURM_JOB_CGROUP.match(os.path.basename(directory))
-        if match:
+        job = job_of_cgroup(directory)
+        if job is not None:
             subdirectories.clear()
-            if match.group(1) in jobs:
-                found.setdefault(match.group(1), []).append(directory)
+            if job in jobs:
+                found.setdefault(job, []).append(directory)
         elif directory.count(os.sep) - base >= MAX_DEPTH:
             subdirectories.clear()
     return found
@@ -165,13 +166,14 @@ def io_bytes_v1(text: Optional[str]) -> Optional[tuple[float, float]]:
 class JobResourcesCollector(Collector):
     name = "job_resources"
 
-    def __init__(self, state_dir: str, cgroup_root: str) -> None:
+    def __init__(self, state_dir: str, cgroup_root: str, oar_runtime_dir: str = "") -> None:
         self.state_dir = state_dir
         self.cgroup_root = cgroup_root
+        self.oar_runtime_dir = oar_runtime_dir
 
     def sample(self) -> Samples:
         out = Samples()
-        jobs = recorded_job_ids(self.state_dir)
+        jobs = recorded_job_ids(self.state_dir, self.oar_runtime_dir)
         cgroups = job_cgroups(self.cgroup_root, jobs) if jobs else {}
         for job in sorted(jobs):
             if job in cgroups:
@@ -222,19 +224,15 @@ def _scaled(value: Optional[float], scale: float) -> Optional[float]:
     return None if value is None else value * scale
 
 
-def _has_state_dir(paths: Paths, options: dict[str, object]) -> bool:
-    return os.path.isdir(str(options["state_dir"]))
-
-
 REGISTRATION = register(
     Registration(
         name="job_resources",
         help="batch jobs' CPU, memory and I/O from their cgroups (default: on where job records are kept)",
         build=lambda options, paths: JobResourcesCollector(
-            str(options["state_dir"]), os.path.join(paths.sysfs, "fs", "cgroup")
+            str(options["state_dir"]), os.path.join(paths.sysfs, "fs", "cgroup"), str(options["oar_runtime_dir"])
         ),
         catalogue=C,
-        options=(INTERVAL, STATE_DIR),
-        enabled_by_default=_has_state_dir,
+        options=(INTERVAL, STATE_DIR, OAR_RUNTIME_DIR),
+        enabled_by_default=has_job_records,
     )
 )
