@@ -208,6 +208,19 @@ def test_an_event_the_kernel_refuses_is_left_out_with_its_reason(tmp_path, refus
     assert not any(name.startswith("fp_") or name == "branch_misses" for name, _ in counters.opened_on)
 
 
+def test_where_no_event_counts_every_job_is_counted_as_such(tmp_path):
+    """A v1 host whose perf_event controller is not mounted: every event says why, and the job is still accounted."""
+    root = host(tmp_path, version=1)
+    (root / "sys" / "fs" / "cgroup" / "perf_event").rmdir()
+    add_job(root, 3, version=1, perf_event=False)
+    counters = FakeCounters({})
+    text = sample(collector(root, counters))
+    assert sample_value(text, "accelmon_job_perf_jobs", state="no_events") == 1
+    assert sample_value(text, "accelmon_job_perf_jobs", state="counting") == 0
+    assert sample_value(text, "accelmon_job_perf_event_available", event="page_faults", reason="no_perf_cgroup") == 0
+    assert not counters.opened_on
+
+
 def test_a_job_whose_counters_cannot_all_open_keeps_the_others(tmp_path):
     root = host(tmp_path)
     add_job(root, 3)

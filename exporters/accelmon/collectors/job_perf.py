@@ -73,14 +73,15 @@ AVAILABLE = C.gauge(
 JOBS = C.gauge(
     "accelmon_job_perf_jobs",
     "Jobs with a record, by counting state (counting, no_cgroup, no_perf_cgroup: a v1 host without the perf_event "
-    "controller, over_budget: max_counters reached).",
+    "controller, over_budget: max_counters reached, no_events: no event counts on this host, "
+    "accelmon_job_perf_event_available says why).",
     ["state"],
 )
 OPEN = C.gauge("accelmon_job_perf_counters_open", "Counters (file descriptors) open for the jobs now.")
 ERRORS = C.counter(
     "accelmon_job_perf_errors_total", "Counters that could not be opened or read for a job, by reason.", ["reason"]
 )
-JOB_STATES = ("counting", "no_cgroup", "no_perf_cgroup", "over_budget")
+JOB_STATES = ("counting", "no_cgroup", "no_perf_cgroup", "over_budget", "no_events")
 FLOPS_EVENT = "flops"  # the `event` label of the FLOPS events' availability, whatever the CPU's raw events are
 
 INTERVAL = seconds("interval_seconds", 10, "how often the jobs' counters are read")
@@ -242,11 +243,13 @@ class JobPerfCollector(Collector):
         missing = [job for job in recorded if job not in self.jobs]
         cgroups = job_cgroups(self.cgroup_root, set(missing)) if missing and self.events else {}
         for job in sorted(recorded):
-            if job not in self.jobs and self.events:
-                states[self._open(job, cgroups.get(job))] += 1
-            elif job in self.jobs:
+            if job in self.jobs:
                 states["counting"] += 1
                 self._read(job, self.jobs[job], out)
+            elif self.events:
+                states[self._open(job, cgroups.get(job))] += 1
+            else:
+                states["no_events"] += 1  # every job on this host is uncounted for the same reasons
         for label, reason in self.availability.items():
             out.add(AVAILABLE, (label, reason), 1 if reason == "counting" else 0)
         for state, count in states.items():
