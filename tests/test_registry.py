@@ -207,6 +207,24 @@ def test_an_option_refuses_what_does_not_fit_it(option, value, message):
         option.check(value, "collectors.x." + option.name)
 
 
+def test_an_option_several_collectors_share_is_set_once(tmp_path):
+    """The job collectors' state_dir and oar_runtime_dir are one setting each: set on one collector, every job
+    collector reads it (and the role's prolog, through the plan, writes there); two different values are refused."""
+    sharing = [name for name, registration in collectors().items() if "state_dir" in registration.defaults]
+    assert set(sharing) == {"jobs", "job_resources", "job_perf"}
+    config = tmp_path / "exporter.yml"
+    config.write_text("collectors:\n  job_resources: {state_dir: /run/jobs, oar_runtime_dir: ''}\n")
+    options = plan(load(str(config)))["collectors"]
+    assert {options[name]["options"]["state_dir"] for name in sharing} == {"/run/jobs"}
+    assert {options[name]["options"]["oar_runtime_dir"] for name in sharing} == {""}
+    config.write_text("collectors:\n  jobs: {state_dir: /run/a}\n  job_perf: {state_dir: /run/b}\n")
+    with pytest.raises(
+        ConfigError,
+        match="state_dir is one setting shared by job_perf, job_resources, jobs; it was given different values",
+    ):
+        load(str(config))
+
+
 def test_defaults_are_written_once():
     """The defaults that used to be written three or four times are in one module each (the role has none)."""
     text = "\n".join(p.read_text() for p in (ROOT / "exporters").rglob("*.py"))

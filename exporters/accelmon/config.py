@@ -71,6 +71,30 @@ def check_listen_address(address: str, any_port: bool = False) -> tuple[str, int
     return host.strip("[]"), int(port)
 
 
+def _share_options(settings: Settings, registry: dict[str, Any]) -> None:
+    """A shared option (one setting several collectors declare, such as the job collectors' state_dir) set on one
+    collector holds for all of them; set to different values, the config is refused: they would disagree."""
+    holders: dict[str, list[str]] = {}
+    for name, registration in registry.items():
+        for option in registration.options:
+            if option.shared:
+                holders.setdefault(option.name, []).append(name)
+    for key, names in holders.items():
+        chosen = {
+            name: settings.collectors[name].options[key]
+            for name in names
+            if name in settings.collectors and key in settings.collectors[name].options
+        }
+        if len(set(chosen.values())) > 1:
+            given = ", ".join(f"collectors.{name}.{key}={value!r}" for name, value in chosen.items())
+            raise ConfigError(
+                f"{key} is one setting shared by {', '.join(names)}; it was given different values: {given}"
+            )
+        for value in set(chosen.values()):
+            for name in names:
+                settings.collector(name).options[key] = value
+
+
 def load(path: str | None) -> Settings:
     settings = Settings()
     if path is None:
@@ -117,5 +141,6 @@ def load(path: str | None) -> Settings:
         for key, value in options.items():
             if key != "enabled":
                 chosen.options[key] = registration.option(key).check(value, f"collectors.{name}.{key}")
+    _share_options(settings, registry)
     settings.cloudwatch = parse_settings(data.get("cloudwatch"), known_metrics())
     return settings

@@ -31,6 +31,8 @@ class Option:
     maximum: float | None = None  # numbers: the largest
     whole: bool = False  # numbers: whole numbers only
     empty: bool = False  # strings: the empty string is accepted (it means "not set")
+    # Declared by several collectors as one setting (the job collectors' state_dir): set on one, it holds for all.
+    shared: bool = False
 
     def check(self, value: Any, where: str) -> OptionValue:
         """value, if it suits this option; ConfigError naming `where` otherwise."""
@@ -74,6 +76,8 @@ class Option:
             bounds += f"; from {self.minimum if self.minimum is not None else 0:g} to {self.maximum:g}"
         elif self.minimum is not None:
             bounds += f"; at least {self.minimum:g}"
+        if self.shared:
+            bounds += "; one setting for every collector that has it"
         return f"{self.name} (default {default}{bounds}): {self.help}"
 
 

@@ -74,15 +74,22 @@ MAX_RECORD_BYTES = 64 * 1024
 NVML_REFRESH_SECONDS = 60.0  # a UUID NVML did not list is asked about again at most this often
 # The job records' directory: one declaration, which job_resources and job_perf share and the role reads through
 # `--check-config --json` (and renders into the prolog and epilog).
-STATE_DIR = Option("state_dir", "/run/accelmon/jobs", "where the scheduler's prolog writes one record per job")
+STATE_DIR = Option(
+    "state_dir", "/run/accelmon/jobs", "where the scheduler's prolog writes one record per job", shared=True
+)
 OAR_RUNTIME_DIR = Option(
     "oar_runtime_dir",
     "/var/lib/oar",
     "OAR's runtime directory (oar.conf OAR_RUNTIME_DIRECTORY), where OAR keeps a file per job on each of its nodes; "
     "empty: OAR jobs are not read",
+    empty=True,
+    shared=True,
 )
 OAR_NODE_NAME = Option(
-    "oar_node_name", "", "this node's network_address in OAR's resources (empty: the host name; domains ignored)"
+    "oar_node_name",
+    "",
+    "this node's network_address in OAR's resources (empty: the host name; domains ignored)",
+    empty=True,
 )
 OAR_GPU_PROPERTY = Option(
     "oar_gpu_property", "gpudevice", "the OAR resource property that holds a GPU's device minor number"
