@@ -332,21 +332,24 @@ def test_the_unit_grants_only_the_capabilities_the_exporter_asks_for(tmp_path, c
     assert chosen == expected
 
 
-def test_the_slurm_health_check_runs_the_scan_with_the_exporters_environment(tmp_path):
-    """The program slurm.conf names: the exporter's NVML library directory and extra environment (quoted for the
-    shell, whatever the value), then accelmon-slurm-health over the exporter's config, with slurmd's arguments."""
+@pytest.mark.parametrize("scheduler", ["slurm", "oar"])
+def test_the_health_check_runs_the_scan_with_the_exporters_environment(tmp_path, scheduler):
+    """The program slurm.conf names, or OAR's node check: the exporter's NVML library directory and extra environment
+    (quoted for the shell, whatever the value), then accelmon-<scheduler>-health over the exporter's config, with the
+    scheduler's arguments."""
     install = tmp_path / "opt"
     (install / "venv" / "bin").mkdir(parents=True)
-    stand_in = install / "venv" / "bin" / "accelmon-slurm-health"
+    stand_in = install / "venv" / "bin" / f"accelmon-{scheduler}-health"
     stand_in.write_text('#!/bin/sh\nprintf "%s\\n" "$LD_LIBRARY_PATH" "$ODD" "$@"\n')
     stand_in.chmod(0o755)
-    program = tmp_path / "accelmon-slurm-health-check"
+    program = tmp_path / "accelmon-health-check"
     variables = {
         "accelmon_exporter_install_dir": str(install),
         "accelmon_exporter_nvml_library_dir": "/opt/fake nvml",
         "accelmon_exporter_environment": {"ODD": "it's $HOME `x`"},
+        "__accelmon_exporter_health_scheduler": scheduler,
     }
-    render_role_template("accelmon_exporter", "slurm-health-check.sh.j2", program, variables)
+    render_role_template("accelmon_exporter", "health-check.sh.j2", program, variables)
     result = subprocess.run(["sh", str(program), "--dry-run"], capture_output=True, text=True, timeout=30)
     assert result.stdout.splitlines() == [
         "/opt/fake nvml",

@@ -193,6 +193,19 @@ def scan_health(settings: Settings) -> health.NodeHealth:
     return health.evaluate(latest, time.time())
 
 
+def failing_scan(config: str | None, log: logging.Logger, untouched: str) -> health.NodeHealth | None:
+    """A scheduler hook's scan (Slurm's health check, OAR's node check): the verdicts printed; the node's health when
+    it fails, else None. Bad settings are logged, never raised: a fault of the monitoring must not take a node out."""
+    try:
+        settings = load(config)
+    except ConfigError as error:
+        log.error("%s: no health check run, %s", error, untouched)
+        return None
+    verdict = scan_health(settings)
+    sys.stdout.write(verdict.table())
+    return verdict if verdict.verdict == "failure" else None
+
+
 def scan(settings: Settings, as_json: bool) -> int:
     """--scan: the verdicts as a table or JSON; the exit status says the node's verdict."""
     verdict = scan_health(settings)

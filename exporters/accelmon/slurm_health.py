@@ -24,8 +24,7 @@ import subprocess
 import sys
 from typing import Any, Callable, Optional, Sequence
 
-from accelmon.cli import scan_health
-from accelmon.config import ConfigError, load
+from accelmon.cli import failing_scan
 
 log = logging.getLogger("accelmon.slurm_health")
 
@@ -130,16 +129,9 @@ def main(argv: Sequence[str] | None = None, runner: Run = run) -> int:
     node = args.node or node_name()
     if args.diag:
         return prolog_diag(args, node, runner)
-    try:
-        settings = load(args.config)
-    except ConfigError as error:
-        log.error("%s: no health check run, nothing drained", error)
-        return 0
-    verdict = scan_health(settings)
-    sys.stdout.write(verdict.table())
-    if verdict.verdict != "failure":
-        return 0
-    drain_unless_dry_run(args, node, verdict.drain_reason(), runner)
+    verdict = failing_scan(args.config, log, "nothing drained")
+    if verdict is not None:
+        drain_unless_dry_run(args, node, verdict.drain_reason(), runner)
     return 0
 
 

@@ -133,6 +133,53 @@ def test_the_jobs_series_leave_both_nodes_when_it_ends(host, job):
         assert f'job_id="{job}"' not in text, [line for line in text.splitlines() if f'job_id="{job}"' in line]
 
 
+def node_states(server, node: str) -> set[str]:
+    """The states OAR gives `node`'s resources (`oarnodes -s`: the host, then `  <resource> : <state>` lines)."""
+    states: set[str] = set()
+    current = ""
+    for line in server.check_output("oarnodes -s").splitlines():
+        if line and not line[0].isspace():
+            current = line.strip()
+        elif current == node and ":" in line:
+            states.add(line.split(":", 1)[1].strip())
+    return states
+
+
+def wait_for_state(server, node: str, state: str, seconds: int = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while node_states(server, node) != {state}:
+        assert time.monotonic() < deadline, f"{node} not {state} within {seconds} s: {node_states(server, node)}"
+        time.sleep(2)
+
+
+def test_a_failing_gpu_makes_oar_suspect_the_node_until_the_operator_clears_it(host):
+    """The role's node check in /etc/oar/check.d, run by OAR's oarnodecheckrun (its cron's, or oarnodecheckquery's,
+    job): GPU 5 stops answering, the check leaves a log naming it, and OAR's ping checker suspects the node. It
+    stays suspected while the log is there, whatever the GPU does; the operator removes it and OAR takes it back."""
+    node = hosts()[NODE]
+    wait_for_state(host, NODE, "Alive")
+    node.check_output(
+        "cp /etc/fake-nvml.conf /etc/fake-nvml.conf.healthy && printf 'gpus 8\\nlost 5\\n' > /etc/fake-nvml.conf"
+    )
+    try:
+        # As root, as cron does; it skips a run while another holds its lock (the ping checker's may be running).
+        for _ in range(30):
+            node.check_output("/usr/lib/oar/oarnodecheckrun")
+            if node.run("ls /var/lib/oar/checklogs/accelmon-health.*").rc == 0:
+                break
+            time.sleep(1)
+        log = node.check_output("cat /var/lib/oar/checklogs/accelmon-health.*")
+        assert log == "accelmon: GPU 5 gpu_lost: reboot_node", log
+        wait_for_state(host, NODE, "Suspected")
+        assert node_states(host, SERVER) == {"Alive"}
+    finally:
+        node.check_output("mv /etc/fake-nvml.conf.healthy /etc/fake-nvml.conf")
+    time.sleep(10)  # the GPU answers again; the log is still there: still suspected
+    assert node_states(host, NODE) == {"Suspected"}
+    node.check_output("rm /var/lib/oar/checklogs/accelmon-health.*")
+    wait_for_state(host, NODE, "Alive")
+
+
 def test_the_role_installed_nothing_for_slurm_and_turned_the_job_collectors_on(host):
     assert not host.file("/etc/tmpfiles.d/accelmon-jobs.conf").exists
     config = host.file("/etc/accelmon/exporter.yml").content_string
