@@ -572,8 +572,8 @@ JOB_LEGEND = "job {{job_id}} {{node}} GPU {{gpu}}"
 JOB = Dashboard(
     "accelmon-job",
     "accelmon / Job",
-    "One batch job's GPUs over time (collector 'jobs', with the role's accelmon_exporter_jobs: slurm): which GPUs "
-    "it holds, how busy, how full and how hot they are. Device series are joined to the job on uuid.",
+    "One batch job's GPUs over time (collector 'jobs', with the role's accelmon_exporter_jobs: slurm or oar): "
+    "which GPUs it holds, how busy, how full and how hot they are. Device series are joined to the job on uuid.",
     [
         Panel("GPUs held", "none", [(f"job_id:accelmon_gpus:count{{{J}}}", "job {{job_id}}")], "stat", 6, 4),
         Panel(
