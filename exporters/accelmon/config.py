@@ -90,7 +90,8 @@ def _share_options(settings: Settings, registry: dict[str, Any]) -> None:
             raise ConfigError(
                 f"{key} is one setting shared by {', '.join(names)}; it was given different values: {given}"
             )
-        for value in set(chosen.values()):
+        if chosen:
+            value = next(iter(chosen.values()))
             for name in names:
                 settings.collector(name).options[key] = value
 
