@@ -183,10 +183,10 @@ def test_nothing_cloudwatch_refuses_is_sent():
 
 
 def test_batches_never_exceed_the_request_limits():
-    small = [cloudwatch._datum("M", "None", [("GPU", str(i))], 0.0, 60, Value=1.0) for i in range(2500)]
+    small = [cloudwatch.datum("M", "None", [("GPU", str(i))], 0.0, 60, Value=1.0) for i in range(2500)]
     assert [len(b) for b in batches(small, "ns")] == [1000, 1000, 500]
     big = [
-        cloudwatch._datum("M", "None", [(f"D{j}", f"{i}-" + "x" * 1020) for j in range(30)], 0.0, 60, Value=1.0)
+        cloudwatch.datum("M", "None", [(f"D{j}", f"{i}-" + "x" * 1020) for j in range(30)], 0.0, 60, Value=1.0)
         for i in range(60)
     ]
     split = batches(big, "ns")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from accelmon.collectors.gpu_processes import GpuProcessesCollector
-from accelmon.collectors.jobs import JobOfProcess
 from accelmon.core import render
+from accelmon.job_sources import JobOfProcess
 from tests.support.exposition import promtool_check, sample_value
 from tests.support.jobs_tree import slurm_job_cgroup
 

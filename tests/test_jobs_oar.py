@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from accelmon import job_sources
 from accelmon.collectors import jobs
 from accelmon.collectors.job_resources import JobResourcesCollector
 from accelmon.core import render
@@ -32,7 +33,8 @@ def node(tmp_path):
 
 
 def collector(runtime, procfs, tmp_path, node_name="node1") -> jobs.JobsCollector:
-    return jobs.JobsCollector(str(tmp_path / "no-state-dir"), str(procfs), oar=jobs.OarJobs(str(runtime), node_name))
+    oar = job_sources.OarJobs(str(runtime), node_name)
+    return jobs.JobsCollector(str(tmp_path / "no-state-dir"), str(procfs), oar=oar)
 
 
 def nvml_index(minor: int) -> str:
@@ -65,7 +67,7 @@ def test_cpu_only_jobs_shared_nodes_and_the_end_of_a_job(node, tmp_path):
     samples = made.sample()
     assert value(samples, jobs.JOBS) == 2
     assert info(samples) == {(nvml_index(3), uuid(int(nvml_index(3))), "8", "carol", "ml")}
-    assert jobs.recorded_job_ids(str(tmp_path / "no-state-dir"), str(runtime)) == {"7", "8"}
+    assert job_sources.recorded_job_ids(str(tmp_path / "no-state-dir"), str(runtime)) == {"7", "8"}
     for name in ("carol_8.env", "8", "8_resources"):  # what OAR's job resource manager removes at the job's end
         (runtime / name).unlink()
     samples = made.sample()
@@ -91,10 +93,10 @@ def test_bad_files_are_skipped_and_counted_once(node, tmp_path):
 
 
 def test_the_job_of_a_cgroup_slurm_and_oar():
-    assert jobs.job_of_cgroup("/sys/fs/cgroup/cpuset/oar/alice_42") == "42"
-    assert jobs.job_of_cgroup("/sys/fs/cgroup/memory/slurm/uid_1000/job_7") == "7"
-    assert jobs.job_of_cgroup("/sys/fs/cgroup/cpuset/user.slice/alice_42") is None  # not under OAR's /oar
-    assert jobs.job_of_cgroup("/sys/fs/cgroup/cpuset/oar") is None
+    assert job_sources.job_of_cgroup("/sys/fs/cgroup/cpuset/oar/alice_42") == "42"
+    assert job_sources.job_of_cgroup("/sys/fs/cgroup/memory/slurm/uid_1000/job_7") == "7"
+    assert job_sources.job_of_cgroup("/sys/fs/cgroup/cpuset/user.slice/alice_42") is None  # not under OAR's /oar
+    assert job_sources.job_of_cgroup("/sys/fs/cgroup/cpuset/oar") is None
 
 
 def test_an_oar_jobs_cgroup_and_its_processes(node, tmp_path):
@@ -112,7 +114,7 @@ def test_an_oar_jobs_cgroup_and_its_processes(node, tmp_path):
     assert sample_value(text, "accelmon_job_cpus_allocated", job_id="42") == 7
     assert 'job_id="43"' not in text
     assert sample_value(text, "accelmon_jobs_without_cgroup") == 0
-    job_of = jobs.JobOfProcess(str(cgroup))
+    job_of = job_sources.JobOfProcess(str(cgroup))
     assert (job_of(4101), job_of(4200), job_of(1)) == ("42", "43", "")
 
 

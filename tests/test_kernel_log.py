@@ -228,3 +228,21 @@ def test_a_record_is_parsed_by_the_kernel_abi():
     assert parse_record("6,339,5140900,-,caller=T1;NVRM: hello\n SUBSYSTEM=pci") == (339, 5140900, "NVRM: hello")
     assert parse_record("6,339,5140900;no flags") is None
     assert parse_record("just text") is None
+
+
+def test_a_kernel_log_given_explicitly_turns_the_collector_on_without_a_driver(tmp_path):
+    """--path.kmsg names a log on purpose: where no NVIDIA driver is loaded (the collector's auto setting is off) it
+    is read, not silently ignored; without the flag the collector stays off there."""
+    log = tmp_path / "kmsg"
+    log.write_text(record(10, 5_000_000, xid_line("0000:18:00", 79, "GPU has fallen off the bus.")))
+    bare = tmp_path / "proc"
+    bare.mkdir()
+    common = [*exporter_command(), "--once", "--path.procfs", str(bare), "--path.sysfs", str(tmp_path / "sys")]
+    given = subprocess.run(
+        [*common, "--path.kmsg", str(log)], capture_output=True, text=True, env=exporter_env(None, None)
+    )
+    assert "accelmon_kernel_log_readable 1.0" in given.stdout, given.stderr
+    assert (
+        "accelmon_kernel_log_readable"
+        not in subprocess.run(common, capture_output=True, text=True, env=exporter_env(None, None)).stdout
+    )

@@ -153,7 +153,8 @@ def test_a_toy_collector_reaches_the_roles_config_and_unit(toy_tree, tmp_path):
     assert refused.returncode != 0
     assert "collectors.toy.colour: expected one of blue, red" in refused.stdout
     off = {"enabled": False}
-    accepted = preflight({"toy": {"enabled": True, "colour": "red"}, "nvml": off, "fabric": off, "gpu_processes": off})
+    nvml_readers = {"nvml": off, "fabric": off, "gpu_processes": off, "jobs": off}
+    accepted = preflight({"toy": {"enabled": True, "colour": "red"}, **nvml_readers})
     assert accepted.returncode == 0, accepted.stdout + accepted.stderr
     written = yaml.safe_load((tmp_path / "exporter.yml").read_text())
     assert written["collectors"]["toy"] == {"enabled": True, "colour": "red"}
@@ -239,3 +240,41 @@ def test_the_docs_list_every_collector_option():
     assert f"```text\n{options_help()}\n```" in (ROOT / "docs" / "exporter.md").read_text(), (
         "docs/exporter.md: update the options"
     )
+
+
+def _imports(path: Path) -> list[tuple[str, str]]:
+    """(module, name) for each `from module import name` of a source file, and (module, "") for each `import`."""
+    import ast
+
+    found: list[tuple[str, str]] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found += [(node.module, alias.name) for alias in node.names]
+        elif isinstance(node, ast.Import):
+            found += [(alias.name, "") for alias in node.names]
+    return found
+
+
+def test_no_collector_imports_another_and_no_private_name_crosses_a_module():
+    """What collectors share is in host libraries (accelmon.nvidia, accelmon.job_sources, accelmon.dcgm,
+    accelmon.gpu_metrics): a change to one collector cannot break another through an import."""
+    package = ROOT / "exporters" / "accelmon"
+    offences = []
+    for path in sorted(package.rglob("*.py")):
+        inside_collectors = path.parent.name == "collectors"
+        for module, name in _imports(path):
+            if inside_collectors and module.startswith("accelmon.collectors"):
+                offences.append(f"{path.name} imports {module}")
+            if module.startswith("accelmon") and name.startswith("_") and name != "__version__":
+                offences.append(f"{path.name} imports the private {module}.{name}")
+    assert offences == []
+
+
+def test_every_nvml_reader_declares_the_nvidia_devices(tmp_path):
+    """A collector that opens NVML needs the NVIDIA devices in the unit's DevicePolicy even when it is the only
+    one on: the jobs collector opens NVML to name GPUs that records give by UUID."""
+    config = tmp_path / "exporter.yml"
+    off = {name: {"enabled": False} for name in collectors()}
+    off["jobs"] = {"enabled": True}
+    config.write_text(yaml.safe_dump({"collectors": off}))
+    assert plan(load(str(config)))["device_allow"] == ["char-nvidia-frontend rw"]

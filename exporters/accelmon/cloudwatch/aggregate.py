@@ -123,15 +123,15 @@ def datums(
         if stats.count == 0 or low is None or high is None or total is None:
             continue
         values = {"SampleCount": float(stats.count), "Sum": total, "Minimum": low, "Maximum": high}
-        out.append(_datum(name, unit, [*instance, *device], timestamp, resolution, StatisticValues=values))
+        out.append(datum(name, unit, [*instance, *device], timestamp, resolution, StatisticValues=values))
     for (name, unit, device), increase in increases.items():
         value = _publishable(increase)
         if value is not None:
-            out.append(_datum(name, unit, [*instance, *device], timestamp, resolution, Value=value))
+            out.append(datum(name, unit, [*instance, *device], timestamp, resolution, Value=value))
     return out
 
 
-def _datum(
+def datum(
     name: str, unit: str, dims: list[tuple[str, str]], timestamp: float, resolution: int, **value: Any
 ) -> dict[str, Any]:
     return {

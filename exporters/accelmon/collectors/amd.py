@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable
 
-from accelmon.collectors.nvml import (
+from accelmon.core import Catalogue, Collector, Samples
+from accelmon.gpu_metrics import (
     CLOCK_EVENT,
     ECC,
     ENERGY,
@@ -50,9 +51,8 @@ from accelmon.collectors.nvml import (
     TEMPERATURE,
     UP,
     UTILIZATION,
-    nvidia_driver_loaded,
 )
-from accelmon.core import Catalogue, Collector, Samples
+from accelmon.nvidia import nvidia_driver_loaded
 from accelmon.registry import Paths, Registration, register, seconds
 
 log = logging.getLogger("accelmon.amd")

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional
 
-from accelmon.collectors.jobs import _driver_gpus
 from accelmon.core import Catalogue, Collector, MetricSpec, Sampler, Samples
+from accelmon.nvidia import driver_gpu_entries
 from accelmon.registry import Option, Registration, never, register, seconds
 
 MIB = 2**20
@@ -231,7 +231,7 @@ class DcgmCompatCollector(Collector):
         """The device minor of a GPU by its bus id (NVML `00000000:18:00.0`), from the driver's procfs files."""
         if self._minors is None:
             self._minors = {
-                b[-12:].lower(): fields.get("Device Minor", "") for b, _, fields in _driver_gpus(self.procfs)
+                b[-12:].lower(): fields.get("Device Minor", "") for b, _, fields in driver_gpu_entries(self.procfs)
             }
         return self._minors.get(bus[-12:].lower(), "")
 

@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from accelmon.collectors.profiling import DCGM_BINDINGS_PATH, DCGM_HOST, dcgm_connect
 from accelmon.core import Catalogue, Collector, Samples
+from accelmon.dcgm import DCGM_BINDINGS_PATH, DCGM_HOST, dcgm_connect
 from accelmon.registry import Paths, Registration, register, seconds
 
 log = logging.getLogger("accelmon.dcgm_health")

@@ -24,8 +24,8 @@ from typing import Any, Optional
 
 import pynvml
 
-from accelmon.collectors.nvml import NvmlSession, nvidia_driver_loaded, text
-from accelmon.core import Catalogue, Collector, Samples
+from accelmon.core import Catalogue, Samples
+from accelmon.nvidia import NVML_DEVICES, OwnSessionCollector, nvidia_driver_loaded, text
 from accelmon.registry import Registration, register, seconds
 
 log = logging.getLogger("accelmon.fabric")
@@ -93,32 +93,20 @@ class Gpu:
     unsupported: set[str] = field(default_factory=set)
 
 
-class FabricCollector(Collector):
+class FabricCollector(OwnSessionCollector):
     name = "fabric"
+    purpose = "no NVLink or fabric metrics"
 
     def __init__(self, procfs: str = "/proc", nvml: Any = None) -> None:
+        super().__init__(nvml)
         self.procfs = procfs
-        self.session = NvmlSession("no NVLink or fabric metrics", nvml)
-        self.nvml: Any = self.session.nvml
         self.gpus: list[Gpu] = []
 
-    def hardware_answering(self) -> bool:
-        return self.session.open
-
-    def start(self) -> None:
-        self._init()
-
-    def _init(self) -> None:
-        found = self.session.gpus()
-        if found is not None:
-            self.gpus = [Gpu(index, handle, uuid) for index, handle, uuid in found]
-
-    def stop(self) -> None:
-        self.session.close()
+    def found(self, gpus: list[tuple[int, Any, str]]) -> None:
+        self.gpus = [Gpu(index, handle, uuid) for index, handle, uuid in gpus]
 
     def sample(self) -> Samples:
-        if not self.session.open:
-            self._init()
+        self.ensure_open()
         out = Samples()
         any_fabric = False
         for gpu in self.gpus:
@@ -267,6 +255,6 @@ REGISTRATION = register(
         # Where the NVIDIA driver is loaded; a GPU without NVLink or fabric costs one call each, once.
         enabled_by_default=nvidia_driver_loaded,
         hardware_present=nvidia_driver_loaded,
-        devices=("char-nvidia-frontend rw",),
+        devices=NVML_DEVICES,
     )
 )

@@ -22,9 +22,9 @@ import time
 from collections import defaultdict
 from typing import Any, Callable
 
-from accelmon.collectors.jobs import JobOfProcess
-from accelmon.collectors.nvml import NvmlSession, nvidia_driver_loaded
-from accelmon.core import Catalogue, Collector, Samples
+from accelmon.core import Catalogue, Samples
+from accelmon.job_sources import JobOfProcess
+from accelmon.nvidia import NVML_DEVICES, OwnSessionCollector, nvidia_driver_loaded
 from accelmon.registry import Registration, register, seconds
 
 log = logging.getLogger("accelmon.gpu_processes")
@@ -59,35 +59,23 @@ MEMORY_UTILIZATION = C.gauge(
 NO_INSTANCE = 0xFFFFFFFF  # NVML's gpuInstanceId outside MIG
 
 
-class GpuProcessesCollector(Collector):
+class GpuProcessesCollector(OwnSessionCollector):
     name = "gpu_processes"
+    purpose = "no per-job GPU use"
 
     def __init__(self, job_of: Callable[[int], str], nvml: Any = None, wall_clock: Callable[[], float] = time.time):
+        super().__init__(nvml)
         self.job_of = job_of
-        self.session = NvmlSession("no per-job GPU use", nvml)
-        self.nvml: Any = self.session.nvml
         self._wall_clock = wall_clock
         self._gpus: list[tuple[int, Any, str]] = []
         self._since: dict[int, int] = {}  # GPU index -> the newest sample's time stamp (µs) already read
         self._no_samples: set[int] = set()  # GPUs whose driver has no per-process samples (MIG, old drivers)
 
-    def hardware_answering(self) -> bool:
-        return self.session.open
-
-    def start(self) -> None:
-        self._init()
-
-    def _init(self) -> None:
-        found = self.session.gpus()
-        if found is not None:
-            self._gpus = [gpu for gpu in found if gpu[1] is not None]
-
-    def stop(self) -> None:
-        self.session.close()
+    def found(self, gpus: list[tuple[int, Any, str]]) -> None:
+        self._gpus = [gpu for gpu in gpus if gpu[1] is not None]
 
     def sample(self) -> Samples:
-        if not self.session.open:
-            self._init()
+        self.ensure_open()
         out = Samples()
         for index, handle, uuid in self._gpus:
             try:
@@ -155,6 +143,6 @@ REGISTRATION = register(
         catalogue=C,
         options=(INTERVAL,),
         enabled_by_default=nvidia_driver_loaded,
-        devices=("char-nvidia-frontend rw",),
+        devices=NVML_DEVICES,
     )
 )

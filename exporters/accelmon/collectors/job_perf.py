@@ -24,9 +24,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from accelmon import perf_events
-from accelmon.collectors.job_resources import cpu_list, job_cgroups, read_first
-from accelmon.collectors.jobs import OAR_RUNTIME_DIR, STATE_DIR, recorded_job_ids
 from accelmon.core import Catalogue, Collector, Samples
+from accelmon.job_sources import OAR_RUNTIME_DIR, STATE_DIR, cpu_list, job_cgroups, read_first, recorded_job_ids
 from accelmon.perf_events import Counters, Event, KernelCounters, PerfError
 from accelmon.registry import Option, Registration, never, register, seconds
 

@@ -23,8 +23,16 @@ import logging
 import os
 from typing import Optional
 
-from accelmon.collectors.jobs import OAR_RUNTIME_DIR, STATE_DIR, has_job_records, job_of_cgroup, recorded_job_ids
 from accelmon.core import Catalogue, Collector, MetricSpec, Samples
+from accelmon.job_sources import (
+    OAR_RUNTIME_DIR,
+    STATE_DIR,
+    cpu_list,
+    has_job_records,
+    job_cgroups,
+    read_first,
+    recorded_job_ids,
+)
 from accelmon.registry import Registration, register, seconds
 
 log = logging.getLogger("accelmon.job_resources")
@@ -56,35 +64,8 @@ WITHOUT_CGROUP = C.gauge(
     "accelmon_jobs_without_cgroup", "Jobs with a record whose cgroup was not found (no cgroup plugin?).", ()
 )
 
-MAX_DEPTH = 6  # from the cgroup root to a job's directory: v1 4, v2 3; deeper trees are not searched
 UNLIMITED = 2**62  # v1 reports "no limit" as a page-rounded 2^63-1
 USER_HZ = float(os.sysconf("SC_CLK_TCK")) if hasattr(os, "sysconf") else 100.0
-
-
-def job_cgroups(root: str, jobs: set[str]) -> dict[str, list[str]]:
-    """The cgroup directories of each job in `jobs`: one (v2) or one per controller (v1)."""
-    found: dict[str, list[str]] = {}
-    base = root.rstrip(os.sep).count(os.sep)
-    for directory, subdirectories, _ in os.walk(root):  # symlinks (v1's cpu -> cpu,cpuacct) not followed
-        job = job_of_cgroup(directory)
-        if job is not None:
-            subdirectories.clear()
-            if job in jobs:
-                found.setdefault(job, []).append(directory)
-        elif directory.count(os.sep) - base >= MAX_DEPTH:
-            subdirectories.clear()
-    return found
-
-
-def read_first(directories: list[str], name: str) -> Optional[str]:
-    """The first of `directories` that has the file `name`: the controller that owns it (v1), or the one (v2)."""
-    for directory in directories:
-        try:
-            with open(os.path.join(directory, name), encoding="ascii", errors="replace") as stream:
-                return stream.read()
-        except OSError:
-            continue
-    return None
 
 
 def _number(text: Optional[str]) -> Optional[float]:
@@ -110,20 +91,6 @@ def _keyed(text: Optional[str]) -> dict[str, float]:
             except ValueError:
                 continue
     return values
-
-
-def cpu_list(cpuset: Optional[str]) -> Optional[list[int]]:
-    """The CPUs of a cpuset list such as `0-3,8,10-11`; None for an empty or malformed one."""
-    if cpuset is None or not cpuset.strip():
-        return None
-    cpus: list[int] = []
-    for part in cpuset.strip().split(","):
-        first, _, last = part.partition("-")
-        try:
-            cpus.extend(range(int(first), int(last) + 1) if last else [int(first)])
-        except ValueError:
-            return None
-    return cpus
 
 
 def cpu_count(cpuset: Optional[str]) -> Optional[int]:

@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from accelmon import xid as catalogue
-from accelmon.collectors.jobs import driver_gpus_by_bus
 from accelmon.core import Catalogue, Collector, Samples
+from accelmon.nvidia import driver_gpus_by_bus, nvidia_driver_loaded
 from accelmon.registry import Paths, Registration, register, seconds
 
 log = logging.getLogger("accelmon.kernel_log")
@@ -371,9 +371,10 @@ class KernelLogCollector(Collector):
         return out
 
 
-def _nvidia_driver(paths: Paths, options: dict[str, Any]) -> bool:
-    """On by default where the NVIDIA driver is loaded: it is what writes XIDs."""
-    return os.path.isdir(os.path.join(paths.procfs, "driver", "nvidia"))
+def _nvidia_driver_or_log_given(paths: Paths, options: dict[str, Any]) -> bool:
+    """On by default where the NVIDIA driver is loaded (it is what writes XIDs), and wherever a kernel log other
+    than /dev/kmsg is named (`--path.kmsg`, `paths.kmsg`): a path given on purpose is never silently ignored."""
+    return nvidia_driver_loaded(paths, options) or paths.kmsg != Paths.kmsg
 
 
 REGISTRATION = register(
@@ -385,7 +386,7 @@ REGISTRATION = register(
         options=(INTERVAL,),
         # Not hardware: an unreadable log is reported by accelmon_kernel_log_readable and the node's health check
         # (a permission to grant), not as hardware that does not answer.
-        enabled_by_default=_nvidia_driver,
+        enabled_by_default=_nvidia_driver_or_log_given,
         devices=("/dev/kmsg r",),
         # Reading /dev/kmsg where kernel.dmesg_restrict=1 (Debian's and Ubuntu's default) needs CAP_SYSLOG.
         capabilities=("CAP_SYSLOG",),

@@ -14,7 +14,6 @@ slower interval and XID events are waited for on another, so neither slows the m
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections import Counter
@@ -24,181 +23,64 @@ from typing import Any, Callable
 
 import pynvml
 
-from accelmon.core import Catalogue, Collector, Samples
-from accelmon.registry import Option, Paths, Registration, register, seconds
+from accelmon.core import Collector, Samples
+from accelmon.gpu_metrics import (
+    BAR1_TOTAL,
+    BAR1_USED,
+    CATALOGUE,
+    CLOCK_EVENT,
+    DECODER,
+    ECC,
+    ENCODER,
+    ENERGY,
+    FAN,
+    INFO,
+    INTERVAL,
+    MEMORY_CLOCK,
+    MEMORY_CLOCK_MAX,
+    MEMORY_FREE,
+    MEMORY_RESERVED,
+    MEMORY_TEMPERATURE,
+    MEMORY_TOTAL,
+    MEMORY_USED,
+    MEMORY_UTILIZATION,
+    MIG_INFO,
+    MIG_MEMORY_TOTAL,
+    MIG_MEMORY_USED,
+    MIG_MODE,
+    PCIE_GENERATION,
+    PCIE_GENERATION_MAX,
+    PCIE_INTERVAL,
+    PCIE_REPLAYS,
+    PCIE_RX,
+    PCIE_TX,
+    PCIE_WIDTH,
+    PCIE_WIDTH_MAX,
+    POWER,
+    POWER_LIMIT,
+    POWER_VIOLATION,
+    PROCESSES,
+    PSTATE,
+    REMAP_FAILURE,
+    REMAP_PENDING,
+    REMAPPED_ROWS,
+    RETIRED_PAGES,
+    RETIRED_PENDING,
+    SLOW_INTERVAL,
+    SM_CLOCK,
+    SM_CLOCK_MAX,
+    TEMPERATURE,
+    THERMAL_VIOLATION,
+    UP,
+    UTILIZATION,
+    WATCH_XIDS,
+    XID_ERRORS,
+    XID_EVENTS,
+)
+from accelmon.nvidia import NVML_MIG_DEVICES, nvidia_driver_loaded, text
+from accelmon.registry import Registration, register
 
 log = logging.getLogger("accelmon.nvml")
-
-GPU = ("gpu", "uuid")
-# How often each value is read, by what it costs and how fast it moves (CPU per call measured on an H100,
-# docs/hardware.md). Cheap, fast-moving values every interval; counters and rarely changing values on the
-# slow schedule (the energy counter alone costs 4 ms of CPU; a slower read of a counter only coarsens rate(),
-# it loses nothing); identity and maximum clocks once per GPU.
-SLOW = "every slow interval"
-ONCE = "once per GPU"
-PCIE = "every PCIe interval, own thread"
-EVENT = "as events arrive, own thread"
-INTERVAL = seconds("interval_seconds", 1, "how often the cheap, fast-moving values are read")
-# Counters and slow values (energy alone: 4 ms CPU per read on an H100) every 30 s, as dcgm-exporter collects.
-SLOW_INTERVAL = seconds(
-    "slow_interval_seconds", 30, "how often counters and rarely changing values are read (served from cache between)"
-)
-# PCIe throughput costs 0.7 ms of CPU and 20 ms of waiting per direction per GPU.
-PCIE_INTERVAL = seconds("pcie_interval_seconds", 30, "how often PCIe throughput is read, on its own thread")
-WATCH_XIDS = Option("xid_events", True, "count XID errors as NVML reports them (a thread waiting on events)")
-CATALOGUE = Catalogue(
-    "nvml",
-    "NVIDIA GPU device counters (NVML)",
-    "Source: NVML through nvidia-ml-py. Conversions: percent to ratio (/100), mW to W, mJ to J, MHz to Hz, "
-    "KiB/s to bytes/s (PCIe throughput), ns to s (violation time). A field NVML does not support on a GPU "
-    "(NotSupported, FunctionNotFound, NoPermission) has no series for that GPU. XID counts start at 0 when "
-    "the exporter starts. Read schedule (column *read*; CPU per call measured on an H100, driver 580): cheap, "
-    f"fast-moving values every `interval_seconds` ({INTERVAL.default:g} s); counters and rarely changing values "
-    f"every `slow_interval_seconds` ({SLOW_INTERVAL.default:g} s, as dcgm-exporter collects: the energy counter "
-    "alone costs 4 ms of CPU per read, the two violation counters 0.8 ms each; a counter read less often stays "
-    "exact, only `rate()` gets coarser) and served from that read in between; identity and maximum clocks once per "
-    f"GPU; PCIe throughput every `pcie_interval_seconds` ({PCIE_INTERVAL.default:g} s, 0.7 ms of CPU and 20 ms of "
-    "waiting per direction) on its own thread.",
-)
-C = CATALOGUE
-INFO = C.gauge(
-    "accelmon_gpu_info",
-    "Identity of a GPU (vendor: nvidia or amd, whose collector serves it); value is 1.",
-    [*GPU, "name", "pci_bus_id", "serial", "vbios_version", "driver_version", "cuda_compute_capability", "vendor"],
-    read=ONCE,
-)
-UP = C.gauge(
-    "accelmon_gpu_up",
-    "1 if the GPU answers its driver library (NVML, amdsmi), 0 once it is lost (NVML: GpuIsLost).",
-    GPU,
-)
-UTILIZATION = C.gauge("accelmon_gpu_utilization_ratio", "Fraction of the last sample period a kernel ran (0..1).", GPU)
-MEMORY_UTILIZATION = C.gauge(
-    "accelmon_gpu_memory_utilization_ratio",
-    "Fraction of the last sample period device memory was read or written.",
-    GPU,
-)
-MEMORY_USED = C.gauge("accelmon_gpu_memory_used_bytes", "Device memory in use.", GPU)
-MEMORY_FREE = C.gauge("accelmon_gpu_memory_free_bytes", "Device memory free.", GPU)
-MEMORY_TOTAL = C.gauge("accelmon_gpu_memory_total_bytes", "Device memory installed.", GPU)
-MEMORY_RESERVED = C.gauge(
-    "accelmon_gpu_memory_reserved_bytes", "Device memory reserved by the driver and firmware.", GPU
-)
-BAR1_USED = C.gauge("accelmon_gpu_bar1_memory_used_bytes", "BAR1 memory in use.", GPU, read=SLOW)
-BAR1_TOTAL = C.gauge("accelmon_gpu_bar1_memory_total_bytes", "BAR1 memory size.", GPU, read=SLOW)
-TEMPERATURE = C.gauge("accelmon_gpu_temperature_celsius", "GPU die temperature (AMD: hotspot).", GPU)
-MEMORY_TEMPERATURE = C.gauge("accelmon_gpu_memory_temperature_celsius", "HBM temperature.", GPU)
-POWER = C.gauge("accelmon_gpu_power_watts", "Power draw (AMD: socket power).", GPU)
-POWER_LIMIT = C.gauge("accelmon_gpu_power_limit_watts", "Enforced power limit.", GPU)
-ENERGY = C.counter(
-    "accelmon_gpu_energy_joules_total",
-    "Energy used since the driver was loaded.",
-    GPU,
-    read=SLOW,
-)
-SM_CLOCK = C.gauge("accelmon_gpu_sm_clock_hertz", "Current SM clock (AMD: GFX clock).", GPU)
-MEMORY_CLOCK = C.gauge("accelmon_gpu_memory_clock_hertz", "Current memory clock.", GPU)
-SM_CLOCK_MAX = C.gauge("accelmon_gpu_sm_clock_max_hertz", "Maximum SM clock.", GPU, read=ONCE)
-MEMORY_CLOCK_MAX = C.gauge("accelmon_gpu_memory_clock_max_hertz", "Maximum memory clock.", GPU, read=ONCE)
-PSTATE = C.gauge("accelmon_gpu_performance_state", "Performance state: 0 (P0, maximum) to 15 (P15, minimum).", GPU)
-FAN = C.gauge("accelmon_gpu_fan_speed_ratio", "Fan speed as a fraction of its maximum (only GPUs with fans).", GPU)
-ENCODER = C.gauge("accelmon_gpu_encoder_utilization_ratio", "Video encoder utilization (0..1).", GPU)
-DECODER = C.gauge("accelmon_gpu_decoder_utilization_ratio", "Video decoder utilization (0..1).", GPU)
-PROCESSES = C.gauge("accelmon_gpu_compute_processes", "Compute processes running on the GPU.", GPU)
-ECC = C.counter(
-    "accelmon_gpu_ecc_errors_total",
-    "ECC errors; scope volatile counts since the driver loaded, aggregate over the GPU's life.",
-    [*GPU, "type", "scope"],
-    read=SLOW,
-)
-RETIRED_PAGES = C.counter(
-    "accelmon_gpu_retired_pages_total",
-    "Memory pages retired, by cause (single_bit or double_bit).",
-    [*GPU, "cause"],
-    read=SLOW,
-)
-RETIRED_PENDING = C.gauge(
-    "accelmon_gpu_retired_pages_pending", "1 if pages are waiting to be retired at next reset.", GPU, read=SLOW
-)
-REMAPPED_ROWS = C.counter(
-    "accelmon_gpu_remapped_rows_total",
-    "Memory rows remapped, by cause (correctable or uncorrectable).",
-    [*GPU, "cause"],
-    read=SLOW,
-)
-REMAP_PENDING = C.gauge(
-    "accelmon_gpu_remapped_rows_pending", "1 if a row remapping waits for a GPU reset.", GPU, read=SLOW
-)
-REMAP_FAILURE = C.gauge(
-    "accelmon_gpu_remapped_rows_failure", "1 if a row remapping failed (GPU needs service).", GPU, read=SLOW
-)
-PCIE_REPLAYS = C.counter(
-    "accelmon_gpu_pcie_replays_total", "PCIe replay events (link retransmissions).", GPU, read=SLOW
-)
-PCIE_GENERATION = C.gauge(
-    "accelmon_gpu_pcie_link_generation",
-    "PCIe generation the link runs at now (GPUs drop to a lower one when idle, to save power).",
-    GPU,
-    read=SLOW,
-)
-PCIE_GENERATION_MAX = C.gauge(
-    "accelmon_gpu_pcie_link_generation_max",
-    "Highest PCIe generation this GPU and its slot allow together.",
-    GPU,
-    read=ONCE,
-)
-PCIE_WIDTH = C.gauge("accelmon_gpu_pcie_link_width", "PCIe lanes the link trained at now.", GPU, read=SLOW)
-PCIE_WIDTH_MAX = C.gauge(
-    "accelmon_gpu_pcie_link_width_max", "Most PCIe lanes this GPU and its slot allow together.", GPU, read=ONCE
-)
-PCIE_TX = C.gauge(
-    "accelmon_gpu_pcie_transmit_bytes_per_second",
-    "PCIe bytes sent per second over NVML's 20 ms window (NVML reports KiB/s); sampled at the PCIe interval.",
-    GPU,
-    read=PCIE,
-)
-PCIE_RX = C.gauge(
-    "accelmon_gpu_pcie_receive_bytes_per_second", "PCIe bytes received per second (see transmit).", GPU, read=PCIE
-)
-CLOCK_EVENT = C.gauge(
-    "accelmon_gpu_clock_event_active",
-    "1 if the clock-event (throttle) reason is active now, else 0.",
-    [*GPU, "reason"],
-)
-POWER_VIOLATION = C.counter(
-    "accelmon_gpu_power_violation_seconds_total",
-    "Time clocks were held down by the power limit (NVML: ns).",
-    GPU,
-    read=SLOW,
-)
-THERMAL_VIOLATION = C.counter(
-    "accelmon_gpu_thermal_violation_seconds_total", "Time clocks were held down by the thermal limit.", GPU, read=SLOW
-)
-XID_ERRORS = C.counter(
-    "accelmon_gpu_xid_errors_total",
-    "XID critical error events seen since the exporter started, by XID code.",
-    [*GPU, "xid"],
-    read=EVENT,
-)
-XID_EVENTS = C.counter(
-    "accelmon_gpu_xid_events_total",
-    "XID critical error events of any code since the exporter started (present from 0 so increase() sees the first).",
-    GPU,
-    read=EVENT,
-)
-MIG_MODE = C.gauge("accelmon_gpu_mig_mode_enabled", "1 if MIG mode is on.", GPU, read=SLOW)
-MIG_INFO = C.gauge(
-    "accelmon_gpu_mig_instance_info",
-    "A MIG device of the GPU; value is 1.",
-    [*GPU, "gpu_instance_id", "mig_uuid"],
-    read=SLOW,
-)
-MIG_MEMORY_USED = C.gauge(
-    "accelmon_gpu_mig_memory_used_bytes", "Memory used in a MIG device.", [*GPU, "gpu_instance_id"], read=SLOW
-)
-MIG_MEMORY_TOTAL = C.gauge(
-    "accelmon_gpu_mig_memory_total_bytes", "Memory of a MIG device.", [*GPU, "gpu_instance_id"], read=SLOW
-)
 
 CLOCK_EVENT_REASONS = {
     "gpu_idle": pynvml.nvmlClocksEventReasonGpuIdle,
@@ -650,46 +532,6 @@ class NvmlCollector(Collector):
             pass
 
 
-class NvmlSession:
-    """An NVML session of a collector's own (NVML counts its inits: each collector opens and closes its own), for
-    collectors that read a few things on their own schedule (fabric, gpu_processes)."""
-
-    def __init__(self, purpose: str, nvml: Any = None) -> None:
-        self.purpose = purpose  # what is missing without NVML, for the log
-        self.nvml: Any = nvml if nvml is not None else pynvml
-        self.open = False
-
-    def gpus(self) -> list[tuple[int, Any, str]] | None:
-        """(index, handle, UUID) of every GPU, None for the handle of one that does not answer (yet); None if NVML
-        cannot be opened (no driver: retried at the next call)."""
-        nvml = self.nvml
-        try:
-            if not self.open:  # once per session: NVML counts its inits
-                nvml.nvmlInit()
-                self.open = True
-            count = nvml.nvmlDeviceGetCount()
-        except nvml.NVMLError as error:
-            log.info("NVML not available (%s): %s", error, self.purpose)
-            return None
-        found: list[tuple[int, Any, str]] = []
-        for index in range(count):
-            try:
-                handle = nvml.nvmlDeviceGetHandleByIndex(index)
-                found.append((index, handle, text(nvml.nvmlDeviceGetUUID(handle))))
-            except nvml.NVMLError as error:
-                log.info("GPU %d: %s (left out until it answers)", index, error)
-                found.append((index, None, ""))
-        return found
-
-    def close(self) -> None:
-        if self.open:
-            try:
-                self.nvml.nvmlShutdown()
-            except self.nvml.NVMLError:
-                pass
-            self.open = False
-
-
 def _putter(out: Samples, labels: tuple[str, ...]) -> Callable[..., None]:
     """put(spec, value, scale=1, extra=()): value * scale under the GPU's labels (and extra), unless None."""
 
@@ -701,10 +543,6 @@ def _putter(out: Samples, labels: tuple[str, ...]) -> Callable[..., None]:
     return put
 
 
-def text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _scaled(value: float | None, scale: float) -> float | None:
     """value * scale, dividing for scales below 1 so that 123456789 mJ is 123456.789 J, not ...790000001."""
     if value is None:
@@ -712,11 +550,6 @@ def _scaled(value: float | None, scale: float) -> float | None:
     if scale < 1:
         return value / round(1 / scale)
     return value * scale
-
-
-def nvidia_driver_loaded(paths: Paths, options: dict[str, Any]) -> bool:
-    """The kernel module is loaded: NVML should answer (a broken library or driver otherwise)."""
-    return os.path.exists(os.path.join(paths.procfs, "driver", "nvidia", "version"))
 
 
 register(
@@ -735,6 +568,6 @@ register(
         enabled_by_default=lambda paths, options: True,
         hardware_present=nvidia_driver_loaded,
         # /dev/nvidiactl and /dev/nvidia<N> (the nvidia-frontend major), MIG capabilities read-only.
-        devices=("char-nvidia-frontend rw", "char-nvidia-caps r"),
+        devices=NVML_MIG_DEVICES,
     )
 )

@@ -19,9 +19,7 @@ One set of names whichever backend feeds them:
 
 from __future__ import annotations
 
-import importlib
 import logging
-import sys
 import time
 from dataclasses import dataclass
 from types import ModuleType
@@ -30,6 +28,8 @@ from typing import Any, Callable
 import pynvml
 
 from accelmon.core import Catalogue, Collector, Samples
+from accelmon.dcgm import DCGM_BINDINGS_PATH, DCGM_HOST, dcgm_connect
+from accelmon.nvidia import NVML_MIG_DEVICES
 from accelmon.registry import Option, Registration, never, register, seconds
 
 log = logging.getLogger("accelmon.profiling")
@@ -38,13 +38,6 @@ log = logging.getLogger("accelmon.profiling")
 INTERVAL = seconds("interval_seconds", 5, "the profiling window: how often counters are read (GPM: sample spacing)")
 BACKENDS = ("auto", "dcgm", "gpm")
 BACKEND_OPTION = Option("backend", "auto", "where the counters come from: DCGM if it answers, else GPM", BACKENDS)
-DCGM_HOST = Option("dcgm_host", "localhost:5555", "the DCGM host engine (nv-hostengine) to connect to")
-# DCGM 4, then DCGM 3: where the bindings that ship with DCGM live.
-DCGM_BINDINGS_PATH = Option(
-    "dcgm_bindings_path",
-    "/usr/share/datacenter-gpu-manager-4/bindings/python3:/usr/local/dcgm/bindings/python3",
-    "directories (colon-separated) searched for DCGM's Python bindings",
-)
 
 GPU = ("gpu", "uuid")
 CATALOGUE = Catalogue(
@@ -223,35 +216,6 @@ INT64_BLANK = 0x7FFFFFFFFFFFFFF0
 
 Readings = dict[int, tuple[str, dict[Any, float]]]  # gpu index -> (uuid, {spec: value})
 MigReadings = dict[tuple[int, int], tuple[str, dict[Any, float]]]  # (gpu index, GPU instance id) -> the same
-
-
-def dcgm_modules(bindings_paths: tuple[str, ...]) -> tuple[ModuleType, ModuleType] | None:
-    """DCGM's own Python bindings (pydcgm, dcgm_structs), from the first of `bindings_paths` that has them."""
-    for path in bindings_paths:
-        if path not in sys.path:
-            sys.path.append(path)
-    try:
-        return importlib.import_module("pydcgm"), importlib.import_module("dcgm_structs")
-    except ImportError:
-        return None
-
-
-def dcgm_connect(bindings_paths: tuple[str, ...], host: str, group_name: str) -> tuple[Any, Any, Any, dict[int, str]]:
-    """(pydcgm, handle, group of every GPU, GPU id -> UUID) from the host engine at `host`; raises on failure.
-    An address means "connect to nv-hostengine": never the embedded mode that would lock out dcgmi."""
-    modules = dcgm_modules(bindings_paths)
-    if modules is None:
-        raise ImportError(f"DCGM bindings not found in {', '.join(bindings_paths)}")
-    pydcgm, structs = modules
-    handle = pydcgm.DcgmHandle(ipAddress=host, opMode=structs.DCGM_OPERATION_MODE_AUTO)
-    try:
-        group = pydcgm.DcgmGroup(handle, groupName=group_name, groupType=structs.DCGM_GROUP_DEFAULT)
-        system = handle.GetSystem()
-        uuids = {gpu: str(system.discovery.GetGpuAttributes(gpu).identifiers.uuid) for gpu in group.GetGpuIds()}
-    except Exception:
-        handle.Shutdown()
-        raise
-    return pydcgm, handle, group, uuids
 
 
 class DcgmBackend:
@@ -564,6 +528,6 @@ register(
         # No backend is a choice, not a fault: accelmon_profiling_backend_info says which one answers.
         hardware_present=never,
         # GPM goes through NVML's device nodes; DCGM is a TCP connection.
-        devices=("char-nvidia-frontend rw", "char-nvidia-caps r"),
+        devices=NVML_MIG_DEVICES,
     )
 )

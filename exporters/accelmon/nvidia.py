@@ -1,0 +1,158 @@
+"""The NVIDIA host: what every NVIDIA collector, the job sources and the health hooks share about the driver and
+NVML, so that no collector imports another.
+
+- `nvidia_driver_loaded`: the one predicate for "the NVIDIA kernel module is loaded" (its procfs version file).
+- `driver_gpus`, `driver_gpus_by_bus`: the GPUs as the driver lists them in `<procfs>/driver/nvidia/gpus/<bus
+  id>/information` (minor number, UUID, bus location), which still lists a GPU NVML no longer reaches.
+- `NvmlSession`: an NVML session of a collector's own (NVML counts its inits); `OwnSessionCollector`: the base of
+  collectors that read a few things on their own session and schedule (fabric, gpu_processes).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import pynvml
+
+from accelmon.core import Collector
+
+log = logging.getLogger("accelmon.nvidia")
+
+# systemd DeviceAllow= entries of a collector that opens NVML: /dev/nvidiactl and /dev/nvidia<N> (the
+# nvidia-frontend major); with MIG, NVML also reads the MIG capabilities (/dev/nvidia-caps), read-only.
+NVML_DEVICES = ("char-nvidia-frontend rw",)
+NVML_MIG_DEVICES = (*NVML_DEVICES, "char-nvidia-caps r")
+
+
+def nvidia_driver_loaded(paths: Any, options: dict[str, Any]) -> bool:
+    """The kernel module is loaded: NVML should answer (a broken library or driver otherwise), and the driver
+    writes XIDs to the kernel log. `paths` is an `accelmon.registry.Paths`."""
+    return os.path.exists(os.path.join(paths.procfs, "driver", "nvidia", "version"))
+
+
+@dataclass(frozen=True)
+class DriverGpu:
+    index: str  # NVML's index: the GPU's place in PCI bus order
+    uuid: str
+
+
+def driver_gpu_entries(procfs: str) -> list[tuple[str, DriverGpu, dict[str, str]]]:
+    """(bus id, GPU, fields of its information file) for each GPU the NVIDIA driver lists in procfs."""
+    root = os.path.join(procfs, "driver", "nvidia", "gpus")
+    try:
+        buses = sorted(os.listdir(root), key=str.lower)
+    except OSError:
+        return []
+    out = []
+    for position, bus in enumerate(buses):
+        fields: dict[str, str] = {}
+        try:
+            with open(os.path.join(root, bus, "information"), encoding="utf-8", errors="replace") as stream:
+                for line in stream:
+                    key, sep, value = line.partition(":")
+                    if sep:
+                        fields[key.strip()] = value.strip()
+        except OSError:
+            continue
+        out.append((bus.lower(), DriverGpu(str(position), fields.get("GPU UUID", "")), fields))
+    return out
+
+
+def driver_gpus(procfs: str) -> tuple[dict[str, DriverGpu], dict[str, DriverGpu]]:
+    """This host's GPUs as the NVIDIA driver lists them in procfs: by device minor number, and by UUID."""
+    by_minor: dict[str, DriverGpu] = {}
+    by_uuid: dict[str, DriverGpu] = {}
+    for _, gpu, fields in driver_gpu_entries(procfs):
+        if fields.get("Device Minor", "").isdigit():
+            by_minor[fields["Device Minor"]] = gpu
+        if gpu.uuid:
+            by_uuid[gpu.uuid] = gpu
+    return by_minor, by_uuid
+
+
+def driver_gpus_by_bus(procfs: str) -> dict[str, DriverGpu]:
+    """This host's GPUs by PCI bus id (`0000:18:00.0`, lower case), as the driver lists them: a GPU that fell off
+    the bus keeps its entry, so it can still be named."""
+    return {bus: gpu for bus, gpu, _ in driver_gpu_entries(procfs)}
+
+
+def text(value: Any) -> str:
+    """NVML's strings: bytes from older bindings, str from newer ones."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class NvmlSession:
+    """An NVML session of a collector's own (NVML counts its inits: each collector opens and closes its own), for
+    collectors that read a few things on their own schedule (fabric, gpu_processes, jobs)."""
+
+    def __init__(self, purpose: str, nvml: Any = None) -> None:
+        self.purpose = purpose  # what is missing without NVML, for the log
+        self.nvml: Any = nvml if nvml is not None else pynvml
+        self.open = False
+
+    def gpus(self) -> list[tuple[int, Any, str]] | None:
+        """(index, handle, UUID) of every GPU, None for the handle of one that does not answer (yet); None if NVML
+        cannot be opened (no driver: retried at the next call)."""
+        nvml = self.nvml
+        try:
+            if not self.open:  # once per session: NVML counts its inits
+                nvml.nvmlInit()
+                self.open = True
+            count = nvml.nvmlDeviceGetCount()
+        except nvml.NVMLError as error:
+            log.info("NVML not available (%s): %s", error, self.purpose)
+            return None
+        found: list[tuple[int, Any, str]] = []
+        for index in range(count):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                found.append((index, handle, text(nvml.nvmlDeviceGetUUID(handle))))
+            except nvml.NVMLError as error:
+                log.info("GPU %d: %s (left out until it answers)", index, error)
+                found.append((index, None, ""))
+        return found
+
+    def close(self) -> None:
+        if self.open:
+            try:
+                self.nvml.nvmlShutdown()
+            except self.nvml.NVMLError:
+                pass
+            self.open = False
+
+
+class OwnSessionCollector(Collector):
+    """A collector sampling on an NVML session of its own: opened at start, tried again at each sample until NVML
+    answers (a driver loaded after the exporter started), closed at stop. Subclasses name what is missing without
+    NVML (`purpose`) and take the GPUs found in `found`."""
+
+    purpose = "a collector's NVML reads"
+
+    def __init__(self, nvml: Any = None) -> None:
+        self.session = NvmlSession(self.purpose, nvml)
+        self.nvml: Any = self.session.nvml
+
+    def found(self, gpus: list[tuple[int, Any, str]]) -> None:
+        raise NotImplementedError
+
+    def hardware_answering(self) -> bool:
+        return self.session.open
+
+    def start(self) -> None:
+        self._open()
+
+    def stop(self) -> None:
+        self.session.close()
+
+    def ensure_open(self) -> None:
+        """At each sample: open the session if it is not (yet)."""
+        if not self.session.open:
+            self._open()
+
+    def _open(self) -> None:
+        gpus = self.session.gpus()
+        if gpus is not None:
+            self.found(gpus)
