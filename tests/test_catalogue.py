@@ -21,7 +21,7 @@ def test_every_exported_name_is_catalogued_and_unique():
     # and help wherever it comes from.
     assert len(names) == len(set(names)), "two collectors declare the same metric name apart"
     exported = set()
-    for golden in GOLDEN.glob("*.prom"):
+    for golden in GOLDEN.rglob("*.prom"):
         for family in text_string_to_metric_families(golden.read_text()):
             exported.add(family.name + ("_total" if family.type == "counter" else ""))
     assert exported, "no golden files found"

@@ -6,7 +6,7 @@ import pytest
 
 from accelmon.cli import build_samplers, parser, settings_from
 from accelmon.config import ConfigError
-from tests.support.exposition import check_golden, promtool_check, sample_value
+from tests.support.exposition import by_collector, check_golden, promtool_check, sample_value, stable_lines
 from tests.support.processes import exporter_env, free_port, run_once, start_exporter, wait_until_serving
 
 SCENARIOS = {
@@ -33,6 +33,18 @@ def test_once_matches_golden_and_passes_promtool(golden, fake_nvml_dir, tmp_path
     assert result.returncode == 0, result.stderr
     promtool_check(result.stdout)
     check_golden(golden, result.stdout)
+
+
+def test_a_default_on_collector_changes_only_its_own_golden_file(fake_nvml_dir, tmp_path):
+    """Golden files are one per collector: a run without the (default-on) health collector, as if it had not been
+    written yet, differs from a run with it only in health's own part, its self-metrics included."""
+    config = tmp_path / "fake.conf"
+    config.write_text(SCENARIOS["nvml_h100_real.prom"])
+    env = exporter_env(fake_nvml_dir, config)
+    with_health = by_collector(stable_lines(run_once([], env).stdout))
+    without = by_collector(stable_lines(run_once(["--no-collector.health"], env).stdout))
+    assert 'accelmon_collector_success{collector="health"} 1.0' in with_health["health"]
+    assert {part: text for part, text in with_health.items() if part != "health"} == without
 
 
 def test_once_without_nvidia_driver(tmp_path):

@@ -166,3 +166,11 @@ def test_the_last_xid_alert_names_the_gpu_and_code_accelmon_logged(prometheus):
     expected = {r["metric"]["gpu"]: float(r["metric"]["xid"]) for r in logged}
     assert expected == {"2": 79.0}
     assert by_gpu(prometheus, "DCGM_FI_DEV_XID_ERRORS > 0") == expected
+
+
+def test_what_replace_own_hides_is_derived_from_the_registrations():
+    from accelmon.collectors.dcgm_compat import replaced_collectors
+
+    assert replaced_collectors() == ("nvml", "profiling")
+    assert DcgmCompatCollector(replace_own=True).replaces == ("nvml", "profiling")
+    assert DcgmCompatCollector().replaces == ()

@@ -20,6 +20,7 @@ from accelmon.core import Samples
 from tests.support.exposition import promtool_check, sample_value
 from tests.support.jobs_tree import nvidia_procfs, uuid
 from tests.support.kernel_log_lines import BOOT, HISTORY, record, xid_line
+from tests.support.paths import ROOT
 from tests.support.processes import exporter_command, exporter_env
 
 HOUR = 3600.0
@@ -260,12 +261,55 @@ def test_lost_gpu_and_served_states(tmp_path, procfs):
     assert len(node.drain_reason()) <= len("accelmon: ") + 200
 
 
+def documented_checks() -> tuple[list[str], list[str]]:
+    """docs/health.md's table of checks: (GPU checks, node checks), in the table's order."""
+    text = (ROOT / "docs" / "health.md").read_text()
+    table = text[text.index("| check | collector |") :].split("\n\n")[0].splitlines()[2:]
+    names = [row.split("|")[1].strip() for row in table]
+    gpu = [name.strip("`") for name in names if not name.endswith("(node)")]
+    node = [name.split()[0].strip("`") for name in names if name.endswith("(node)")]
+    return gpu, node
+
+
+def documented_json() -> dict:
+    text = (ROOT / "docs" / "health.md").read_text()
+    return json.loads(text[text.index("```json\n", text.index("## `accelmon-exporter --scan`")) + 8 :].split("```")[0])
+
+
 def test_the_json_is_what_docs_promise(tmp_path, procfs, nvml_samples):
-    document = json.loads(health.dumps(health.evaluate([nvml_samples], now=0)))
-    assert set(document) == {"verdict", "checks", "gpus"}
-    assert {"index", "uuid", "verdict", "action", "checks"} == set(document["gpus"][0])
-    assert {"name", "verdict", "detail", "action"} == set(document["gpus"][0]["checks"][0])
-    assert [c["name"] for c in document["gpus"][0]["checks"]] == list(health.CHECK_NAMES)
+    """The keys and the check order of the scan's JSON are what docs/health.md shows and tabulates."""
+    promised = documented_json()
+    document = json.loads(health.dumps(health.evaluate([nvml_samples, kernel_log_sample(tmp_path, procfs, "")], now=0)))
+    assert set(document) == set(promised)
+    assert set(document["gpus"][0]) == set(promised["gpus"][0])
+    assert set(document["gpus"][0]["checks"][0]) == set(promised["gpus"][0]["checks"][0])
+    assert set(document["checks"][0]) == set(promised["checks"][0])
+    gpu_checks, node_checks = documented_checks()
+    assert [c["name"] for c in document["gpus"][0]["checks"]] == gpu_checks
+    assert health.check_names() == (gpu_checks, node_checks)
+
+
+def test_a_collector_owns_its_checks():
+    """A check is declared by the collector whose series it reads: its judge reads only specs of that collector's
+    catalogue (or the GPU device series it serves), so removing a collector removes its checks with it."""
+    from accelmon.registry import collectors
+
+    owners = {check.name: name for name, r in collectors().items() for check in (*r.gpu_checks, *r.node_checks)}
+    assert owners == {
+        "xgmi": "amd",
+        "dcgm": "dcgm_health",
+        "nvlink": "fabric",
+        "fabric": "fabric",
+        "fabric_manager": "fabric",
+        "xid": "kernel_log",
+        "kernel_log": "kernel_log",
+        "gpu_lost": "nvml",
+        "ecc": "nvml",
+        "memory_repair": "nvml",
+        "slowdown": "nvml",
+        "pcie": "nvml",
+    }
+    assert [name for name, r in collectors().items() if r.scan] == ["amd", "fabric", "kernel_log", "nvml"]
 
 
 def scan(

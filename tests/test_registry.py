@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -23,10 +24,21 @@ TOY = '''
 """A toy collector, added by a test without touching any other file."""
 
 from accelmon.core import Catalogue, Collector, Samples
+from accelmon.health import Check, NodeCheck
 from accelmon.registry import Option, Registration, register, seconds
 
 CATALOGUE = Catalogue("toy", "Toy widgets", "Counted by hand.")
 WIDGETS = CATALOGUE.gauge("accelmon_toy_widgets", "Widgets on the bench.", ["colour"])
+
+
+def check_widgets(view):
+    """Red widgets on the bench are a fault of the node."""
+    rows = view.of(WIDGETS)
+    if not rows:
+        return None
+    if any(labels["colour"] == "red" for labels, _ in rows):
+        return Check("toy_widgets", "failure", "red widgets on the bench", "hardware_service")
+    return Check("toy_widgets", "ok", "only blue widgets")
 
 
 class ToyCollector(Collector):
@@ -53,6 +65,8 @@ register(
         ),
         enabled_by_default=lambda paths, options: False,
         devices=("char-toy r",),
+        node_checks=(NodeCheck("toy_widgets", check_widgets),),
+        scan=True,
     )
 )
 '''
@@ -94,24 +108,39 @@ def test_a_toy_collector_is_validated_from_its_declaration(toy_tree):
     assert check("collectors: {toy: {colour: red, enabled: auto}}").returncode == 0
 
 
+def red_toy(tree: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    """The exporter with the toy on, counting red widgets, and `flags`."""
+    config = ("--config", "/dev/stdin")
+    return run_toy(tree, "-m", "accelmon", *flags, "--collector.toy", *config, stdin="collectors: {toy: {colour: red}}")
+
+
 def test_a_toy_collector_samples_and_is_in_the_catalogue(toy_tree):
-    once = run_toy(
-        toy_tree,
-        "-m",
-        "accelmon",
-        "--once",
-        "--no-collector.nvml",
-        "--collector.toy",
-        "--config",
-        "/dev/stdin",
-        stdin="collectors: {toy: {colour: red}}",
-    )
+    once = red_toy(toy_tree, "--once", "--no-collector.nvml")
     assert once.returncode == 0, once.stderr
     assert 'accelmon_toy_widgets{colour="red"} 3' in once.stdout
     assert 'accelmon_collector_success{collector="toy"} 1' in once.stdout
     catalogue = run_toy(toy_tree, "-m", "accelmon.catalogue")
     assert "## Toy widgets (`toy`)\n\nCounted by hand." in catalogue.stdout
     assert "| `accelmon_toy_widgets` | gauge | colour |" in catalogue.stdout
+
+
+def test_a_toy_collectors_check_runs_in_the_scan_and_the_served_verdicts(toy_tree):
+    """The toy declares one node check and that --scan samples it: nothing else is edited, and the scan, its exit
+    status and the health collector's series all carry the toy's verdict."""
+    scan = red_toy(toy_tree, "--scan", "--json")
+    assert scan.returncode == 2, scan.stdout + scan.stderr
+    document = json.loads(scan.stdout)
+    assert {
+        "name": "toy_widgets",
+        "verdict": "failure",
+        "detail": "red widgets on the bench",
+        "action": "hardware_service",
+    } in document["checks"]
+    healthy = run_toy(toy_tree, "-m", "accelmon", "--scan", "--collector.toy", "--no-collector.nvml")
+    assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+    once = red_toy(toy_tree, "--once", "--no-collector.nvml", "--collector.health")
+    assert 'accelmon_node_health_check_state{action="hardware_service",check="toy_widgets"} 2.0' in once.stdout
+    assert "accelmon_node_health_verdict 2.0" in once.stdout
 
 
 @pytest.mark.e2e  # renders the role's config and unit with ansible-playbook

@@ -176,14 +176,13 @@ def plan(settings: Settings) -> dict[str, object]:
 
 
 SCAN_FAILED = 3  # the scan's own exit status when it could not run: 0, 1 and 2 are the verdicts
-# What the health checks read; the other collectors (profiling's window, neuron-monitor) only slow a scan down.
-SCAN_COLLECTORS = ("nvml", "amd", "kernel_log", "fabric")
 
 
 def scan_health(settings: Settings) -> health.NodeHealth:
-    """The collectors the checks read, sampled once; the checks of `accelmon.health` over them."""
-    for name in collectors():
-        if name not in SCAN_COLLECTORS:
+    """The collectors that declare `scan` (those the checks read that answer in one sample), sampled once; every
+    registered check over them. The others (profiling's window, neuron-monitor's start) would only slow it down."""
+    for name, registration in collectors().items():
+        if not registration.scan:
             settings.collector(name).enabled = False
     samplers = build_samplers(settings)
     exporter = Exporter(samplers)

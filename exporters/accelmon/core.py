@@ -44,11 +44,19 @@ class Catalogue:
         self.title = title
         self.note = note  # where the values come from and how they are converted, for docs/metrics.md
         self.specs: list[MetricSpec] = []
+        self.shared: list[MetricSpec] = []  # specs another collector declares, served by this one too (`share`)
 
     def _add(self, kind: str, name: str, text: str, labels: Iterable[str], read: str) -> MetricSpec:
         spec = MetricSpec(name, kind, text, tuple(labels), read)
         self.specs.append(spec)
         return spec
+
+    def share(self, specs: Iterable[MetricSpec]) -> None:
+        """Serve specs another collector declares (NVIDIA's and AMD's accelmon_gpu_*): one spec, so the names,
+        types and labels cannot drift apart."""
+        for spec in specs:
+            self.specs.append(spec)
+            self.shared.append(spec)
 
     def gauge(self, name: str, text: str, labels: Iterable[str] = (), read: str = MetricSpec.read) -> MetricSpec:
         return self._add("gauge", name, text, labels, read)

@@ -1,12 +1,14 @@
 """The GPU device series: what a GPU says about itself, served under the same names by NVIDIA's `nvml` collector
 (which owns this catalogue and serves every one) and AMD's `amd` collector (the ones amdsmi has), so that
 dashboards, alerts and health checks read one set of names whatever the vendor. Read schedules and conversions are
-NVML's (docs/hardware.md); AMD's collector documents its own.
+NVML's (docs/hardware.md); AMD's collector documents its own. The checks over these series are here too, declared
+by the nvml collector's registration (they judge AMD's GPUs through the same names).
 """
 
 from __future__ import annotations
 
 from accelmon.core import Catalogue
+from accelmon.health import Check, Gpu, GpuCheck, View
 from accelmon.validation import Option, seconds
 
 GPU = ("gpu", "uuid")
@@ -178,4 +180,88 @@ MIG_MEMORY_USED = C.gauge(
 )
 MIG_MEMORY_TOTAL = C.gauge(
     "accelmon_gpu_mig_memory_total_bytes", "Memory of a MIG device.", [*GPU, "gpu_instance_id"], read=SLOW
+)
+
+
+# Clock-event reasons that mean the hardware slowed the GPU down (not the idle or application-clock ones).
+# NVIDIA's, then AMD's (accelmon.collectors.amd.THROTTLE_BITS).
+SLOWDOWN_REASONS = (
+    "hw_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+    "sw_thermal_slowdown",
+    "thermal_limit",
+    "prochot",
+)
+
+
+def check_lost(view: View, gpu: Gpu, now: float) -> Check:
+    up = view.value(UP, gpu)
+    if up == 0:
+        return Check(
+            "gpu_lost", "failure", "the GPU stopped answering its driver library (NVML, amdsmi)", "reboot_node"
+        )
+    if up is None and view.of(UP):
+        return Check("gpu_lost", "failure", "the driver lists the GPU, its library (NVML) does not", "reboot_node")
+    return Check("gpu_lost", "ok", "answers its driver library")
+
+
+def check_ecc(view: View, gpu: Gpu, now: float) -> Check:
+    uncorrected = view.value(ECC, gpu, type="uncorrected", scope="volatile")
+    if uncorrected:
+        return Check("ecc", "failure", f"{uncorrected:g} uncorrectable ECC errors since the driver loaded", "reset_gpu")
+    return Check("ecc", "ok", "no uncorrectable ECC error" if uncorrected is not None else "ECC not reported")
+
+
+def check_memory_repair(view: View, gpu: Gpu, now: float) -> Check:
+    if view.value(REMAP_FAILURE, gpu) == 1:
+        return Check("memory_repair", "failure", "a row remapping failed", "hardware_service")
+    if view.value(REMAP_PENDING, gpu) == 1:
+        return Check("memory_repair", "warning", "a row remapping waits for a GPU reset", "reset_gpu")
+    if view.value(RETIRED_PENDING, gpu) == 1:
+        return Check("memory_repair", "warning", "a page retirement waits for a GPU reset", "reset_gpu")
+    return Check("memory_repair", "ok", "no remapping or retirement pending or failed")
+
+
+def check_slowdown(view: View, gpu: Gpu, now: float) -> Check:
+    """Now, as sampled: the alert on the served state asks for it to last (`for:`)."""
+    active = [
+        labels["reason"]
+        for labels, value in view.of(CLOCK_EVENT, gpu)
+        if value == 1 and labels.get("reason") in SLOWDOWN_REASONS
+    ]
+    if active:
+        return Check("slowdown", "warning", "clocks held down: " + ", ".join(sorted(active)), "hardware_service")
+    return Check("slowdown", "ok", "no thermal or power slowdown")
+
+
+def check_pcie(view: View, gpu: Gpu, now: float) -> Check:
+    """A link trained below what the GPU and its slot allow halves its bandwidth per step. Fewer lanes is a
+    fault (a badly seated GPU or riser); a lower generation is one only while the GPU works: GPUs drop their link
+    speed when idle, to save power."""
+    width, width_max = (
+        view.value(PCIE_WIDTH, gpu),
+        view.value(PCIE_WIDTH_MAX, gpu),
+    )
+    generation = view.value(PCIE_GENERATION, gpu)
+    generation_max = view.value(PCIE_GENERATION_MAX, gpu)
+    idle = view.value(CLOCK_EVENT, gpu, reason="gpu_idle") == 1
+    degraded = []
+    if width is not None and width_max and width < width_max:
+        degraded.append(f"x{width:g} of x{width_max:g}")
+    if generation is not None and generation_max and generation < generation_max and not idle:
+        degraded.append(f"Gen{generation:g} of Gen{generation_max:g} while busy")
+    if degraded:
+        return Check("pcie", "warning", "PCIe link degraded: " + ", ".join(degraded), "hardware_service")
+    if width is None and generation is None:
+        return Check("pcie", "ok", "PCIe link not reported")
+    return Check("pcie", "ok", "PCIe link at its full width" + (" (idle: lower generation is normal)" if idle else ""))
+
+
+DEVICE_CHECKS = (
+    GpuCheck("gpu_lost", check_lost),
+    GpuCheck("ecc", check_ecc),
+    GpuCheck("memory_repair", check_memory_repair),
+    GpuCheck("slowdown", check_slowdown),
+    GpuCheck("pcie", check_pcie),
 )

@@ -1,9 +1,10 @@
 """What a collector declares about itself, and the registry of every collector in `accelmon.collectors`.
 
 A collector module owns everything it knows: its typed options (defaults, choices, bounds, help), how to detect
-its hardware, the device nodes it needs, its metric catalogue and its help text. It declares them in one
-`Registration` and calls `register`. The command line, the config validation, the catalogue and the Ansible role
-(through `--check-config --json`) all read that declaration; adding a collector is adding its module.
+its hardware, the device nodes it needs, its metric catalogue, its help text and its health checks. It declares
+them in one `Registration` and calls `register`. The command line, the config validation, the catalogue, the
+health checks, `--scan` and the Ansible role (through `--check-config --json`) all read that declaration; adding a
+collector, or a check, is adding to its module.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from accelmon.core import Catalogue, Collector, MetricSpec
+from accelmon.health import GpuCheck, NodeCheck
 from accelmon.validation import MIN_SECONDS, ConfigError, Option, OptionValue, finite, seconds
 
 __all__ = ["MIN_SECONDS", "ConfigError", "Option", "OptionValue", "Paths", "Registration", "finite", "seconds"]
@@ -52,6 +54,14 @@ class Registration:
     devices: tuple[str, ...] = ()
     # Linux capabilities the collector needs unless it is disabled (the unit grants them, nothing else).
     capabilities: tuple[str, ...] = ()
+    # Its judgement (accelmon.health): checks of each GPU and of the node over this collector's series, and the
+    # series whose `gpu` labels name GPUs to judge. Served by the health collector, run by --scan and the hooks.
+    gpu_checks: tuple[GpuCheck, ...] = ()
+    node_checks: tuple[NodeCheck, ...] = ()
+    lists_gpus: tuple[MetricSpec, ...] = ()
+    # Whether --scan (and the Slurm and OAR hooks) sample this collector: those whose series some check reads and
+    # that answer in one sample (not profiling's window, not neuron-monitor's start).
+    scan: bool = False
     defaults: dict[str, OptionValue] = field(init=False)
 
     def __post_init__(self) -> None:

@@ -19,14 +19,52 @@ def stable_lines(exposition: str) -> str:
     return "".join(line + "\n" for line in exposition.splitlines() if not line.startswith(VOLATILE))
 
 
+def by_collector(exposition: str) -> dict[str, str]:
+    """The exposition split by the collector that serves each family (its catalogue's specs); the self-metrics
+    labelled `collector` go with the collector they are about; the process's own (build info, scrape counts) are
+    `exporter`'s. Each part keeps the HELP and TYPE lines of its families, in exposition order."""
+    from accelmon.registry import collectors
+
+    owner = {spec.name: name for name, r in collectors().items() for spec in r.catalogue.specs}
+    parts: dict[str, list[str]] = {}
+    family_of_part: dict[str, str] = {}  # the family each part's latest line belongs to
+    headers: dict[str, list[str]] = {}  # family -> its HELP and TYPE lines
+    family = ""
+    for line in exposition.splitlines():
+        if line.startswith(("# HELP ", "# TYPE ")):
+            family = line.split()[2]
+            headers.setdefault(family, []).append(line)
+            continue
+        if not line or line.startswith("#"):
+            continue
+        labelled = line.split('collector="', 1)
+        part = owner.get(family) or (labelled[1].split('"', 1)[0] if len(labelled) == 2 else "exporter")
+        lines = parts.setdefault(part, [])
+        if family_of_part.get(part) != family:
+            lines.extend(headers.get(family, []))
+            family_of_part[part] = family
+        lines.append(line)
+    return {part: "".join(line + "\n" for line in lines) for part, lines in parts.items()}
+
+
 def check_golden(name: str, exposition: str) -> None:
-    """Compare with tests/golden/NAME; UPDATE_GOLDEN=1 rewrites it."""
-    path = GOLDEN / name
-    text = stable_lines(exposition)
+    """Compare with tests/golden/NAME/, one file per collector (`by_collector`), so that a new collector adds its
+    own file and changes no other; UPDATE_GOLDEN=1 rewrites them."""
+    directory = GOLDEN / name.removesuffix(".prom")
+    parts = by_collector(stable_lines(exposition))
     if os.environ.get("UPDATE_GOLDEN") == "1":
-        path.write_text(text)
-    assert path.exists(), f"{path} missing: run with UPDATE_GOLDEN=1 once and review it"
-    assert text == path.read_text(), f"exposition differs from {path} (UPDATE_GOLDEN=1 to accept after review)"
+        directory.mkdir(parents=True, exist_ok=True)
+        for stale in directory.glob("*.prom"):
+            if stale.stem not in parts:
+                stale.unlink()
+        for part, text in parts.items():
+            (directory / f"{part}.prom").write_text(text)
+    assert directory.is_dir(), f"{directory} missing: run with UPDATE_GOLDEN=1 once and review it"
+    golden = {path.stem: path.read_text() for path in directory.glob("*.prom")}
+    differing = sorted(part for part in set(golden) | set(parts) if golden.get(part) != parts.get(part))
+    assert not differing, (
+        f"exposition differs from {directory} in: {', '.join(differing)} (UPDATE_GOLDEN=1 to accept after review)"
+    )
 
 
 def sample_value(exposition: str, metric: str, /, **labels: str) -> Optional[float]:

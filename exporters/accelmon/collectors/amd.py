@@ -52,6 +52,7 @@ from accelmon.gpu_metrics import (
     UP,
     UTILIZATION,
 )
+from accelmon.health import Check, GpuCheck, GpuKey, View
 from accelmon.nvidia import nvidia_driver_loaded
 from accelmon.registry import Paths, Registration, register, seconds
 
@@ -77,7 +78,7 @@ C = Catalogue(
     "to bytes. Call costs on a real MI300X are unmeasured (docs/amd.md).",
 )
 # Shared with nvml: the same specs, so the names, types and labels cannot drift apart.
-C.specs.extend([
+C.share([
     INFO, UP, UTILIZATION, MEMORY_UTILIZATION, MEMORY_USED, MEMORY_FREE, MEMORY_TOTAL, TEMPERATURE, MEMORY_TEMPERATURE,
     POWER, POWER_LIMIT, ENERGY, SM_CLOCK, MEMORY_CLOCK, SM_CLOCK_MAX, MEMORY_CLOCK_MAX, PCIE_REPLAYS, PCIE_GENERATION,
     PCIE_GENERATION_MAX, PCIE_WIDTH, PCIE_WIDTH_MAX, ECC, CLOCK_EVENT,
@@ -436,6 +437,25 @@ def amd_only(paths: Paths, options: dict[str, Any]) -> bool:
     return amd_driver_loaded(paths, options) and not nvidia_driver_loaded(paths, options)
 
 
+def check_xgmi(view: View, gpu: GpuKey, now: float) -> Check:
+    """AMD's GPU-to-GPU links (collector amd): a link down to a peer costs that pair its bandwidth (RCCL falls back
+    to PCIe or fails); XGMI errors since they were last reset mean a link that retrains. A GPU reset retrains the
+    links; one that stays down needs service (docs/amd.md)."""
+    states = view.of(XGMI_UP, gpu)
+    if not states:
+        return Check("xgmi", "ok", "no XGMI reported")
+    down = sorted(int(labels["link"]) for labels, value in states if value == 0)
+    if down:
+        links = ", ".join(str(link) for link in down)
+        return Check(
+            "xgmi", "failure", f"XGMI down: link {links} ({len(states) - len(down)} of {len(states)} up)", "reset_gpu"
+        )
+    errors = view.value(XGMI_ERROR, gpu)
+    if errors:
+        return Check("xgmi", "warning", "XGMI errors: " + ("several" if errors >= 2 else "one"), "reset_gpu")
+    return Check("xgmi", "ok", f"{len(states)} links up, no XGMI error")
+
+
 REGISTRATION = register(
     Registration(
         name="amd",
@@ -448,5 +468,8 @@ REGISTRATION = register(
         # /dev/kfd (compute) and /dev/dri/* (the render nodes amdsmi opens); the user needs the render and video
         # groups (the role adds them where they exist).
         devices=("char-kfd rw", "char-drm rw"),
+        gpu_checks=(GpuCheck("xgmi", check_xgmi),),
+        lists_gpus=(UP,),
+        scan=True,
     )
 )

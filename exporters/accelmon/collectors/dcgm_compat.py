@@ -24,7 +24,7 @@ from typing import Optional
 
 from accelmon.core import Catalogue, Collector, MetricSpec, Sampler, Samples
 from accelmon.nvidia import driver_gpu_entries
-from accelmon.registry import Option, Registration, never, register, seconds
+from accelmon.registry import Option, Registration, collectors, never, register, seconds
 
 MIB = 2**20
 # dcgm-exporter's labels (MIG's GPU_I_ID and GPU_I_PROFILE empty outside MIG, which Prometheus reads as absent).
@@ -36,8 +36,6 @@ REPLACE_OWN = Option(
     "serve the DCGM_FI_* series instead of the nvml and profiling collectors' own (still sampled: the health checks "
     "read them); for sites that keep only dcgm-exporter's dashboards and rules (accelmon's read its own names)",
 )
-# The collectors whose series the DCGM names stand for, hidden from scrapes with replace_own.
-REPLACED = ("nvml", "profiling")
 C = Catalogue(
     "dcgm_compat",
     "dcgm-exporter compatible names",
@@ -219,7 +217,7 @@ class DcgmCompatCollector(Collector):
         self, procfs: str = "/proc", hostname: Callable[[], str] = socket.gethostname, replace_own: bool = False
     ) -> None:
         self.procfs = procfs
-        self.replaces = REPLACED if replace_own else ()
+        self.replaces = replaced_collectors() if replace_own else ()
         self.hostname = hostname
         self.sources: list[Sampler] = []
         self._minors: Optional[dict[str, str]] = None
@@ -273,6 +271,15 @@ class DcgmCompatCollector(Collector):
         for gpu, ids in identity.items():
             out.add(XID, [*ids, ""], last_xid(by_name, gpu))
         return out
+
+
+def replaced_collectors() -> tuple[str, ...]:
+    """The collectors whose series the DCGM names stand for, hidden from scrapes with replace_own: those whose
+    catalogue declares a source of FIELDS (nvml, profiling), found in their registrations, not listed here. A
+    collector that only shares such a series (amd) keeps it: DCGM's names stand for NVIDIA's GPUs alone."""
+    sources = {row.source for row in FIELDS}
+    owned = {name: set(r.catalogue.specs) - set(r.catalogue.shared) for name, r in collectors().items()}
+    return tuple(name for name, specs in owned.items() if any(spec.name in sources for spec in specs))
 
 
 def last_xid(by_name: dict[str, list[tuple[dict[str, str], float]]], gpu: str) -> float:

@@ -20,8 +20,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from accelmon import xid as catalogue
 from accelmon.core import Catalogue, Collector, Samples
 from accelmon.dcgm import DCGM_BINDINGS_PATH, DCGM_HOST, dcgm_connect
+from accelmon.health import VERDICTS, Check, GpuCheck, GpuKey, View
 from accelmon.registry import Paths, Registration, register, seconds
 
 log = logging.getLogger("accelmon.dcgm_health")
@@ -175,6 +177,39 @@ def _bindings_installed(paths: Paths, options: dict[str, Any]) -> bool:
     return any(os.path.exists(os.path.join(path, "pydcgm.py")) for path in paths_)
 
 
+# What a failing or warning DCGM health system asks for: link faults are the fabric's, memory and engine faults want
+# a reset, the board's sensors and firmware a service case, the driver a reboot.
+DCGM_SYSTEM_ACTIONS = {
+    "pcie": "hardware_service",
+    "nvlink": "check_fabric",
+    "pmu": "reset_gpu",
+    "mcu": "reset_gpu",
+    "mem": "reset_gpu",
+    "sm": "reset_gpu",
+    "inforom": "hardware_service",
+    "thermal": "hardware_service",
+    "power": "hardware_service",
+    "driver": "reboot_node",
+    "nvswitch_nonfatal": "check_fabric",
+    "nvswitch_fatal": "check_fabric",
+}
+
+
+def check_dcgm(view: View, gpu: GpuKey, now: float) -> Check:
+    """DCGM's own health watches, where its host engine runs: their worst system decides (messages are in the
+    exporter's log; docs/health.md)."""
+    states = [(labels["system"], value) for labels, value in view.of(STATE, gpu)]
+    if not states:
+        return Check("dcgm", "ok", "DCGM health watches not running")
+    worst_state = max(value for _, value in states)
+    if worst_state == 0:
+        return Check("dcgm", "ok", f"DCGM: {len(states)} systems pass")
+    verdict = VERDICTS[int(worst_state)]
+    systems = sorted(system for system, value in states if value == worst_state)
+    action = catalogue.most_disruptive([DCGM_SYSTEM_ACTIONS.get(system, "hardware_service") for system in systems])
+    return Check("dcgm", verdict, f"DCGM health {verdict}: {', '.join(systems)}", action)
+
+
 REGISTRATION = register(
     Registration(
         name="dcgm_health",
@@ -189,5 +224,6 @@ REGISTRATION = register(
         enabled_by_default=_bindings_installed,
         # DCGM installed without a running host engine (dcgm-exporter embeds its own) is a choice, not a fault:
         # accelmon_dcgm_health_up says whether it answers.
+        gpu_checks=(GpuCheck("dcgm", check_dcgm),),
     )
 )

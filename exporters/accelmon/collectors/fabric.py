@@ -25,6 +25,7 @@ from typing import Any, Optional
 import pynvml
 
 from accelmon.core import Catalogue, Samples
+from accelmon.health import Check, GpuCheck, GpuKey, NodeCheck, View
 from accelmon.nvidia import NVML_DEVICES, OwnSessionCollector, nvidia_driver_loaded, text
 from accelmon.registry import Registration, register, seconds
 
@@ -245,6 +246,74 @@ def fabric_manager_running(procfs: str) -> bool:
     return False
 
 
+# DCGM's hardware limits: one NVLink replay or recovery error is already past the limit; CRC errors matter only at
+# 100 per second and more (a rate: the alert AccelmonNvlinkCrcErrors judges it, docs/health.md).
+NVLINK_ERROR_LIMIT = 1
+
+
+def check_nvlink(view: View, gpu: GpuKey, now: float) -> Check:
+    """A link down costs the GPU its share of NVLink bandwidth (collectives slow down or fail); replays and
+    recoveries since the driver loaded mean a link that retrains."""
+    states = view.of(LINK_UP, gpu)
+    if not states:
+        return Check("nvlink", "ok", "no NVLink reported")
+    down = sorted((int(labels["link"]) for labels, value in states if value == 0))
+    if down:
+        links = ", ".join(str(link) for link in down)
+        return Check(
+            "nvlink",
+            "failure",
+            f"NVLink down: link {links} ({len(states) - len(down)} of {len(states)} up)",
+            "check_fabric",
+        )
+    erring: dict[int, list[str]] = {}
+    for labels, count in view.of(LINK_ERRORS, gpu):
+        if labels.get("type") in ("replay", "recovery") and count >= NVLINK_ERROR_LIMIT:
+            erring.setdefault(int(labels["link"]), []).append(f"{count:g} {labels['type']}")
+    if erring:
+        detail = "; ".join(f"link {link}: {', '.join(kinds)}" for link, kinds in sorted(erring.items()))
+        return Check("nvlink", "warning", f"NVLink errors since the driver loaded: {detail}", "check_fabric")
+    return Check("nvlink", "ok", f"{len(states)} links up, no replay or recovery error")
+
+
+FABRIC_STATES = {1: "not started", 2: "in progress", 3: "completed"}
+
+
+def check_fabric(view: View, gpu: GpuKey, now: float) -> Check:
+    """On an NVSwitch system a GPU joins the NVLink fabric once the Fabric Manager configured it; until then
+    CUDA programs on it fail to start (docs/health.md)."""
+    state = view.value(FABRIC_STATE, gpu)
+    if state is None:
+        return Check("fabric", "ok", "no NVLink fabric")
+    manager = next((value for _, value in view.of(FABRIC_MANAGER)), None)
+    without_manager = "; the Fabric Manager is not running" if manager == 0 else ""
+    if state == 2:
+        return Check("fabric", "warning", "fabric registration in progress" + without_manager, "check_fabric")
+    if state != 3:
+        named = FABRIC_STATES.get(int(state), f"state {state:g}")
+        return Check("fabric", "failure", f"fabric registration {named}{without_manager}", "check_fabric")
+    status = view.value(FABRIC_STATUS, gpu)
+    if status:
+        return Check("fabric", "failure", f"fabric registration failed (NVML error {status:g})", "check_fabric")
+    if view.value(FABRIC_DEGRADED, gpu) == 1:
+        return Check("fabric", "warning", "the fabric reports this GPU's NVLink bandwidth degraded", "check_fabric")
+    return Check("fabric", "ok", "fabric registration completed")
+
+
+def check_fabric_manager(view: View) -> Optional[Check]:
+    manager = view.of(FABRIC_MANAGER)  # served only where a GPU has a fabric
+    if not manager:
+        return None
+    if manager[0][1] == 0:
+        return Check(
+            "fabric_manager",
+            "failure",
+            "the NVIDIA Fabric Manager is not running on an NVSwitch system",
+            "check_fabric",
+        )
+    return Check("fabric_manager", "ok", "running")
+
+
 REGISTRATION = register(
     Registration(
         name="fabric",
@@ -256,5 +325,8 @@ REGISTRATION = register(
         enabled_by_default=nvidia_driver_loaded,
         hardware_present=nvidia_driver_loaded,
         devices=NVML_DEVICES,
+        gpu_checks=(GpuCheck("nvlink", check_nvlink), GpuCheck("fabric", check_fabric)),
+        node_checks=(NodeCheck("fabric_manager", check_fabric_manager),),
+        scan=True,
     )
 )

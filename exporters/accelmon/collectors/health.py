@@ -1,5 +1,5 @@
-"""The health verdict served as metrics: every interval, the checks of `accelmon.health` over the latest samples
-of the other collectors (the same code as `--scan` and the Slurm health check).
+"""The health verdict served as metrics: every interval, the checks every collector declares (`accelmon.health`)
+over the latest samples of the other collectors (the same code as `--scan` and the Slurm and OAR hooks).
 
 Example exposition lines::
 
@@ -17,12 +17,12 @@ from collections.abc import Callable
 
 from accelmon import health
 from accelmon.core import Catalogue, Collector, Sampler, Samples
-from accelmon.registry import Paths, Registration, register, seconds
+from accelmon.registry import Paths, Registration, collectors, register, seconds
 
 C = Catalogue(
     "health",
     "Health verdicts",
-    "Computed from the other collectors' latest samples by the checks in `accelmon/health.py` (docs/health.md); "
+    "Computed from the other collectors' latest samples by the checks each collector declares (docs/health.md); "
     "states: 0 ok, 1 warning, 2 failure.",
 )
 GPU_VERDICT = C.gauge(
@@ -50,6 +50,7 @@ class HealthCollector(Collector):
 
     def __init__(self, wall_clock: Callable[[], float] = time.time) -> None:
         self._wall_clock = wall_clock
+        self.registrations = list(collectors().values())  # whose checks run: every collector's, found once
         self.sources: list[Sampler] = []
 
     def watch(self, samplers: list[Sampler]) -> None:
@@ -57,7 +58,7 @@ class HealthCollector(Collector):
 
     def sample(self) -> Samples:
         latest = [state.latest for state in (s.state() for s in self.sources) if state.latest is not None]
-        return served(health.evaluate(latest, self._wall_clock()))
+        return served(health.evaluate(latest, self._wall_clock(), self.registrations))
 
 
 def served(node: health.NodeHealth) -> Samples:

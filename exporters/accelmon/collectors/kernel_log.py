@@ -41,6 +41,8 @@ from typing import Any, Optional
 
 from accelmon import xid as catalogue
 from accelmon.core import Catalogue, Collector, Samples
+from accelmon.gpu_metrics import XID_ERRORS as NVML_XID_ERRORS
+from accelmon.health import Check, GpuCheck, GpuKey, NodeCheck, View, when, worst
 from accelmon.nvidia import driver_gpus_by_bus, nvidia_driver_loaded
 from accelmon.registry import Paths, Registration, register, seconds
 
@@ -104,6 +106,7 @@ READABLE = C.gauge(
 )
 
 INTERVAL = seconds("interval_seconds", 5.0, "how often new kernel log records are read")
+XID_WARNING_WINDOW_SECONDS = 3600.0  # an application-class XID warns for an hour after it was logged
 
 # `NVRM: Xid (PCI:0000:12:00): 79, pid=..., name=..., GPU has fallen off the bus.` (older drivers: no `PCI:`).
 XID_LINE = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})(?:\.[0-7])?\): (\d+)")
@@ -371,6 +374,48 @@ class KernelLogCollector(Collector):
         return out
 
 
+def check_xid(view: View, gpu: GpuKey, now: float) -> Check:
+    """Critical XIDs fail until the node reboots (the kernel log holds them since boot); the others warn for an
+    hour. From the kernel log where it is read, else from NVML's events since the exporter started: each XID is
+    counted from one source only."""
+    findings: list[tuple[str, str, str]] = []  # (verdict, detail, action)
+    if _kernel_log_readable(view):
+        for labels, last in view.of(XID_LAST, gpu):
+            info = catalogue.xid(int(labels["xid"]))
+            if info.severity == "critical":
+                findings.append(("failure", f"XID {info.code} {info.name} at {when(last)}", info.action))
+            elif info.severity == "warning" and now - last < XID_WARNING_WINDOW_SECONDS:
+                findings.append(("warning", f"XID {info.code} {info.name} at {when(last)}", info.action))
+        for labels, _ in view.of(RECOVERY, gpu):
+            if labels["action"] != "none":
+                findings.append(("failure", f"the driver asks for {labels['action']} (XID 154)", labels["action"]))
+    else:
+        for labels, count in view.of(NVML_XID_ERRORS, gpu):
+            info = catalogue.xid(int(labels["xid"]))
+            if count > 0 and info.severity != "info":
+                verdict = "failure" if info.severity == "critical" else "warning"
+                findings.append((verdict, f"XID {info.code} {info.name} x{count:g} (NVML events)", info.action))
+    if not findings:
+        return Check("xid", "ok", "no XID that needs action")
+    verdict = worst(f[0] for f in findings)
+    chosen = [f for f in findings if f[0] == verdict]
+    action = catalogue.most_disruptive([f[2] for f in chosen])
+    return Check("xid", verdict, "; ".join(f[1] for f in chosen), action)
+
+
+def _kernel_log_readable(view: View) -> bool:
+    return any(value == 1 for _, value in view.of(READABLE))
+
+
+def check_kernel_log(view: View) -> Optional[Check]:
+    readable = view.of(READABLE)
+    if not readable:
+        return None
+    if not _kernel_log_readable(view):
+        return Check("kernel_log", "warning", "the kernel log is unreadable: XIDs only from NVML's events", "none")
+    return Check("kernel_log", "ok", "read")
+
+
 def _nvidia_driver_or_log_given(paths: Paths, options: dict[str, Any]) -> bool:
     """On by default where the NVIDIA driver is loaded (it is what writes XIDs), and wherever a kernel log other
     than /dev/kmsg is named (`--path.kmsg`, `paths.kmsg`): a path given on purpose is never silently ignored."""
@@ -390,5 +435,10 @@ REGISTRATION = register(
         devices=("/dev/kmsg r",),
         # Reading /dev/kmsg where kernel.dmesg_restrict=1 (Debian's and Ubuntu's default) needs CAP_SYSLOG.
         capabilities=("CAP_SYSLOG",),
+        gpu_checks=(GpuCheck("xid", check_xid),),
+        node_checks=(NodeCheck("kernel_log", check_kernel_log),),
+        # A GPU that fell off the bus before the exporter started is named only here.
+        lists_gpus=(XID_EVENTS,),
+        scan=True,
     )
 )

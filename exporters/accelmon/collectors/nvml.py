@@ -30,6 +30,7 @@ from accelmon.gpu_metrics import (
     CATALOGUE,
     CLOCK_EVENT,
     DECODER,
+    DEVICE_CHECKS,
     ECC,
     ENCODER,
     ENERGY,
@@ -569,5 +570,8 @@ register(
         hardware_present=nvidia_driver_loaded,
         # /dev/nvidiactl and /dev/nvidia<N> (the nvidia-frontend major), MIG capabilities read-only.
         devices=NVML_MIG_DEVICES,
+        gpu_checks=DEVICE_CHECKS,
+        lists_gpus=(UP,),
+        scan=True,
     )
 )
