@@ -3,6 +3,9 @@ nvitop-exporter. Run on a GPU host (DEVELOPERS.md: the device machine) from the 
 
     PYTHONPATH=exporters python3 -m bench.real_gpu [--seconds 30] [--load-seconds 20]
 
+0. Every NVML call the exporter makes (bench/nvml_calls.py), asked once of each GPU and MIG device: what each
+   answered and cost, printed and written to --calls-json (default $OUT/nvml_calls.json where $OUT is set): the
+   facts docs/hardware.md records and the fakes must answer alike.
 1. Idle: accelmon-exporter (NVML at defaults, then with GPM profiling) and nvitop-exporter (if importable) each
    sample for --seconds with nothing scraping them: CPU ms per GPU per second, peak RSS.
 2. Load: a bf16 matmul loop in PyTorch on every GPU; meanwhile accelmon's /metrics and `nvidia-smi --query-gpu`
@@ -14,6 +17,7 @@ Without nvidia-smi or torch (a fake driver on LD_LIBRARY_PATH) the comparison or
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -24,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 from tests.support.processes import cpu_seconds, free_port, peak_rss_kib  # noqa: E402
 
+from bench import nvml_calls  # noqa: E402
 from bench.exporter_bench import scrape  # noqa: E402
 
 SMI_FIELDS = {
@@ -130,8 +135,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=30.0, help="CPU measurement per exporter")
     parser.add_argument("--load-seconds", type=float, default=20.0)
+    parser.add_argument("--calls-json", metavar="FILE", help="where to write every NVML call's answer and cost")
     args = parser.parse_args()
     gpus = gpu_count()
+    print("every NVML call the exporter makes, once per GPU (answer, CPU and wall time of the call):")
+    calls = nvml_calls.run()
+    nvml_calls.print_rows(calls)
+    where = args.calls_json or (os.path.join(os.environ["OUT"], "nvml_calls.json") if os.environ.get("OUT") else None)
+    if where:
+        Path(where).write_text(json.dumps(calls, indent=1))
+        print(f"  written to {where}")
     nvml_only = ["--no-collector.infiniband", "--no-collector.neuron", "--no-collector.profiling"]
     print(f"{gpus} GPU(s); driver and library as on this host")
 

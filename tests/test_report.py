@@ -89,7 +89,8 @@ def test_the_slower_gpu_is_named_a_straggler(job_100):
     _, summary, _ = job_100
     # GPU 1 runs at 20 % where the job's median is 30 %: below 80 % of it all the time. GPU 3 is not.
     assert [(g["node"], g["gpu"]) for g in summary["stragglers"]] == [("gpu-node-1", "1")]
-    assert summary["stragglers"][0]["metrics"]["utilization"] == 1.0 and summary["stragglers"][0]["reasons"]
+    assert summary["stragglers"][0]["below_median_share"]["utilization"] == 1.0 and summary["stragglers"][0]["reasons"]
+    assert summary["stragglers"][0]["below_median_ratio"] == 0.8
 
 
 def test_tidy_data_in_csv_and_parquet(job_100):
@@ -185,78 +186,6 @@ def test_the_html_renders_in_a_browser_with_every_plot_drawn(job_100, tmp_path):
     assert pixels.std() > 0.05, "the screenshot is blank"
 
 
-def test_html_escapes_what_job_records_say():
-    from accelmon import report as module
-
-    summary = json.loads(
-        json.dumps({**_minimal_summary(), "user": "<script>alert(1)</script>", "account": "a&b"})
-    )  # what a hostile prolog environment could put in a record
-    page = module.html(summary, [], "http://127.0.0.1:9090")
-    assert "<script>alert" not in page and "&lt;script&gt;" in page and "a&amp;b" in page
-
-
-def _minimal_summary() -> dict:
-    return {
-        "job_id": "1", "user": "", "account": "", "nodes": [], "gpus": [], "start": "", "end": "",
-        "duration_seconds": 60.0, "step_seconds": 1.0, "gpu_utilization_mean": None, "sm_active_mean": None,
-        "gpu_memory_peak_ratio": None, "energy_joules": 0.0, "energy_kwh": 0.0, "gpu_hours_allocated": 0.0,
-        "gpu_hours_idle": 0.0, "node_summary": [], "stragglers": [], "cpu_efficiency": None,
-        "cpu_energy_joules": 0.0, "total_energy_joules": 0.0, "findings": [],
-        "verdicts": {"gpu_utilization": "no data", "gpu_memory": "no data", "sm_active": "no data"},
-    }  # fmt: skip
-
-
-def test_the_cpu_side_efficiency_energy_share_and_findings():
-    """Two nodes of one job, 10 samples 30 s apart: n1's 8 CPUs saturated while the GPUs idle (input-bound), its
-    memory at 97 % of the limit and swapping; n2 half busy. CPU energy: power x the job's share at each step."""
-    from accelmon import report as module
-
-    job = module.Job("7", "alice", "ml", 0.0, 300.0, 30.0, [("n1", "0", "GPU-a"), ("n2", "0", "GPU-b")])
-    rows = []
-    for step in range(10):
-        at = step * 30.0
-        for node, used, share, power in (("n1", 7.6, 0.5, 200.0), ("n2", 4.0, 1.0, 100.0)):
-            values = {
-                "utilization": 0.1, "job_cpu_cores_used": used, "job_cpus_allocated": 8.0,
-                "job_memory_used_bytes": (31 if node == "n1" else 8) * 2**30, "job_memory_limit_bytes": 32 * 2**30,
-                "job_swap_used_bytes": 2**29 if node == "n1" else 0.0, "job_io_bytes_per_second": 2**20,
-                "cpu_power_watts": power, "job_cpu_share": share,
-                # perf counters: n1 retires 0.4 instructions per cycle (memory-bound), n2 2.5
-                "job_instructions_per_second": 2e9 if node == "n1" else 5e9,
-                "job_cycles_per_second": 5e9 if node == "n1" else 2e9,
-                "job_flops": 3e9, "job_double_flops": 1e9, "job_cache_misses_per_second": 1e8,
-            }  # fmt: skip
-            for metric, value in values.items():
-                gpu, uuid = ("0", "GPU-a" if node == "n1" else "GPU-b") if metric == "utilization" else ("", "")
-                rows.append({"time": at, "node": node, "gpu": gpu, "uuid": uuid, "metric": metric, "value": value})
-    frame = pd.DataFrame(rows)
-    frame["time"] = pd.to_datetime(frame["time"], unit="s", utc=True)
-    summary = module.summarize(job, frame)
-    n1, n2 = summary["node_summary"]
-    assert n1["job_cpu_efficiency"] == pytest.approx(0.95) and n2["job_cpu_efficiency"] == pytest.approx(0.5)
-    assert summary["cpu_efficiency"] == pytest.approx((7.6 + 4.0) / 16)
-    assert n1["cpu_energy_joules"] == pytest.approx(200 * 0.5 * 300) and n2["cpu_energy_joules"] == pytest.approx(
-        100 * 1.0 * 300
-    )
-    assert summary["total_energy_joules"] == pytest.approx(summary["energy_joules"] + 60000)
-    assert n1["job_io_bytes"] == pytest.approx(2**20 * 300)
-    assert summary["findings"] == [
-        "n1: GPUs mostly idle (10 %) while the job's 8 CPUs were saturated (95 %): input-bound; more data-loader "
-        "workers or CPUs per GPU",
-        "n1: memory peaked at 97 % of the job's limit: close to being killed",
-        "n1: the job's CPU code retired 0.40 instructions per cycle on busy cores: stalled on memory; look at data "
-        "layout or memory-bound preprocessing",
-        "n1: the job swapped (512 MiB at peak)",
-    ]
-    assert n1["job_instructions_per_cycle"] == pytest.approx(0.4) and n2["job_instructions_per_cycle"] == pytest.approx(
-        2.5
-    )
-    assert n1["job_flops_mean"] == pytest.approx(3e9) and n1["job_double_flops_mean"] == pytest.approx(1e9)
-    assert n1["job_cache_miss_bytes_per_second"] == pytest.approx(64e8)
-    page = module.html(summary, [], "http://127.0.0.1:9090")
-    assert "input-bound" in page and "CPU efficiency" in page and "instructions per cycle" in page
-
-
 # --- Bad input: a clear message and a non-zero exit, never a traceback ----------------------------------------------
 
 
@@ -316,11 +245,3 @@ def test_a_job_that_started_before_the_window_or_the_retention(prometheus, tmp_p
         server.close()
     assert result.returncode == 3 and "before the oldest data Prometheus keeps (retention" in result.stderr
     assert "Traceback" not in result.stderr
-
-
-def test_report_keeps_every_series_under_prometheus_point_limit():
-    from accelmon.report import MAX_POINTS, step_for
-
-    for seconds in (60, 3600, 86400, 30 * 86400, 365 * 86400):
-        assert seconds / step_for(seconds) + 1 <= MAX_POINTS
-    assert step_for(60) == 1

@@ -26,11 +26,11 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections import defaultdict
 from typing import Any, Callable
 
 from accelmon.core import Catalogue, Collector, Samples
 from accelmon.job_sources import JobOfProcess
+from accelmon.neuron_monitor import ALL_GROUPS_CONFIG, MAX_LINE_BYTES, NeuronState, find_monitor, number, runtime_tag
 from accelmon.registry import Option, Paths, Registration, register, seconds
 
 log = logging.getLogger("accelmon.neuron")
@@ -220,165 +220,6 @@ SYSTEM_MEMORY = {
     "swap_used_bytes": C.gauge("accelmon_neuron_system_swap_used_bytes", "Swap in use.", ()),
 }
 
-ALL_GROUPS_CONFIG = {
-    "neuron_runtimes": [
-        {
-            "tag_filter": ".*",
-            "metrics": [
-                {"type": "neuroncore_counters"},
-                {"type": "memory_used"},
-                {"type": "neuron_runtime_vcpu_usage"},
-                {"type": "execution_stats"},
-            ],
-        }
-    ],
-    "system_metrics": [{"type": "vcpu_usage"}, {"type": "memory_info"}, {"type": "neuron_hw_counters"}],
-}
-MAX_LINE_BYTES = 32 * 1024 * 1024  # a report of a big trn instance is far smaller; a longer line is garbage
-# One warning for a malformed line, then at most one a minute with the count since: garbage from the monitor
-# wrote 75 MB of log a minute when every line was a warning.
-MALFORMED_LOG_SECONDS = 60.0
-SEARCH_PATH = ("/opt/aws/neuron/bin",)
-
-
-def find_monitor(command: str) -> str | None:
-    if os.sep in command:
-        return command if os.access(command, os.X_OK) else None
-    found = shutil.which(command)
-    if found:
-        return found
-    for directory in SEARCH_PATH:
-        candidate = os.path.join(directory, command)
-        if os.access(candidate, os.X_OK):
-            return candidate
-    return None
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value)
-
-
-class NeuronState:
-    """What the reports say: the latest report, and the per-period counts added up. Thread-safe."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.report: dict[str, Any] | None = None
-        self.report_time = 0.0  # monotonic
-        self.report_wall_time = 0.0
-        self.reports = 0
-        self.malformed = 0
-        self.restarts = 0
-        self.group_errors: dict[str, int] = defaultdict(int)
-        # (runtime tag or "" for system, group) -> period value of the capture last added
-        self._last_capture: dict[tuple[str, str], float] = {}
-        self.exec_errors: dict[tuple[str, str], float] = defaultdict(float)
-        self.exec_status: dict[tuple[str, str], float] = defaultdict(float)
-        self.ecc: dict[tuple[str, str], float] = defaultdict(float)
-        self.context_switches = 0.0
-        self._malformed_logged_at = -MALFORMED_LOG_SECONDS
-        self._malformed_unlogged = 0
-
-    def add_malformed(self, now: float, why: str, line: bytes) -> None:
-        """Count a skipped line; log it unless one was logged less than MALFORMED_LOG_SECONDS ago."""
-        with self.lock:
-            self.malformed += 1
-            if now - self._malformed_logged_at < MALFORMED_LOG_SECONDS:
-                self._malformed_unlogged += 1
-                return
-            self._malformed_logged_at, unlogged, self._malformed_unlogged = now, self._malformed_unlogged, 0
-        more = f"; {unlogged} more since the last warning" if unlogged else ""
-        log.warning("skipped a malformed neuron-monitor line (%s%s): %.80r", why, more, line)
-
-    def add_line(self, line: bytes, now: float, wall: float) -> bool:
-        try:
-            report = json.loads(line)
-            if not isinstance(report, dict):
-                raise ValueError("not an object")
-            self._accumulate(report)
-        except (ValueError, TypeError, AttributeError, KeyError) as error:
-            self.add_malformed(now, str(error), line)
-            return False
-        with self.lock:
-            self.report, self.report_time, self.report_wall_time = report, now, wall
-            self.reports += 1
-        return True
-
-    def _new_capture(self, runtime: str, group: str, data: dict[str, Any], pending: dict[tuple[str, str], Any]) -> bool:
-        period = data.get("period")
-        key = (runtime, group)
-        if period is not None and self._last_capture.get(key) == period:
-            return False
-        pending[key] = period
-        return True
-
-    def _accumulate(self, report: dict[str, Any]) -> None:
-        """Validate the report's shape and add its per-period counts (all under the lock, all or nothing)."""
-        runtimes = report.get("neuron_runtime_data") or []
-        system = report.get("system_data") or {}
-        if not isinstance(runtimes, list) or not isinstance(system, dict):
-            raise ValueError("unexpected report structure")
-        additions: list[tuple[dict[tuple[str, str], float], tuple[str, str], float]] = []
-        switches = 0.0
-        pending: dict[tuple[str, str], Any] = {}
-        live = set()
-        groups_in_error = []
-        for runtime in runtimes:
-            tag = runtime_tag(runtime)
-            live.add(tag)
-            for group, data in (runtime.get("report") or {}).items():
-                if not isinstance(data, dict):
-                    raise ValueError(f"group {group} is not an object")
-                if data.get("error"):
-                    groups_in_error.append(group)
-                    continue
-                if group == "execution_stats" and self._new_capture(tag, group, data, pending):
-                    for kind, count in (data.get("error_summary") or {}).items():
-                        if _number(count) is not None:
-                            additions.append((self.exec_errors, (tag, kind), float(count)))
-                    for kind, count in (data.get("execution_summary") or {}).items():
-                        if _number(count) is not None:
-                            additions.append((self.exec_status, (tag, kind), float(count)))
-        for group, data in system.items():
-            if not isinstance(data, dict):
-                raise ValueError(f"group {group} is not an object")
-            if data.get("error"):
-                groups_in_error.append(group)
-                continue
-            if group == "neuron_hw_counters" and self._new_capture("", group, data, pending):
-                for device in data.get("neuron_devices") or []:
-                    index = str(device.get("neuron_device_index"))
-                    for event in (
-                        "mem_ecc_corrected",
-                        "mem_ecc_uncorrected",
-                        "sram_ecc_corrected",
-                        "sram_ecc_uncorrected",
-                    ):
-                        if _number(device.get(event)) is not None:
-                            additions.append((self.ecc, (index, event), float(device[event])))
-            if group == "vcpu_usage" and self._new_capture("", group, data, pending):
-                switches += _number(data.get("context_switch_count")) or 0.0
-        with self.lock:
-            self._last_capture.update(pending)
-            for table, key, value in additions:
-                table[key] += value
-            self.context_switches += switches
-            for group in groups_in_error:
-                self.group_errors[group] += 1
-            # Runtimes that are gone take their counters with them: no stale series, no growth as pids churn.
-            for table in (self.exec_errors, self.exec_status):
-                for key in [k for k in table if k[0] not in live]:
-                    del table[key]
-            for key in [k for k in self._last_capture if k[0] and k[0] not in live]:
-                del self._last_capture[key]
-
-
-def runtime_tag(runtime: dict[str, Any]) -> str:
-    tag = runtime.get("neuron_runtime_tag")
-    return str(tag) if tag not in (None, "") else str(runtime.get("pid", ""))
-
 
 class NeuronCollector(Collector):
     name = "neuron"
@@ -566,14 +407,14 @@ class NeuronCollector(Collector):
         if not vcpu.get("error") and vcpu:
             out.add(CONTEXT_SWITCHES, (), switches)
             for mode, percent in (vcpu.get("average_usage") or {}).items():
-                if _number(percent) is not None:
+                if number(percent) is not None:
                     out.add(SYSTEM_VCPU, (mode,), percent / 100)
             if isinstance(vcpu.get("usage_data"), dict):
                 out.add(SYSTEM_VCPUS, (), len(vcpu["usage_data"]))
         memory = system.get("memory_info") or {}
         if not memory.get("error"):
             for field, spec in SYSTEM_MEMORY.items():
-                size = _number(memory.get(field))
+                size = number(memory.get(field))
                 if size is not None:
                     out.add(spec, (), size)
         return out
@@ -605,7 +446,7 @@ class NeuronCollector(Collector):
                 ("neuroncore_per_device_count", CORES_PER_DEVICE),
                 ("neuron_device_memory_size", DEVICE_MEMORY),
             ):
-                value = _number(hardware.get(field))
+                value = number(hardware.get(field))
                 if value is not None:
                     out.add(spec, (), value)
 
@@ -620,36 +461,36 @@ class NeuronCollector(Collector):
         counters = groups.get("neuroncore_counters") or {}
         if not counters.get("error"):
             for core, data in sorted((counters.get("neuroncores_in_use") or {}).items()):
-                if _number(data.get("neuroncore_utilization")) is not None:
+                if number(data.get("neuroncore_utilization")) is not None:
                     out.add(UTILIZATION, (tag, core), data["neuroncore_utilization"] / 100)
-                if _number(data.get("flops")) is not None:
+                if number(data.get("flops")) is not None:
                     out.add(FLOPS, (tag, core), data["flops"])
         stats = groups.get("execution_stats") or {}
         if not stats.get("error"):
             for latency, name in (("total_latency", "total"), ("device_latency", "device")):
                 for percentile, seconds in ((stats.get("latency_stats") or {}).get(latency) or {}).items():
-                    if _number(seconds) is not None:
+                    if number(seconds) is not None:
                         out.add(LATENCY, (tag, name, percentile), seconds)
         memory = groups.get("memory_used") or {}
         used = memory.get("neuron_runtime_used_bytes") or {}
         if not memory.get("error") and used:
             for location in ("host", "neuron_device"):
-                if _number(used.get(location)) is not None:
+                if number(used.get(location)) is not None:
                     out.add(RUNTIME_MEMORY, (tag, location), used[location])
             breakdown = used.get("usage_breakdown") or {}
             for category, value in sorted((breakdown.get("host") or {}).items()):
-                if _number(value) is not None:
+                if number(value) is not None:
                     out.add(HOST_MEMORY, (tag, category), value)
             for core, categories in sorted((breakdown.get("neuroncore_memory_usage") or {}).items()):
                 for category, value in sorted(categories.items()):
-                    if _number(value) is not None:
+                    if number(value) is not None:
                         out.add(CORE_MEMORY, (tag, core, category), value)
             if isinstance(memory.get("loaded_models"), list):
                 out.add(LOADED_MODELS, (tag,), len(memory["loaded_models"]))
         vcpu = groups.get("neuron_runtime_vcpu_usage") or {}
         if not vcpu.get("error"):
             for mode, percent in sorted((vcpu.get("vcpu_usage") or {}).items()):
-                if _number(percent) is not None:
+                if number(percent) is not None:
                     out.add(RUNTIME_VCPU, (tag, mode), percent / 100)
 
 

@@ -1,0 +1,5 @@
+import sys
+
+from accelmon.report.cli import main
+
+sys.exit(main())

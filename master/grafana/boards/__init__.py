@@ -1,0 +1,1 @@
+"""One module per dashboard, each declaring `DASHBOARD`; generate.py finds them all."""

@@ -1,0 +1,123 @@
+"""The Health dashboard: what it shows, as plain data (master/grafana/generate.py builds its JSON)."""
+
+from __future__ import annotations
+
+from panels import Dashboard, G, N, Panel, gpu_vars
+
+VERDICT = "0 ok, 1 warning, 2 failure."
+DASHBOARD = Dashboard(
+    "accelmon-health",
+    "accelmon / Health",
+    "Which GPU is broken and what to do: the health checks' verdicts (docs/health.md), fleet first, then per GPU its "
+    "checks, the XIDs of its kernel log by name, and its NVLink links.",
+    [
+        Panel(
+            "Nodes failing",
+            "none",
+            [("count(node:accelmon_health_verdict:max == 2) or vector(0)", "nodes")],
+            "stat",
+            6,
+            4,
+        ),
+        Panel(
+            "Nodes warning",
+            "none",
+            [("count(node:accelmon_health_verdict:max == 1) or vector(0)", "nodes")],
+            "stat",
+            6,
+            4,
+        ),
+        Panel("GPUs failing", "none", [("sum(node:accelmon_gpus_failing:count)", "GPUs")], "stat", 6, 4),
+        Panel(
+            "Nodes healthy",
+            "none",
+            [("count(node:accelmon_health_verdict:max == 0) or vector(0)", "nodes")],
+            "stat",
+            6,
+            4,
+        ),
+        Panel(
+            "Fleet by verdict",
+            "short",
+            [(f"node:accelmon_health_verdict:max{{{N}}}", "{{node}}")],
+            "statushistory",
+            24,
+            6,
+            description="Each node's worst verdict over time: " + VERDICT,
+        ),
+        Panel(
+            "What to do: checks that are not ok",
+            "short",
+            [(f"accelmon_gpu_health_check_state{{{G}}} > 0", "{{node}} GPU {{gpu}} {{check}} {{action}}")],
+            "table",
+            12,
+            8,
+            description="Each failing (2) or warning (1) check of a GPU with its action; `accelmon-exporter --scan` on "
+            "the node gives the detail.",
+        ),
+        Panel(
+            "Node checks that are not ok",
+            "short",
+            [(f"accelmon_node_health_check_state{{{N}}} > 0", "{{node}} {{check}} {{action}}")],
+            "table",
+            12,
+            8,
+            description="Checks of the node itself: the kernel log unreadable, the Fabric Manager not running.",
+            expect_data=False,
+        ),
+        Panel(
+            "Verdict per GPU",
+            "short",
+            [(f"accelmon_gpu_health_verdict{{{G}}}", "{{node}} GPU {{gpu}}")],
+            "statushistory",
+            24,
+            8,
+            description=VERDICT,
+        ),
+        Panel(
+            "XIDs in the kernel log since boot, by name (last seen)",
+            "dateTimeAsIso",
+            [
+                (
+                    f"accelmon_gpu_kernel_xid_last_timestamp_seconds{{{G}}} * 1000"
+                    " * on (instance, xid) group_left (name, severity, action) accelmon_xid_catalogue_info",
+                    "{{node}} GPU {{gpu}} XID {{xid}} {{name}}",
+                )
+            ],
+            "table",
+            24,
+            7,
+            description="Named by the XID catalogue (exporters/accelmon/xid.py) with its severity and action.",
+        ),
+        Panel(
+            "NVLink link map (1 up, 0 down)",
+            "short",
+            [(f"accelmon_gpu_nvlink_link_up{{{G}}}", "{{node}} GPU {{gpu}} link {{link}}")],
+            "statushistory",
+            24,
+            10,
+            description="Every NVLink link of the selected GPUs over time; a link down fails its GPU's nvlink check.",
+        ),
+        Panel(
+            "NVLink errors per second",
+            "short",
+            [
+                (
+                    f"sum by (node, gpu, link, type) (rate(accelmon_gpu_nvlink_errors_total{{{G}}}[$__rate_interval]))",
+                    "{{node}} GPU {{gpu}} link {{link}} {{type}}",
+                )
+            ],
+            width=12,
+            description="CRC errors matter from about 100/s (alert AccelmonNvlinkCrcErrors); any replay or recovery "
+            "error warns the nvlink check.",
+        ),
+        Panel(
+            "Fabric registration (3 completed)",
+            "short",
+            [(f"accelmon_gpu_fabric_state{{{G}}}", "{{node}} GPU {{gpu}}")],
+            width=12,
+            description="1 not started, 2 in progress, 3 completed; NVSwitch systems only.",
+        ),
+    ],
+    gpu_vars(),
+)

@@ -1,0 +1,124 @@
+"""The Job dashboard: what it shows, as plain data (master/grafana/generate.py builds its JSON)."""
+
+from __future__ import annotations
+
+from panels import Dashboard, Panel
+
+# A device series joined to the jobs holding its GPU: one series per (GPU, job), with the job's labels.
+J = 'job_id=~"$job_id"'
+
+
+def per_job_gpu(metric: str) -> str:
+    return f"{metric} * on (instance, uuid) group_right accelmon_gpu_job_info{{{J}}}"
+
+
+JOB_LEGEND = "job {{job_id}} {{node}} GPU {{gpu}}"
+DASHBOARD = Dashboard(
+    "accelmon-job",
+    "accelmon / Job",
+    "One batch job's GPUs over time (collector 'jobs', with the role's accelmon_exporter_jobs: slurm or oar): "
+    "which GPUs it holds, how busy, how full and how hot they are. Device series are joined to the job on uuid.",
+    [
+        Panel("GPUs held", "none", [(f"job_id:accelmon_gpus:count{{{J}}}", "job {{job_id}}")], "stat", 6, 4),
+        Panel(
+            "GPU utilization (job average)",
+            "percentunit",
+            [(f"job_id:accelmon_gpu_utilization_ratio:avg{{{J}}}", "job {{job_id}}")],
+            "stat",
+            6,
+            4,
+            max=1,
+        ),
+        Panel(
+            "GPU memory (fullest GPU)",
+            "percentunit",
+            [(f"job_id:accelmon_gpu_memory_used_ratio:max{{{J}}}", "job {{job_id}}")],
+            "stat",
+            6,
+            4,
+            max=1,
+        ),
+        Panel(
+            "GPU power (sum)", "watt", [(f"job_id:accelmon_gpu_power_watts:sum{{{J}}}", "job {{job_id}}")], "stat", 6, 4
+        ),
+        Panel(
+            "The job's GPUs",
+            "short",
+            [(f"accelmon_gpu_job_info{{{J}}}", "{{node}} {{gpu}}")],
+            "table",
+            24,
+            6,
+            description="Node, NVML index and UUID of every GPU the job holds, with its user and account.",
+        ),
+        Panel("GPU utilization", "percentunit", [(per_job_gpu("accelmon_gpu_utilization_ratio"), JOB_LEGEND)], max=1),
+        Panel("GPU memory used", "bytes", [(per_job_gpu("accelmon_gpu_memory_used_bytes"), JOB_LEGEND)]),
+        Panel("GPU power", "watt", [(per_job_gpu("accelmon_gpu_power_watts"), JOB_LEGEND)]),
+        Panel("GPU temperature", "celsius", [(per_job_gpu("accelmon_gpu_temperature_celsius"), JOB_LEGEND)]),
+        Panel(
+            "SM active (profiling)",
+            "percentunit",
+            [(per_job_gpu("accelmon_gpu_sm_active_ratio"), JOB_LEGEND)],
+            max=1,
+            description="Where the profiling collector is on for the job's nodes.",
+        ),
+        Panel(
+            "SM clock",
+            "hertz",
+            [(per_job_gpu("accelmon_gpu_sm_clock_hertz"), JOB_LEGEND)],
+            description="A GPU clocked below its peers holds back a synchronous job.",
+        ),
+        Panel(
+            "The job's share of each GPU (SM time of its processes)",
+            "percentunit",
+            [(f"accelmon_gpu_job_sm_utilization_ratio{{{J}}}", "job {{job_id}} {{node}} GPU {{gpu}}")],
+            max=1,
+            description="From NVML's per-process samples (collector gpu_processes): on a GPU shared by several "
+            "jobs, each job's own part.",
+        ),
+        Panel(
+            "GPU memory of the job's processes",
+            "bytes",
+            [(f"accelmon_gpu_job_memory_used_bytes{{{J}}}", "job {{job_id}} {{node}} GPU {{gpu}} {{gpu_instance_id}}")],
+        ),
+        Panel(
+            "CPU cores used and given, per node",
+            "short",
+            [
+                (
+                    f"sum by (job_id, node) (rate(accelmon_job_cpu_seconds_total{{{J}}}[$__rate_interval]))",
+                    "used {{node}}",
+                ),
+                (f"sum by (job_id, node) (accelmon_job_cpus_allocated{{{J}}})", "given {{node}}"),
+            ],
+            description="From the job's cgroup (collector job_resources). GPUs idle while these meet: input-bound.",
+        ),
+        Panel(
+            "CPU efficiency (cores used over given)",
+            "percentunit",
+            [(f"job_id:accelmon_job_cpu_efficiency:ratio{{{J}}}", "job {{job_id}}")],
+            max=1,
+        ),
+        Panel(
+            "Memory: used, peak and limit, per node",
+            "bytes",
+            [
+                (f"accelmon_job_memory_used_bytes{{{J}}}", "used {{node}}"),
+                (f"accelmon_job_memory_peak_bytes{{{J}}}", "peak {{node}}"),
+                (f"accelmon_job_memory_limit_bytes{{{J}}}", "limit {{node}}"),
+                (f"accelmon_job_swap_used_bytes{{{J}}}", "swap {{node}}"),
+            ],
+            description="Peak near the limit: the job is about to be killed for memory; swap: it pages.",
+        ),
+        Panel(
+            "I/O per node",
+            "Bps",
+            [
+                (
+                    f"sum by (job_id, node, direction) (rate(accelmon_job_io_bytes_total{{{J}}}[$__rate_interval]))",
+                    "{{direction}} {{node}}",
+                )
+            ],
+        ),
+    ],
+    [("job_id", "label_values(accelmon_gpu_job_info, job_id)")],
+)
