@@ -4,8 +4,8 @@ Tiers (pytest markers):
 - `unit`: in this process, on fixture trees (the exporter run as a user runs it included), or beside a reference
   binary (promtool, node_exporter's InfiniBand collector); seconds each. The default.
 - `e2e`: real servers started from the repository's own config (Prometheus, VictoriaMetrics, vmalert), Chromium,
-  ansible-playbook on this machine; a module says so with `pytestmark = pytest.mark.e2e`, and every test that
-  uses the `prometheus` fixture is e2e.
+  ansible-playbook on this machine, this machine's own kernel log (root, its dmesg_restrict); a module says so
+  with `pytestmark = pytest.mark.e2e`, and every test that uses the `prometheus` fixture is e2e.
 - `molecule`: a Molecule scenario on podman systemd hosts.
 `./scripts/test.sh --quick` runs lint and the unit tier; the full suite (the default, and CI) runs all three.
 """

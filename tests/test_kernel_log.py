@@ -151,6 +151,7 @@ def test_the_device_path_survives_epipe_and_records_too_long(tmp_path, procfs):
     assert not script
 
 
+@pytest.mark.e2e  # this machine's own kernel log, readable by root only: not a fixture
 def test_this_machines_real_kmsg(procfs):
     """/dev/kmsg as the kernel serves it (readable by root here): read to its end without blocking, every record
     parsed, none lost between two samples."""
@@ -177,6 +178,7 @@ def test_an_unreadable_log_is_said_once_and_the_others_go_on(tmp_path, procfs, c
     assert len([r for r in caplog.records if "kernel log unreadable" in r.getMessage()]) == 1
 
 
+@pytest.mark.e2e  # this machine's own kernel log and its kernel.dmesg_restrict setting
 def test_permission_denied_without_cap_syslog(procfs, fake_nvml_dir, tmp_path):
     """The real /dev/kmsg read without CAP_SYSLOG, as a service without the role's grant meets it where
     kernel.dmesg_restrict=1 (this machine's setting, and Debian's and Ubuntu's default): the exporter runs, the
