@@ -94,6 +94,18 @@ def _events(nvml: Any, handle: Any) -> str:
         nvml.nvmlEventSetFree(event_set)
 
 
+def _profiles(nvml: Any, handle: Any) -> dict[int, Any]:
+    """The GPU's GPU instance profiles (its MIG profile table), by profile index."""
+    found: dict[int, Any] = {}
+    for index in range(nvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+        try:
+            info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, index, 2)
+            found[index] = {"id": info.id, "slices": info.sliceCount, "memory_mb": info.memorySizeMB, "name": info.name}
+        except nvml.NVMLError as error:
+            found[index] = str(error)
+    return found
+
+
 def _fabric(nvml: Any, handle: Any, function: str, structure: str) -> Any:
     """The fabric structure filled in as the fabric collector asks for it (by reference)."""
     info = getattr(nvml, structure)()
@@ -165,6 +177,11 @@ CALLS: dict[str, Probe] = {
     "nvmlDeviceGetMaxMigDeviceCount": lambda n, h: n.nvmlDeviceGetMaxMigDeviceCount(h),
     "nvmlDeviceGetMigDeviceHandleByIndex": lambda n, h: len(_mig_devices(n, h)),
     "nvmlDeviceGetGpuInstanceId": lambda n, h: [instance for instance, _ in _mig_devices(n, h)],
+    "nvmlDeviceGetGpuInstanceProfileInfo": lambda n, h: _profiles(n, h),
+    "nvmlDeviceGetAttributes_v2": lambda n, h: {
+        "gpu": vars_of(n.nvmlDeviceGetAttributes_v2(h)),
+        **{f"mig {i}": vars_of(n.nvmlDeviceGetAttributes_v2(mig)) for i, mig in _mig_devices(n, h)},
+    },
     "nvmlDeviceGetNvLinkState": lambda n, h: _links(n, h, lambda link: n.nvmlDeviceGetNvLinkState(h, link)),
     "nvmlDeviceGetNvLinkErrorCounter": lambda n, h: _links(
         n, h, lambda link: [n.nvmlDeviceGetNvLinkErrorCounter(h, link, c) for c in range(4)]

@@ -14,7 +14,8 @@ from bench.nvml_calls import CALLS, MADE_ON_THE_WAY
 from tests.support.paths import ROOT
 from tests.support.processes import exporter_env
 
-NVML_CALL = re.compile(r"\bnvml(?:Device|Gpm|Event|System|Init|Shutdown)[A-Za-z0-9_]*\b")
+# A call site: `nvml.nvmlX(...)`, or a name looked up as a string (`getattr(nvml, "nvmlX", None)`); not prose.
+NVML_CALL = re.compile(r"""(?<=[."])nvml(?:Device|Gpm|Event|System|Init|Shutdown)[A-Za-z0-9_]*\b""")
 
 
 def test_every_nvml_call_of_the_exporter_is_probed():

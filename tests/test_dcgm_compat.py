@@ -75,14 +75,41 @@ def test_names_units_and_labels_are_dcgm_exporters(samplers):
     assert sample_value(text, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", **labels) == 123456790  # mJ, exact
     assert sample_value(text, "DCGM_FI_DEV_FB_USED", GPU_I_ID="", **labels) == 2048  # MiB
     assert sample_value(text, "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", **labels) == 1  # the fake's GPU 1
-    # GPU 1 runs two MIG instances: each one's framebuffer, by GPU_I_ID.
-    assert sample_value(text, "DCGM_FI_DEV_FB_USED", gpu="1", GPU_I_ID="2") == 2048
+    # GPU 1 runs two MIG instances: each one's framebuffer, by GPU_I_ID, and its profile (the fake's are 1g.10gb).
+    assert sample_value(text, "DCGM_FI_DEV_FB_USED", gpu="1", GPU_I_ID="2", GPU_I_PROFILE="1g.10gb") == 2048
     # The last XID: the kernel log's latest (45 after 79) on GPU 2; NVML's event on GPU 3; none on GPU 0.
     assert sample_value(text, "DCGM_FI_DEV_XID_ERRORS", gpu="2") == 45
     assert sample_value(text, "DCGM_FI_DEV_XID_ERRORS", gpu="3") == 31
     assert sample_value(text, "DCGM_FI_DEV_XID_ERRORS", gpu="0") == 0
     samples = [line for line in text.splitlines() if not line.startswith("#")]
     assert samples and all(line.startswith("DCGM_FI_") for line in samples)  # DCGM's names only
+
+
+def test_graphics_engine_activity_per_gpu_and_per_mig_instance(fake_nvml, tmp_path):
+    """DCGM_FI_PROF_GR_ENGINE_ACTIVE, the profiling field dcgm-exporter's default counters and OpenShift's console read,
+    from GPM's graphics utilization: per GPU, and under MIG per GPU instance with GPU_I_ID and GPU_I_PROFILE."""
+    from accelmon.collectors.profiling import ProfilingCollector
+
+    fake_nvml.configure("gpus 2\nmig 1 2\ngpm 0\ngpm 1\n")
+    procfs = nvidia_procfs(tmp_path / "proc", gpus=2)
+    profiling = ProfilingCollector(backend="gpm", interval=0.1)
+    made = [Sampler(NvmlCollector(), 1.0), Sampler(profiling, 0.1)]
+    try:
+        for sampler in made:
+            sampler.collector.start()
+        time.sleep(0.25)  # one GPM window, both clocks past 100 ms
+        for sampler in made:
+            sampler.sample_once()
+        text = compat_text((made, procfs))
+    finally:
+        for sampler in made:
+            sampler.collector.stop()
+    assert sample_value(text, "DCGM_FI_PROF_GR_ENGINE_ACTIVE", gpu="0", GPU_I_ID="") == pytest.approx(0.55)
+    for instance, ratio in (("1", 0.61), ("2", 0.66)):  # the fake's 55 % + GPU + 5 % per instance id
+        assert sample_value(
+            text, "DCGM_FI_PROF_GR_ENGINE_ACTIVE", gpu="1", GPU_I_ID=instance, GPU_I_PROFILE="1g.10gb"
+        ) == pytest.approx(ratio)
+        assert sample_value(text, "DCGM_FI_PROF_SM_ACTIVE", gpu="1", GPU_I_ID=instance) == pytest.approx(ratio - 0.05)
 
 
 def test_every_field_names_a_metric_accelmon_serves():

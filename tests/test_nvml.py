@@ -251,3 +251,39 @@ def test_gpu_lost_at_start_gets_its_identity_when_it_answers(make_collector, fak
     assert reading.value("accelmon_gpu_up", gpu="0", uuid=UUID0) == 1
     assert reading.value("accelmon_gpu_info", gpu="0", uuid=UUID0, name="NVIDIA H100 80GB HBM3") == 1
     assert reading.value("accelmon_gpu_sm_clock_max_hertz", gpu="0") == 1980e6
+
+
+def test_a_mig_devices_profile_is_matched_by_its_slices_and_memory():
+    """The profile table of an H100 80GB: a device of 1 slice and 20 GiB is a 1g.20gb, not a 1g.10gb; one of 1 slice
+    and 10 GiB is the base 1g.10gb, not its +me twin (same slices and memory, higher index); a device whose
+    attributes NVML will not give has no profile (an empty label, absent to Prometheus)."""
+    from types import SimpleNamespace
+
+    from accelmon.nvidia import MigProfiles
+
+    class Error(Exception):
+        pass
+
+    table = {0: (1, 9856, b"MIG 1g.10gb"), 7: (1, 9856, b"MIG 1g.10gb+me"), 9: (1, 19968, b"MIG 1g.20gb"),
+             4: (7, 80896, b"MIG 7g.80gb")}  # fmt: skip
+    devices = {"a": (1, 19968), "b": (1, 9856), "c": (7, 80896)}
+
+    def profile_info(parent, index, version):
+        if index not in table:
+            raise Error("not supported")
+        slices, memory, name = table[index]
+        return SimpleNamespace(sliceCount=slices, memorySizeMB=memory, name=name)
+
+    def attributes(mig):
+        if mig not in devices:
+            raise Error("no permission")
+        return SimpleNamespace(gpuInstanceSliceCount=devices[mig][0], memorySizeMB=devices[mig][1])
+
+    nvml = SimpleNamespace(
+        NVMLError=Error, NVML_GPU_INSTANCE_PROFILE_COUNT=18,
+        nvmlDeviceGetGpuInstanceProfileInfo=profile_info, nvmlDeviceGetAttributes_v2=attributes,
+    )  # fmt: skip
+    profiles = MigProfiles(nvml, parent="gpu")
+    assert [profiles.name(mig, f"MIG-{mig}") for mig in ("a", "b", "c", "d")] == ["1g.20gb", "1g.10gb", "7g.80gb", ""]
+    table.clear()  # read once per GPU, and once per MIG device: nothing is asked again
+    assert profiles.name("a", "MIG-a") == "1g.20gb"

@@ -37,6 +37,8 @@ def test_dcgm_values_units_and_blanks(fake_dcgm, fake_nvml):
         text = sample(collector)
         assert value(text, "accelmon_gpu_profiling_backend_info", backend="dcgm") == 1
         assert value(text, "accelmon_gpu_sm_active_ratio", gpu="1") == pytest.approx(0.21)
+        # DCGM's field 1001, dcgm-exporter's most-queried profiling field: the fake host engine's 0.1 + 0.01 x GPU.
+        assert value(text, "accelmon_gpu_graphics_engine_active_ratio", gpu="1") == pytest.approx(0.11)
         assert value(text, "accelmon_gpu_tensor_active_ratio", gpu="0") is None  # blank is no value
         assert value(text, "accelmon_gpu_profiling_nvlink_receive_bytes_per_second", gpu="1") == 8_000_000
         assert value(text, "accelmon_gpu_dram_active_ratio", gpu="0", uuid="GPU-00000000-0000-4000-8000-000000000000")
@@ -55,6 +57,7 @@ def test_gpm_when_no_host_engine(fake_dcgm, fake_nvml):
         text = sample(collector)
         assert value(text, "accelmon_gpu_profiling_backend_info", backend="gpm") == 1
         assert value(text, "accelmon_gpu_sm_active_ratio", gpu="2") == pytest.approx(0.52)
+        assert value(text, "accelmon_gpu_graphics_engine_active_ratio", gpu="2") == pytest.approx(0.57)  # GPM %
         assert value(text, "accelmon_gpu_sm_active_ratio", gpu="1") is None
         assert value(text, "accelmon_gpu_profiling_pcie_receive_bytes_per_second", gpu="2") == 600 * 1024 * 1024
         assert value(text, "accelmon_gpu_profiling_nvlink_transmit_bytes_per_second", gpu="0") == 2000 * 1024 * 1024
@@ -67,6 +70,7 @@ def test_gpm_per_mig_instance(fake_dcgm, fake_nvml):
     """A GPU in MIG mode: each GPU instance gets its own GPM windows (nvmlGpmMigSampleGet), so a job given an instance
     sees what it used of that instance; the whole GPU's series stay as they are."""
     fake_nvml.configure("gpus 2\nmig 1 2\ngpm 0\ngpm 1\n")
+    before = fake_nvml.calls_of("nvmlGpmMigSampleGet")  # counted since the library was loaded in this process
     clock = ManualClock()
     collector = make(clock, interval=0.2)
     try:
@@ -82,9 +86,12 @@ def test_gpm_per_mig_instance(fake_dcgm, fake_nvml):
             assert value(text, "accelmon_gpu_mig_tensor_active_ratio", gpu="1", gpu_instance_id=instance) == (
                 pytest.approx(0.40)
             )
+            assert value(text, "accelmon_gpu_mig_graphics_engine_active_ratio", gpu="1", gpu_instance_id=instance) == (
+                pytest.approx(ratio + 0.05)
+            )
         assert value(text, "accelmon_gpu_mig_sm_active_ratio", gpu="0") is None  # not in MIG mode
         assert value(text, "accelmon_gpu_sm_active_ratio", gpu="1") == pytest.approx(0.51)
-        assert fake_nvml.calls_of("nvmlGpmMigSampleGet") == 4  # two windows' ends, two instances
+        assert fake_nvml.calls_of("nvmlGpmMigSampleGet") - before == 4  # two windows' ends, two instances
     finally:
         collector.stop()
 

@@ -171,8 +171,9 @@ XID_EVENTS = C.counter(
 MIG_MODE = C.gauge("accelmon_gpu_mig_mode_enabled", "1 if MIG mode is on.", GPU, read=SLOW)
 MIG_INFO = C.gauge(
     "accelmon_gpu_mig_instance_info",
-    "A MIG device of the GPU; value is 1.",
-    [*GPU, "gpu_instance_id", "mig_uuid"],
+    "A MIG device of the GPU, with its GPU instance profile as NVIDIA names it (1g.10gb; dcgm-exporter's "
+    "GPU_I_PROFILE); value is 1.",
+    [*GPU, "gpu_instance_id", "mig_uuid", "profile"],
     read=SLOW,
 )
 MIG_MEMORY_USED = C.gauge(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import pynvml
 
@@ -156,3 +156,44 @@ class OwnSessionCollector(Collector):
         gpus = self.session.gpus()
         if gpus is not None:
             self.found(gpus)
+
+
+class MigProfiles:
+    """The GPU instance profile (as NVIDIA names it: 1g.10gb) of each MIG device of one GPU, read once per device.
+    Without privilege (the exporter is no root): the device's slices and memory (nvmlDeviceGetAttributes_v2) matched
+    to the GPU's profile table (nvmlDeviceGetGpuInstanceProfileInfoV per profile index, read once); the GPU instance
+    handle that names its profile directly (nvmlDeviceGetGpuInstanceById) needs root. A `+me` variant has its base
+    profile's slices and memory: the base name is given (the lower profile index)."""
+
+    def __init__(self, nvml: Any, parent: Any) -> None:
+        self.nvml = nvml
+        self.parent = parent
+        self.table: Optional[list[tuple[int, int, str]]] = None  # (slices, memory MB, name) of each profile
+        self.of_mig: dict[str, str] = {}  # MIG UUID -> its profile's name ("" where it cannot be told)
+
+    def name(self, mig: Any, mig_uuid: str) -> str:
+        if mig_uuid not in self.of_mig:
+            self.of_mig[mig_uuid] = self._match(mig)
+        return self.of_mig[mig_uuid]
+
+    def _profiles(self) -> list[tuple[int, int, str]]:
+        if self.table is None:
+            nvml, self.table = self.nvml, []
+            for index in range(int(getattr(nvml, "NVML_GPU_INSTANCE_PROFILE_COUNT", 0))):
+                try:
+                    info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(self.parent, index, 2)
+                except nvml.NVMLError:
+                    continue  # a profile this GPU does not have
+                self.table.append((int(info.sliceCount), int(info.memorySizeMB), text(info.name)))
+        return self.table
+
+    def _match(self, mig: Any) -> str:
+        try:
+            attributes = self.nvml.nvmlDeviceGetAttributes_v2(mig)
+        except self.nvml.NVMLError as error:
+            log.debug("MIG device attributes: %s", error)
+            return ""
+        slices, memory = int(attributes.gpuInstanceSliceCount), int(attributes.memorySizeMB)
+        alike = [profile for profile in self._profiles() if profile[0] == slices]
+        best = min(alike, key=lambda profile: abs(profile[1] - memory), default=None)
+        return best[2].removeprefix("MIG ") if best else ""

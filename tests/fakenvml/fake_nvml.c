@@ -670,6 +670,49 @@ nvmlReturn_t nvmlDeviceGetGpuInstanceId(device_t *d, unsigned int *id) {
     return OK;
 }
 
+/* MIG profiles, as nvml.h lays out nvmlGpuInstanceProfileInfo_v2_t and nvmlDeviceAttributes_t. The table is an H100
+ * 80GB's as NVIDIA's MIG user guide names its profiles; the memory sizes are assumed (unmeasured: no H100 in MIG mode
+ * was lent), the same in both calls as the driver's would be. Every MIG device of the fake is a 1g.10gb (its memory
+ * total above is 10 GiB). Profile index 7 (1_SLICE_REV1) is the +me variant of 1g.10gb: same slices and memory. */
+typedef struct {
+    unsigned int version, id, isP2pSupported, sliceCount, instanceCount, multiprocessorCount, copyEngineCount,
+        decoderCount, encoderCount, jpegCount, ofaCount;
+    unsigned long long memorySizeMB;
+    char name[96];
+} gi_profile_t;
+typedef struct { int index; unsigned int id, slices; unsigned long long mb; const char *name; } profile_row_t;
+static const profile_row_t profiles[] = {
+    {0, 19, 1, 10240, "MIG 1g.10gb"}, {1, 14, 2, 20480, "MIG 2g.20gb"}, {2, 9, 3, 40960, "MIG 3g.40gb"},
+    {3, 5, 4, 40960, "MIG 4g.40gb"}, {4, 0, 7, 81920, "MIG 7g.80gb"}, {7, 20, 1, 10240, "MIG 1g.10gb+me"},
+    {9, 15, 1, 20480, "MIG 1g.20gb"},
+};
+nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoV(device_t *d, unsigned int profile, gi_profile_t *info) {
+    DEVICE(d);
+    if (d->is_mig) return ERR_INVALID_ARGUMENT;
+    for (size_t k = 0; k < sizeof profiles / sizeof profiles[0]; k++) {
+        if (profiles[k].index != (int)profile) continue;
+        memset(info, 0, sizeof *info);
+        info->version = 0x02000098; info->id = profiles[k].id; info->sliceCount = profiles[k].slices;
+        info->memorySizeMB = profiles[k].mb;
+        snprintf(info->name, sizeof info->name, "%s", profiles[k].name);
+        return OK;
+    }
+    return ERR_NOT_SUPPORTED;
+}
+typedef struct {
+    unsigned int multiprocessorCount, sharedCopyEngineCount, sharedDecoderCount, sharedEncoderCount, sharedJpegCount,
+        sharedOfaCount, gpuInstanceSliceCount, computeInstanceSliceCount;
+    unsigned long long memorySizeMB;
+} attributes_t;
+nvmlReturn_t nvmlDeviceGetAttributes_v2(device_t *d, attributes_t *a) {
+    DEVICE(d);
+    memset(a, 0, sizeof *a);
+    a->multiprocessorCount = d->is_mig ? 16 : 132;
+    a->gpuInstanceSliceCount = a->computeInstanceSliceCount = d->is_mig ? 1 : 7;
+    a->memorySizeMB = d->is_mig ? 10240 : 81920;
+    return OK;
+}
+
 /* ---- events (XID) ---- */
 typedef struct { int dummy; } event_set_t;
 static event_set_t the_set;
@@ -746,6 +789,8 @@ nvmlReturn_t nvmlGpmMigSampleGet(device_t *d, unsigned int gpu_instance, gpm_sam
 }
 static int gpm_value(int gpu, unsigned int gpu_instance, unsigned int id, double *value) {
     switch (id) {
+    case 1: *value = 55.0 + gpu + 5.0 * gpu_instance; return 1;  /* graphics (engine) util %: above SM util, as any
+                                                                    kernel resident counts, not the SMs it fills */
     case 2: *value = 50.0 + gpu + 5.0 * gpu_instance; return 1;  /* SM util %; a MIG instance adds 5 % per id */
     case 3: *value = 25.0; return 1;            /* SM occupancy % */
     case 5: *value = 40.0; return 1;            /* any tensor % */

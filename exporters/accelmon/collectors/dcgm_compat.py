@@ -28,7 +28,8 @@ from accelmon.registry import Option, Registration, collectors, never, register,
 
 MIB = 2**20
 # dcgm-exporter's labels (MIG's GPU_I_ID and GPU_I_PROFILE empty outside MIG, which Prometheus reads as absent).
-LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION", "GPU_I_ID")
+LABELS: tuple[str, ...] = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION")
+LABELS += ("GPU_I_ID", "GPU_I_PROFILE")
 INTERVAL = seconds("interval_seconds", 1, "how often the DCGM_FI_* series are made from the latest samples")
 REPLACE_OWN = Option(
     "replace_own",
@@ -42,7 +43,8 @@ C = Catalogue(
     "Made from the nvml, profiling and kernel_log collectors' latest samples (no hardware reads). Each row: the "
     "DCGM field (dcgm_fields.h), what it is made from, and the conversion into dcgm-exporter's unit. Labels as "
     "dcgm-exporter's: gpu, UUID, pci_bus_id, device (nvidia<minor>), modelName, Hostname, DCGM_FI_DRIVER_VERSION, "
-    "and GPU_I_ID for a MIG instance.",
+    "and for a MIG instance GPU_I_ID and GPU_I_PROFILE (its profile, 1g.10gb): its memory used and, from GPM, its "
+    "graphics engine, SM, tensor and DRAM activity.",
 )
 
 
@@ -156,6 +158,11 @@ FIELDS = (
         1e6,
     ),
     field(
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        "Ratio of time the graphics engine is active",
+        "accelmon_gpu_graphics_engine_active_ratio",
+    ),
+    field(
         "DCGM_FI_PROF_SM_ACTIVE", "Ratio of cycles an SM has at least 1 warp assigned", "accelmon_gpu_sm_active_ratio"
     ),
     field("DCGM_FI_PROF_SM_OCCUPANCY", "Ratio of warps resident to the maximum", "accelmon_gpu_sm_occupancy_ratio"),
@@ -206,7 +213,17 @@ XID = C.gauge(
     "`accelmon_gpu_xid_errors_total`)",
     LABELS,
 )
-FB_USED = next(row.spec for row in FIELDS if row.spec.name == "DCGM_FI_DEV_FB_USED")  # MIG instances' too
+# Per MIG instance, as dcgm-exporter serves them under MIG: (DCGM field's spec, accelmon's per-instance source, scale).
+MIG_FIELDS = tuple(
+    (next(row.spec for row in FIELDS if row.spec.name == name), source, scale)
+    for name, source, scale in (
+        ("DCGM_FI_DEV_FB_USED", "accelmon_gpu_mig_memory_used_bytes", 1 / MIB),
+        ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "accelmon_gpu_mig_graphics_engine_active_ratio", 1.0),
+        ("DCGM_FI_PROF_SM_ACTIVE", "accelmon_gpu_mig_sm_active_ratio", 1.0),
+        ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "accelmon_gpu_mig_tensor_active_ratio", 1.0),
+        ("DCGM_FI_PROF_DRAM_ACTIVE", "accelmon_gpu_mig_dram_active_ratio", 1.0),
+    )
+)
 
 
 class DcgmCompatCollector(Collector):
@@ -242,7 +259,7 @@ class DcgmCompatCollector(Collector):
             for spec, rows in latest.rows.items():
                 by_name.setdefault(spec.name, []).extend((dict(zip(spec.labels, v)), value) for v, value in rows)
         host = self.hostname()
-        identity: dict[str, tuple[str, ...]] = {}  # gpu index -> dcgm-exporter's labels but GPU_I_ID
+        identity: dict[str, tuple[str, ...]] = {}  # gpu index -> dcgm-exporter's labels but the MIG ones
         for labels, _ in by_name.get("accelmon_gpu_info", []):
             if labels.get("vendor", "nvidia") != "nvidia":
                 continue  # DCGM's names are NVIDIA's: an AMD GPU (collector amd) has none
@@ -263,13 +280,20 @@ class DcgmCompatCollector(Collector):
                 if ids is None or any(labels.get(k) != v for k, v in row.match):
                     continue
                 # Rounded as dcgm-exporter's integers are: 123456.79 J is 123456790 mJ, not ...790.0000001.
-                out.add(row.spec, [*ids, ""], round(value * row.scale, 6))
-        for labels, used in by_name.get("accelmon_gpu_mig_memory_used_bytes", []):
-            ids = identity.get(labels.get("gpu", ""))
-            if ids is not None:
-                out.add(FB_USED, [*ids, labels.get("gpu_instance_id", "")], used / MIB)
+                out.add(row.spec, [*ids, "", ""], round(value * row.scale, 6))
+        profiles = {
+            (labels.get("gpu", ""), labels.get("gpu_instance_id", "")): labels.get("profile", "")
+            for labels, _ in by_name.get("accelmon_gpu_mig_instance_info", [])
+        }
+        for spec, source, scale in MIG_FIELDS:
+            for labels, value in by_name.get(source, []):
+                ids = identity.get(labels.get("gpu", ""))
+                if ids is not None:
+                    instance = labels.get("gpu_instance_id", "")
+                    profile = profiles.get((labels.get("gpu", ""), instance), "")
+                    out.add(spec, [*ids, instance, profile], round(value * scale, 6))
         for gpu, ids in identity.items():
-            out.add(XID, [*ids, ""], last_xid(by_name, gpu))
+            out.add(XID, [*ids, "", ""], last_xid(by_name, gpu))
         return out
 
 

@@ -19,7 +19,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import pynvml
 
@@ -78,7 +78,7 @@ from accelmon.gpu_metrics import (
     XID_ERRORS,
     XID_EVENTS,
 )
-from accelmon.nvidia import NVML_MIG_DEVICES, nvidia_driver_loaded, text
+from accelmon.nvidia import NVML_MIG_DEVICES, MigProfiles, nvidia_driver_loaded, text
 from accelmon.registry import Registration, register
 
 log = logging.getLogger("accelmon.nvml")
@@ -148,6 +148,7 @@ class Gpu:
     unsupported_fields: set[int] = field(default_factory=set)
     slow_rows: list[tuple[Any, tuple[str, ...], float]] = field(default_factory=list)  # latest slow read, replayed
     slow_due: float = 0.0  # monotonic time of the next slow read; 0 = at the next sample
+    mig_profiles: Optional[MigProfiles] = None  # made at the first MIG device seen
 
     @property
     def labels(self) -> tuple[str, str]:
@@ -466,7 +467,9 @@ class NvmlCollector(Collector):
             except nvml.NVMLError as error:
                 log.debug("GPU %d MIG %d: %s", gpu.index, index, error)
                 continue
-            out.add(MIG_INFO, [*gpu.labels, instance, mig_uuid], 1)
+            if gpu.mig_profiles is None:
+                gpu.mig_profiles = MigProfiles(nvml, gpu.handle)
+            out.add(MIG_INFO, [*gpu.labels, instance, mig_uuid, gpu.mig_profiles.name(mig, mig_uuid)], 1)
             out.add(MIG_MEMORY_USED, [*gpu.labels, instance], memory.used)
             out.add(MIG_MEMORY_TOTAL, [*gpu.labels, instance], memory.total)
 

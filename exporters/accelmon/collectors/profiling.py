@@ -73,6 +73,18 @@ MIN_GPM_WINDOW_SECONDS = 0.1  # nvml.h: the two samples must be more than 100 ms
 COUNTERS = [
     ProfilingMetric(
         C.gauge(
+            "accelmon_gpu_graphics_engine_active_ratio",
+            "Fraction of time the graphics or compute engine was active: any kernel resident, however few SMs it "
+            "fills (DCGM 1001 ratio, dcgm-exporter's DCGM_FI_PROF_GR_ENGINE_ACTIVE; GPM GRAPHICS_UTIL %).",
+            GPU,
+        ),
+        1001,
+        1.0,
+        pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL,
+        0.01,
+    ),
+    ProfilingMetric(
+        C.gauge(
             "accelmon_gpu_sm_active_ratio",
             "Fraction of time at least one warp was active on an SM, "
             "averaged over SMs (DCGM 1002 ratio; GPM SM_UTIL %).",
@@ -199,17 +211,24 @@ COUNTERS = [
 # Per MIG instance, through GPM only (nvmlGpmMigSampleGet: Hopper and later; DCGM's per-instance fields are not
 # read): the share of the instance's own SMs and memory, what a job given the instance used of it.
 MIG = (*GPU, "gpu_instance_id")
+BY_NAME = {counter.spec.name: counter.spec for counter in COUNTERS}
 MIG_COUNTERS = {
-    COUNTERS[0].spec: C.gauge("accelmon_gpu_mig_sm_active_ratio", "SM active, over the MIG instance's SMs (GPM).", MIG),
-    COUNTERS[2].spec: C.gauge(
+    BY_NAME["accelmon_gpu_graphics_engine_active_ratio"]: C.gauge(
+        "accelmon_gpu_mig_graphics_engine_active_ratio",
+        "Graphics or compute engine active in the MIG instance (GPM).",
+        MIG,
+    ),
+    BY_NAME["accelmon_gpu_sm_active_ratio"]: C.gauge(
+        "accelmon_gpu_mig_sm_active_ratio", "SM active, over the MIG instance's SMs (GPM).", MIG
+    ),
+    BY_NAME["accelmon_gpu_tensor_active_ratio"]: C.gauge(
         "accelmon_gpu_mig_tensor_active_ratio", "Tensor pipes active in the MIG instance (GPM).", MIG
     ),
-    COUNTERS[3].spec: C.gauge(
+    BY_NAME["accelmon_gpu_dram_active_ratio"]: C.gauge(
         "accelmon_gpu_mig_dram_active_ratio", "Device memory busy for the MIG instance (GPM).", MIG
     ),
 }
-DCGM_FIELDS = [c.dcgm_field for c in COUNTERS] + [1001]  # 1001 (graphics engine active) keeps the group valid on
-# every DCGM version; it is watched but not exported (accelmon_gpu_utilization_ratio covers it).
+DCGM_FIELDS = [c.dcgm_field for c in COUNTERS]
 # DCGM's blank sentinels start here (DCGM_FT_FP64_BLANK 140737488355328.0, DCGM_FT_INT64_BLANK 0x7ffffffffffffff0).
 FP64_BLANK = 140737488355328.0
 INT64_BLANK = 0x7FFFFFFFFFFFFFF0
