@@ -12,6 +12,13 @@ def per_job_gpu(metric: str) -> str:
     return f"{metric} * on (instance, uuid) group_right accelmon_gpu_job_info{{{J}}}"
 
 
+def against_job_median(metric: str) -> str:
+    """Each GPU's `metric` over its job's median at the same moment: what AccelmonJobStraggler judges (1 = with its
+    peers; a straggler sits under 0.9 for clocks, 0.8 for power: master/prometheus/rules/accelmon-fleet-live-jobs.yml).
+    """
+    return f"({per_job_gpu(metric)}) / on (job_id) group_left quantile by (job_id) (0.5, {per_job_gpu(metric)})"
+
+
 JOB_LEGEND = "job {{job_id}} {{node}} GPU {{gpu}}"
 DASHBOARD = Dashboard(
     "accelmon-job",
@@ -49,6 +56,29 @@ DASHBOARD = Dashboard(
             24,
             6,
             description="Node, NVML index and UUID of every GPU the job holds, with its user and account.",
+        ),
+        Panel(
+            "Live verdicts (alerts on the job now)",
+            "short",
+            [(f'ALERTS{{alertname=~"AccelmonJob.*",alertstate="firing",{J}}}', "{{alertname}} {{node}} {{gpu}}")],
+            "table",
+            24,
+            5,
+            description="The live judgements of running jobs (docs/jobs.md): a straggler GPU and its likely reason, "
+            "GPUs held idle, a hung job, an input-bound job, a job near its memory limit. Empty: nothing found.",
+            expect_data=False,
+        ),
+        Panel(
+            "SM clock against the job's median",
+            "percentunit",
+            [(against_job_median("accelmon_gpu_sm_clock_hertz"), JOB_LEGEND)],
+            description="1 = with its peers. A GPU under 0.9 for 5 minutes while the job is busy is a straggler.",
+        ),
+        Panel(
+            "Power against the job's median",
+            "percentunit",
+            [(against_job_median("accelmon_gpu_power_watts"), JOB_LEGEND)],
+            description="1 = with its peers. A GPU under 0.8 for 5 minutes while the job is busy is a straggler.",
         ),
         Panel("GPU utilization", "percentunit", [(per_job_gpu("accelmon_gpu_utilization_ratio"), JOB_LEGEND)], max=1),
         Panel("GPU memory used", "bytes", [(per_job_gpu("accelmon_gpu_memory_used_bytes"), JOB_LEGEND)]),
