@@ -165,6 +165,12 @@ def test_bad_variable_fails_in_preflight_naming_it(tmp_path, variable, message):
             "a PEM certificate, for an https:// URL",
         ),
         ("accelmon_master_query_headers=secret", "accelmon_master_query_headers"),
+        ("accelmon_master_live_jobs_straggler_sm_clock_ratio=1.5", "must be a ratio above 0 and at most 1"),
+        ("accelmon_master_live_jobs_idle_utilization=0", "must be a ratio above 0 and at most 1"),
+        (
+            "accelmon_master_live_jobs_hung_for=ten",
+            "accelmon_master_live_jobs_hung_for=ten must be a Prometheus duration",
+        ),
     ],
 )
 def test_bad_scale_out_variable_fails_in_preflight(tmp_path, variable, message):

@@ -71,6 +71,55 @@ def test_every_alert_has_a_unit_test_a_severity_and_a_runbook():
     assert runbooks == {alert["alert"] for alert in alerts}, "a runbook without its alert"
 
 
+def test_the_live_job_rules_are_the_roles_template_at_its_defaults():
+    """One definition: rules/accelmon-live-jobs.yml (what promtool's tests judge) is what the master role renders
+    from its accelmon_master_live_jobs_* defaults."""
+    result = subprocess.run(
+        [sys.executable, str(MASTER / "prometheus" / "render_live_jobs.py"), "--check"], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_live_job_rules_follow_the_roles_variables(tmp_path):
+    """An operator's thresholds and windows reach every rule, and the rendered rules pass promtool."""
+    variables = {
+        "accelmon_master_live_jobs_straggler_for": "30s",
+        "accelmon_master_live_jobs_straggler_sm_clock_ratio": 0.85,
+        "accelmon_master_live_jobs_idle_for": "2m",
+        "accelmon_master_live_jobs_hung_power_ratio": 0.25,
+    }
+    rendered = tmp_path / "accelmon-live-jobs.yml"
+    render_role_template("accelmon_master", "accelmon-live-jobs.yml.j2", rendered, variables)
+    checked = promtool("check", "rules", str(rendered))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    rules = [r for g in yaml.safe_load(rendered.read_text())["groups"] for r in g["rules"]]
+    stragglers = [r for r in rules if r["alert"] == "AccelmonJobStraggler"]
+    assert [r["labels"]["reason"] for r in stragglers] == ["thermal", "power_cap", "link_degraded", "unknown"]
+    for rule in stragglers:
+        assert rule["for"] == "30s"
+        assert re.search(r"\) < 0\.85\n", rule["expr"]) and ") < 0.8\n" in rule["expr"]
+        assert "for 30s" in rule["annotations"]["description"]
+    assert {r["for"] for r in rules if r["alert"] == "AccelmonJobGpuIdle"} == {"2m"}
+    hung = [r for r in rules if r["alert"] == "AccelmonJobHung"]
+    assert len(hung) == 2 and all(
+        "< 0.25" in r["expr"] and "under 25 %" in r["annotations"]["description"] for r in hung
+    )
+
+
+def test_the_reports_stragglers_use_the_live_rules_ratios():
+    """The report judges a finished job's stragglers by the ratios the live rules used during it (the role's
+    defaults: an operator who changes them passes the same to accelmon-report)."""
+    from accelmon.report import analysis
+
+    defaults = yaml.safe_load((ROOT / "ansible" / "roles" / "accelmon_master" / "defaults" / "main.yml").read_text())
+    assert analysis.DEFAULT_THRESHOLDS == {
+        "sm_clock_hertz": defaults["accelmon_master_live_jobs_straggler_sm_clock_ratio"],
+        "power_watts": defaults["accelmon_master_live_jobs_straggler_power_ratio"],
+        "busy_utilization": defaults["accelmon_master_live_jobs_busy_utilization"],
+        "active_utilization": defaults["accelmon_master_live_jobs_active_utilization"],
+    }
+
+
 @pytest.mark.parametrize("alertmanager", [False, True])
 def test_the_roles_prometheus_config_passes_promtool(tmp_path, alertmanager):
     """The master role's template, rendered by Ansible with the role's defaults, is a config Prometheus accepts."""

@@ -146,18 +146,50 @@ def test_the_summary_json_has_no_float_noise():
     }  # fmt: skip
 
 
-def test_a_straggler_says_what_was_measured():
-    """Four GPUs of a job at 60 % utilization but one at 10 % from the start: it is under 80 % of the job's median
-    all the time it was busy, and the report says so in those terms, not "utilization 100 %"."""
-    job = report.Job("10", "u", "a", 0.0, 300.0, 30.0, [("n1", str(i), f"GPU-{i}") for i in range(4)])
-    values = {("n1", f"GPU-{i}"): [0.1 if i == 2 else 0.6] * 10 for i in range(4)}
-    summary = report.summarize(job, frame_of(gpu_rows(values)))
+def test_a_straggler_is_what_the_live_rule_names():
+    """Four busy GPUs (60 %) of a job; GPU 2's power falls to 200 W against its peers' 300 W (under 0.8 of the
+    median) for 5 minutes mid-run: the report names it as AccelmonJobStraggler did while the job ran, and says what
+    was measured in the rule's terms."""
+    job = report.Job("10", "u", "a", 0.0, 600.0, 30.0, [("n1", str(i), f"GPU-{i}") for i in range(4)])
+    busy = {("n1", f"GPU-{i}"): [0.6] * 20 for i in range(4)}
+    power = {("n1", f"GPU-{i}"): [300.0 - i] * 20 for i in range(4)}
+    power[("n1", "GPU-2")] = [300.0] * 5 + [200.0] * 10 + [300.0] * 5  # ten 30 s samples under: 5 minutes
+    clock = {("n1", f"GPU-{i}"): [1.98e9 - 1e7 * i] * 20 for i in range(4)}  # a few percent apart: healthy
+    rows = gpu_rows(busy) + gpu_rows(power, "power_watts") + gpu_rows(clock, "sm_clock_hertz")
+    summary = report.summarize(job, frame_of(rows))
     (entry,) = summary["stragglers"]
-    assert (entry["node"], entry["gpu"]) == ("n1", "2")
-    assert entry["below_median_ratio"] == 0.8 and entry["below_median_share"] == {"utilization": 1.0}
+    assert (entry["node"], entry["gpu"], entry["longest_seconds"]) == ("n1", "2", 300.0)
+    assert entry["below_median_ratio"] == {"sm_clock_hertz": 0.9, "power_watts": 0.8}
+    assert entry["below_median_share"] == {"sm_clock_hertz": 0.0, "power_watts": 0.5}
+    assert entry["reasons"] == ["slower than its peers, cause unknown"]
     page = report.html(summary, [], "http://127.0.0.1:9090")
-    assert "below 80.0 % of the job&#39;s median: utilization 100.0 % of the time" in page
-    assert "lags on" not in page
-    # Peers that differ by a few percent are no stragglers.
-    close = {("n1", f"GPU-{i}"): [0.6 - 0.02 * i] * 10 for i in range(4)}
-    assert report.summarize(job, frame_of(gpu_rows(close)))["stragglers"] == []
+    assert "power under 80.0 % of the job&#39;s median 50.0 % of its busy time; 5 min at a stretch" in page
+    # One sample less is under the rule's 5 minutes: the live rule would not have fired, nor does the report.
+    power[("n1", "GPU-2")] = [300.0] * 5 + [200.0] * 9 + [300.0] * 6
+    rows = gpu_rows(busy) + gpu_rows(power, "power_watts") + gpu_rows(clock, "sm_clock_hertz")
+    assert report.summarize(job, frame_of(rows))["stragglers"] == []
+    # Nor while the job is not busy (median utilization under 0.3), nor on a GPU that does not work (under 0.05).
+    for utilization in ({k: [0.2] * 20 for k in busy}, {**busy, ("n1", "GPU-2"): [0.01] * 20}):
+        power[("n1", "GPU-2")] = [200.0] * 20
+        rows = gpu_rows(utilization) + gpu_rows(power, "power_watts") + gpu_rows(clock, "sm_clock_hertz")
+        assert report.summarize(job, frame_of(rows))["stragglers"] == []
+    # A job of one GPU has no peers to lag.
+    alone = report.Job("11", "u", "a", 0.0, 600.0, 30.0, [("n1", "0", "GPU-0")])
+    rows = gpu_rows({("n1", "GPU-0"): [0.6] * 20}) + gpu_rows({("n1", "GPU-0"): [100.0] * 20}, "power_watts")
+    assert report.summarize(alone, frame_of(rows))["stragglers"] == []
+
+
+def test_the_live_alerts_of_the_job_are_in_the_report():
+    summary = {
+        **_minimal_summary(),
+        "live_alerts": [
+            {"alert": "AccelmonJobStraggler", "reason": "thermal", "node": "n1", "gpu": "2",
+             "first_firing": 3600.0, "last_firing": 4200.0},
+            {"alert": "AccelmonJobHung", "reason": "utilization_power", "node": "", "gpu": "",
+             "first_firing": 7200.0, "last_firing": 7260.0},
+        ],
+    }  # fmt: skip
+    page = report.html(summary, [], "http://127.0.0.1:9090")
+    assert "AccelmonJobStraggler (thermal) on n1 GPU 2, 01:00-01:10 UTC" in page
+    assert "AccelmonJobHung (utilization_power), 02:00-02:01 UTC" in page
+    assert "None fired" in report.html(_minimal_summary(), [], "http://127.0.0.1:9090")

@@ -10,13 +10,25 @@ from typing import Any
 from accelmon.report.query import Job
 
 IDLE_BELOW = 0.05  # utilization under which a held GPU counts as idle
-STRAGGLER_RATIO = 0.8  # below this share of the job's median at the same moment...
-STRAGGLER_SHARE = 0.25  # ...for at least this share of the run
+# The live rule AccelmonJobStraggler's definition at the master role's defaults (accelmon_master_live_jobs_*, a test
+# keeps them equal): a GPU's SM clock or power under these shares of its job's median at the same moment, while the
+# job's median utilization is at least busy_utilization and the GPU's own at least active_utilization...
+DEFAULT_THRESHOLDS = {"sm_clock_hertz": 0.9, "power_watts": 0.8, "busy_utilization": 0.3, "active_utilization": 0.05}
+STRAGGLER_FOR_SECONDS = 300.0  # ...for this long without a break (the rule's `for`)
 INPUT_BOUND_GPU = 0.3  # GPUs under this mean utilization...
 INPUT_BOUND_CPU = 0.9  # ...while the job's cores are this busy: the CPUs hold the GPUs back
 MEMORY_NEAR_LIMIT = 0.95
 LOW_IPC = 0.7  # instructions per cycle under this on busy cores: the CPU code waits on memory
 CACHE_LINE_BYTES = 64  # the memory traffic estimate: one line per last-level miss (x86; docs/jobs.md)
+
+
+def longest_stretch(points: list[tuple[float, bool]], step: float) -> float:
+    """The longest run of consecutive true points, in seconds (each point stands for one step)."""
+    longest = run = 0.0
+    for _, true in points:
+        run = run + step if true else 0.0
+        longest = max(longest, run)
+    return longest
 
 
 def counter_increase(values: Sequence[float]) -> float:
@@ -203,39 +215,58 @@ def findings(gpu_utilization: float | None, nodes: list[dict[str, Any]]) -> list
     return found
 
 
-def stragglers(job: Job, frame: Any) -> list[dict[str, Any]]:
-    """GPUs that lag the job's median at the same moment for a sustained part of the run, with a likely reason.
-    Each entry says what was measured: per signal, the share of the job's busy time (the median active) that the GPU
-    spent under `below_median_ratio` of the job's median."""
-    found: dict[str, dict[str, Any]] = {}
+def stragglers(
+    job: Job,
+    frame: Any,
+    thresholds: dict[str, float] = DEFAULT_THRESHOLDS,
+    sustained_seconds: float = STRAGGLER_FOR_SECONDS,
+) -> list[dict[str, Any]]:
+    """The live rule AccelmonJobStraggler over the whole run, so the report names the GPUs the rule named while the
+    job ran: a GPU of a job of 2+ GPUs under its job's median (SM clock or power, at `thresholds`' ratios) while
+    the job is busy and the GPU works, for `sustained_seconds` without a break. Each entry says what was measured:
+    the longest such stretch, and per signal the share of the job's busy time the GPU spent under its ratio."""
     if len(job.gpus) < 2:
         return []
-    for name in ("utilization", "sm_active", "power_watts", "sm_clock_hertz"):
+
+    def wide(name: str) -> Any:
         values = frame[frame.metric == name]
-        if values.empty:
-            continue
         keyed = values.assign(key=values.node + "\t" + values.uuid)  # a GPU is (node, uuid)
-        wide = keyed.pivot_table(index="time", columns="key", values="value", aggfunc="mean")
-        if wide.shape[1] < 2:
+        return keyed.pivot_table(index="time", columns="key", values="value", aggfunc="mean")
+
+    utilization = wide("utilization")
+    if utilization.shape[1] < 2:
+        return []
+    busy = utilization.median(axis=1) >= thresholds["busy_utilization"]
+    judged = (utilization >= thresholds["active_utilization"]) & busy.to_numpy()[:, None]
+    under: dict[str, Any] = {}
+    for name in ("sm_clock_hertz", "power_watts"):
+        values = wide(name)
+        if values.shape[1] >= 2:
+            below = values.lt(values.median(axis=1) * thresholds[name], axis=0)
+            under[name] = below.reindex(index=utilization.index, columns=utilization.columns, fill_value=False)
+    if not under:
+        return []
+    any_under = None
+    for below in under.values():
+        any_under = below if any_under is None else any_under | below
+    lagging = judged & any_under
+    busy_samples = max(1, int(busy.sum()))
+    found: dict[str, dict[str, Any]] = {}
+    for key in utilization.columns:
+        longest = longest_stretch(list(lagging[key].items()), job.step)
+        if longest < sustained_seconds:
             continue
-        median = wide.median(axis=1)
-        active = median > (0.05 if name in ("utilization", "sm_active") else 0)
-        lagging = wide.lt(median * STRAGGLER_RATIO, axis=0) & active.to_numpy()[:, None]
-        share = lagging.sum() / max(1, int(active.sum()))
-        for key, part in share.items():
-            if part >= STRAGGLER_SHARE:
-                node, uuid = str(key).split("\t", 1)
-                entry = found.setdefault(
-                    str(key),
-                    {
-                        "node": node,
-                        "uuid": uuid,
-                        "below_median_ratio": STRAGGLER_RATIO,
-                        "below_median_share": {},
-                        "reasons": [],
-                    },
-                )
-                entry["below_median_share"][name] = round(float(part), 3)
+        node, uuid = str(key).split("\t", 1)
+        found[str(key)] = {
+            "node": node,
+            "uuid": uuid,
+            "longest_seconds": longest,
+            "below_median_ratio": {name: thresholds[name] for name in under},
+            "below_median_share": {
+                name: round(float((below[key] & judged[key]).sum()) / busy_samples, 3) for name, below in under.items()
+            },
+            "reasons": [],
+        }
     index = {(node, uuid): gpu for node, gpu, uuid in job.gpus}
     for entry in found.values():
         node, uuid = entry["node"], entry["uuid"]
@@ -247,8 +278,6 @@ def stragglers(job: Job, frame: Any) -> list[dict[str, Any]]:
         xids = frame[(frame.metric == "xid_events_total") & this_gpu].sort_values("time").value.tolist()
         if len(xids) >= 2 and counter_increase(xids) > 0:
             entry["reasons"].append("XID errors during the job")
-        if "sm_clock_hertz" in entry["below_median_share"]:
-            entry["reasons"].append("SM clock below its peers'")
         if not entry["reasons"]:
-            entry["reasons"].append("no cause in the metrics: less work given to it, or waiting on its peers")
+            entry["reasons"].append("slower than its peers, cause unknown")
     return sorted(found.values(), key=lambda e: (e["node"], e["gpu"]))

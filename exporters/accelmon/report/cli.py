@@ -11,7 +11,16 @@ from pathlib import Path
 from typing import Any
 
 from accelmon.report.analysis import summarize
-from accelmon.report.query import JOB_ID, Prometheus, ReportError, collect, duration_seconds, find_job, hardware
+from accelmon.report.query import (
+    JOB_ID,
+    Prometheus,
+    ReportError,
+    collect,
+    duration_seconds,
+    find_job,
+    hardware,
+    live_alerts,
+)
 from accelmon.report.render import html, pdf, plots
 
 
@@ -32,6 +41,7 @@ def write_report(prometheus: Prometheus, job_id: str, out: Path, lookback: float
     frame = collect(prometheus, job)
     summary = summarize(job, frame)
     summary["hosts"] = hardware(prometheus, job)
+    summary["live_alerts"] = live_alerts(prometheus, job)
     images = plots(job, frame)
     out.mkdir(parents=True, exist_ok=True)
     frame.to_csv(out / "data.csv", index=False)

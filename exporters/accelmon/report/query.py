@@ -321,6 +321,30 @@ def hardware(prometheus: Prometheus, job: Job) -> list[dict[str, Any]]:
     return hosts
 
 
+def live_alerts(prometheus: Prometheus, job: Job) -> list[dict[str, Any]]:
+    """The live judgements that fired on the job while it ran (master/prometheus/rules/accelmon-live-jobs.yml, at
+    whatever thresholds the master role set): each alert's name, its reason or signals, the node and GPU it named,
+    and when it first and last fired. Empty where the Prometheus asked evaluates no alerts."""
+    query = (
+        'max by (alertname, reason, signals, node, gpu) (ALERTS{alertstate="firing", alertname=~"AccelmonJob.+",'
+        f' job_id="{job.job_id}"}})'
+    )
+    found = []
+    for one in prometheus.range(query, job.start, job.end + job.step, job.step):
+        labels, stamps = one["metric"], [float(stamp) for stamp, _ in one["values"]]
+        found.append(
+            {
+                "alert": labels.get("alertname", ""),
+                "reason": labels.get("reason") or labels.get("signals", ""),
+                "node": labels.get("node", ""),
+                "gpu": labels.get("gpu", ""),
+                "first_firing": min(stamps),
+                "last_firing": max(stamps),
+            }
+        )
+    return sorted(found, key=lambda a: (a["first_firing"], a["alert"], a["node"], a["gpu"]))
+
+
 def regex_literal(text: str) -> str:
     """text matched literally by a PromQL regex inside a double-quoted string: metacharacters escaped for RE2,
     the escaping backslash and any quote escaped again for the string."""

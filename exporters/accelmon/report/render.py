@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import io
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +39,28 @@ def energy_line(summary: dict[str, Any]) -> str:
 
 
 def straggler_line(entry: dict[str, Any]) -> str:
-    """What was measured, in the live rules' terms: each signal and the share of the job's busy time the GPU spent
-    under STRAGGLER_RATIO of the job's median at the same moment."""
-    measured = ", ".join(f"{name} {pct(share)} of the time" for name, share in entry["below_median_share"].items())
-    return f"below {pct(entry['below_median_ratio'])} of the job's median: {measured}"
+    """What was measured, in the live rule's terms (AccelmonJobStraggler): each signal under its share of the job's
+    median, for what share of the job's busy time, and the longest unbroken stretch."""
+    names = {"sm_clock_hertz": "SM clock", "power_watts": "power"}
+    measured = ", ".join(
+        f"{names.get(name, name)} under {pct(entry['below_median_ratio'][name])} of the job's median {pct(share)}"
+        f" of its busy time"
+        for name, share in entry["below_median_share"].items()
+    )
+    return f"{measured}; {entry['longest_seconds'] / 60:.0f} min at a stretch"
+
+
+def live_line(alert: dict[str, Any]) -> str:
+    """One live alert that fired on the job: what, where, why, and when (UTC)."""
+    where = " ".join(part for part in (alert["node"], f"GPU {alert['gpu']}" if alert["gpu"] else "") if part)
+    when = f"{time.strftime('%H:%M', time.gmtime(alert['first_firing']))}-"
+    when += time.strftime("%H:%M UTC", time.gmtime(alert["last_firing"]))
+    return (
+        f"{alert['alert']}"
+        + (f" ({alert['reason']})" if alert["reason"] else "")
+        + (f" on {where}" if where else "")
+        + f", {when}"
+    )
 
 
 PLOTTED = ("utilization", "memory_used_bytes", "power_watts", "temperature_celsius", "sm_active", "sm_clock_hertz")
@@ -101,6 +120,7 @@ def html(summary: dict[str, Any], images: list[tuple[str, bytes]], prometheus: s
         owner=owner,
         energy=energy_line,
         straggler=straggler_line,
+        live=live_line,
     )
 
 
@@ -140,6 +160,7 @@ def pdf(summary: dict[str, Any], images: list[tuple[str, bytes]], path: Path) ->
             )
             or "none"
         ),
+        "Live judgements while it ran: " + ("; ".join(map(live_line, summary.get("live_alerts", []))) or "none"),
         "",
         *(
             f"{h['node']}: {h.get('cpu_model', '?')}, {h.get('cpus', '?')} CPUs, "
