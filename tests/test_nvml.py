@@ -287,3 +287,24 @@ def test_a_mig_devices_profile_is_matched_by_its_slices_and_memory():
     assert [profiles.name(mig, f"MIG-{mig}") for mig in ("a", "b", "c", "d")] == ["1g.20gb", "1g.10gb", "7g.80gb", ""]
     table.clear()  # read once per GPU, and once per MIG device: nothing is asked again
     assert profiles.name("a", "MIG-a") == "1g.20gb"
+
+
+def test_a_gpu_slowed_mid_run_is_served_slowed(make_collector, tmp_path):
+    """The fake's slow_file (the Molecule cluster slows one GPU of a running job with it): the slowed GPU's SM clock
+    and power drop to 60 % and its software power cap shows, while the file lists it, and no other GPU changes."""
+    slow = tmp_path / "slow"
+    collector = make_collector(f"gpus 4\nslow_file {slow}\n")
+    gpu3 = {"gpu": "3", "uuid": "GPU-00000003-0000-4000-8000-000000000000"}
+    before = Reading(collector)
+    assert before.value("accelmon_gpu_sm_clock_hertz", **gpu3) == 1710e6
+    assert before.value("accelmon_gpu_clock_event_active", reason="sw_power_cap", **gpu3) == 0
+    slow.write_text("3\n")
+    time.sleep(1.1)  # the fake reads the file again at most once a second
+    slowed = Reading(collector)
+    assert slowed.value("accelmon_gpu_sm_clock_hertz", **gpu3) == 1026e6
+    assert slowed.value("accelmon_gpu_power_watts", **gpu3) == pytest.approx(131.5 * 0.6)
+    assert slowed.value("accelmon_gpu_clock_event_active", reason="sw_power_cap", **gpu3) == 1
+    assert slowed.value("accelmon_gpu_sm_clock_hertz", gpu="2") == 1725e6
+    slow.unlink()
+    time.sleep(1.1)
+    assert Reading(collector).value("accelmon_gpu_sm_clock_hertz", **gpu3) == 1710e6

@@ -32,6 +32,9 @@
  *                               first one for a GPU replaces its default processes (index % 3 of them, 512 MiB each)
  *   process_samples 1           nvmlDeviceGetProcessUtilization answers a sample per running process (SM 10 % plus 5 %
  *                               per PID mod 7, memory half that); default: NOT_FOUND, "no sample since that time"
+ *   slow_file PATH              the GPUs whose indices PATH lists (one per line; re-read when it changes, at most once a
+ *                               second) run slowed, as a GPU under a power cap does: SM clock and power at 60 %, the
+ *                               software power cap among its clock events. A test slows a GPU mid-run by writing PATH.
  *   fabric I STATE STATUS MASK  GPU I is on an NVLink fabric (nvmlDeviceGetGpuFabricInfo[V]): STATE 1 not started,
  *                               2 in progress, 3 completed; STATUS the NVML return code of its registration; MASK
  *                               the health mask (default: no fabric, state 0 = NOT_SUPPORTED, as a PCIe Hopper GPU)
@@ -71,6 +74,7 @@ static device_t migs[MAX_GPUS][MAX_MIG];
 static int gpu_count = 2;
 static char product_name[96] = "NVIDIA H100 80GB HBM3";
 static int lost[MAX_GPUS];
+static char slow_path[160];
 static int mig_count[MAX_GPUS];
 static int gpm_supported[MAX_GPUS];
 static char unsupported[MAX_NAMES][64];
@@ -137,6 +141,7 @@ static void read_config(void) {
     for (int i = 0; i < MAX_GPUS; i++) n_procs[i] = -1;
     process_samples = 0;
     energy_follows_power = 0;
+    slow_path[0] = 0;
     clock_gettime(CLOCK_MONOTONIC, &loaded_at);
     const char *path = getenv("FAKE_NVML_CONFIG");
     FILE *f = path ? fopen(path, "r") : NULL;
@@ -167,6 +172,7 @@ static void read_config(void) {
                 unsupported_fields[n_unsupported_fields++] = id;
         }
         else if (!strcmp(key, "gpm") && (a = atoi(arg)) < MAX_GPUS) gpm_supported[a] = 1;
+        else if (!strcmp(key, "slow_file")) snprintf(slow_path, sizeof slow_path, "%s", arg);
         /* energy_follows_power 1: the energy counter grows by the GPU's power draw, as a real one does (the
            default keeps it constant, so golden expositions stay the same from run to run). */
         else if (!strcmp(key, "energy_follows_power")) energy_follows_power = atoi(arg);
@@ -437,28 +443,77 @@ typedef struct { unsigned int version; int sensorType; int temperature; } temper
 nvmlReturn_t nvmlDeviceGetTemperatureV(device_t *d, temperature_v1_t *t) { DEVICE(d); t->temperature = 40 + d->index; return OK; }
 nvmlReturn_t nvmlDeviceGetTemperature(device_t *d, int sensor, unsigned int *t) { (void)sensor; DEVICE(d); *t = 40 + (unsigned)d->index; return OK; }
 
-static unsigned power_mw(int index) { return 100000 + (unsigned)index * 10500; }
+/* slow_file: which GPUs run slowed now. Read again when the file changed, at most once a second (a GPU slowed
+ * mid-run; a missing file slows none). */
+static int slowed(int index) {
+    static pthread_mutex_t slow_lock = PTHREAD_MUTEX_INITIALIZER;
+    static int slow[MAX_GPUS];
+    static time_t checked;
+    static struct stat seen;
+    if (!slow_path[0] || index < 0 || index >= MAX_GPUS) return 0;
+    pthread_mutex_lock(&slow_lock);
+    time_t now = time(NULL);
+    if (now != checked) {
+        checked = now;
+        struct stat st;
+        int exists = stat(slow_path, &st) == 0;
+        if (!exists) memset(slow, 0, sizeof slow);
+        else if (st.st_mtim.tv_sec != seen.st_mtim.tv_sec || st.st_mtim.tv_nsec != seen.st_mtim.tv_nsec ||
+                 st.st_size != seen.st_size || st.st_ino != seen.st_ino) {
+            memset(slow, 0, sizeof slow);
+            FILE *f = fopen(slow_path, "r");
+            int i;
+            while (f && fscanf(f, "%d", &i) == 1)
+                if (i >= 0 && i < MAX_GPUS) slow[i] = 1;
+            if (f) fclose(f);
+        }
+        seen = exists ? st : (struct stat){0};
+    }
+    int answer = slow[index];
+    pthread_mutex_unlock(&slow_lock);
+    return answer;
+}
+
+static unsigned power_mw(int index) {
+    unsigned mw = 100000 + (unsigned)index * 10500;
+    return slowed(index) ? mw * 6 / 10 : mw;
+}
 nvmlReturn_t nvmlDeviceGetPowerUsage(device_t *d, unsigned int *mw) { DEVICE(d); *mw = power_mw(d->index); return OK; }
 
-/* mJ drawn since the library was loaded at the GPU's constant power: mW x s. */
+/* mJ drawn since the library was loaded: the GPU's power integrated over time (mW x s), each read adding the power
+ * it draws now over the time since the last read, so a GPU slowed mid-run (slow_file) counts less, never back. */
 static unsigned long long energy_since_load_mj(int index) {
-    if (!energy_follows_power) return 0;
+    static pthread_mutex_t energy_lock = PTHREAD_MUTEX_INITIALIZER;
+    static double drawn_mj[MAX_GPUS];
+    static struct timespec last[MAX_GPUS];
+    if (!energy_follows_power || index < 0 || index >= MAX_GPUS) return 0;
+    pthread_mutex_lock(&energy_lock);
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
-    double seconds = (double)(now.tv_sec - loaded_at.tv_sec) + (double)(now.tv_nsec - loaded_at.tv_nsec) / 1e9;
-    return (unsigned long long)(power_mw(index) * seconds);
+    const struct timespec *since = last[index].tv_sec || last[index].tv_nsec ? &last[index] : &loaded_at;
+    double seconds = (double)(now.tv_sec - since->tv_sec) + (double)(now.tv_nsec - since->tv_nsec) / 1e9;
+    if (seconds > 0) drawn_mj[index] += power_mw(index) * seconds;
+    last[index] = now;
+    unsigned long long answer = (unsigned long long)drawn_mj[index];
+    pthread_mutex_unlock(&energy_lock);
+    return answer;
 }
 nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(device_t *d, unsigned int *mw) { DEVICE(d); *mw = 700000; return OK; }
 nvmlReturn_t nvmlDeviceGetPowerManagementLimit(device_t *d, unsigned int *mw) { DEVICE(d); *mw = 700000; return OK; }
 nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(device_t *d, unsigned long long *mj) { DEVICE(d); *mj = 123456789ULL + (unsigned long long)d->index; return OK; }
 
 /* clock type: 0 graphics, 1 SM, 2 memory, 3 video */
-nvmlReturn_t nvmlDeviceGetClockInfo(device_t *d, int type, unsigned int *mhz) { DEVICE(d); *mhz = type == 2 ? 2619 : 1755 - (unsigned)d->index * 15; return OK; }
+nvmlReturn_t nvmlDeviceGetClockInfo(device_t *d, int type, unsigned int *mhz) {
+    DEVICE(d);
+    *mhz = type == 2 ? 2619 : 1755 - (unsigned)d->index * 15;
+    if (type != 2 && slowed(d->index)) *mhz = *mhz * 6 / 10;
+    return OK;
+}
 nvmlReturn_t nvmlDeviceGetMaxClockInfo(device_t *d, int type, unsigned int *mhz) { DEVICE(d); *mhz = type == 2 ? 2619 : 1980; return OK; }
 
 static unsigned long long clock_reasons(const device_t *d) {
     static const unsigned long long by_index[] = {0x1 /* idle */, 0x4 /* sw power cap */, 0x40 /* hw thermal */, 0x0};
-    return by_index[d->index % 4];
+    return by_index[d->index % 4] | (slowed(d->index) ? 0x4 /* sw power cap */ : 0);
 }
 nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(device_t *d, unsigned long long *r) { DEVICE(d); *r = clock_reasons(d); return OK; }
 nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(device_t *d, unsigned long long *r) { DEVICE(d); *r = clock_reasons(d); return OK; }

@@ -121,13 +121,27 @@ def minor_to_uuid(worker) -> dict[str, str]:
     return dict(zip(minors, uuids))
 
 
+def stragglers(host, job: str) -> list[dict]:
+    alerts = query(host, "/api/v1/alerts")["alerts"]
+    return [
+        a["labels"]
+        for a in alerts
+        if a["labels"].get("alertname") == "AccelmonJobStraggler"
+        and a["labels"].get("job_id") == job
+        and a["state"] == "firing"
+    ]
+
+
 def test_a_slurm_job_is_attributed_while_it_runs_and_reported_after(host, tmp_path):
     """A real Slurm job asks for 2 GPUs on each of 2 nodes: its GPUs carry its job id in Prometheus while it runs
     (by UUID: Slurm's indices are device minors, out of NVML's order here), none after, and accelmon-report finds
-    its nodes, GPUs, window and energy."""
+    its nodes, GPUs, window and energy. Mid-job the fake driver slows one GPU of worker-2 (SM clock and power to
+    60 %, its power cap active): AccelmonJobStraggler fires naming the job, that node and GPU and reason
+    power_cap, no other GPU, and clears after the job ends; the report lists the alert and names the straggler."""
     controller = testinfra.get_host(f"podman://{CLUSTER}-worker-1")
+    slowed_worker = testinfra.get_host(f"podman://{CLUSTER}-worker-2")
     job = controller.check_output(
-        "su alice -c 'sbatch --parsable --chdir=/tmp --nodes=2 --gres=gpu:2 --wrap \"srun sleep 30\"'"
+        "su alice -c 'sbatch --parsable --chdir=/tmp --nodes=2 --gres=gpu:2 --wrap \"srun sleep 45\"'"
     ).strip()
     attributed = f"/api/v1/query?query=accelmon_gpu_job_info%7Bjob_id%3D%22{job}%22%7D"
     series = wait_for(lambda: len(query(host, attributed)["result"]) == 4 and query(host, attributed)["result"])
@@ -137,13 +151,29 @@ def test_a_slurm_job_is_attributed_while_it_runs_and_reported_after(host, tmp_pa
         held = {r["metric"]["uuid"] for r in series if r["metric"]["node"] == worker}
         assert held == {expected["0"], expected["1"]}, (worker, held, expected)
     assert {r["metric"]["user"] for r in series} == {"alice"}
-    # When the job ends the epilog removes its record, and the series go stale.
+    # Slurm's GPU 1 (device minor 1) of worker-2 is NVML's GPU 3 here: no clock event of its own until slowed.
+    slowed = {r["metric"]["gpu"] for r in series if r["metric"]["node"] == f"{CLUSTER}-worker-2"} & {"3"}
+    assert slowed == {"3"}, series
+    try:
+        slowed_worker.check_output("echo 3 > /opt/fake-nvml/slow")
+        fired = wait_for(lambda: stragglers(host, job), timeout=40)  # 10 s `for` (molecule.yml), 2 s scrapes
+        assert fired, query(host, "/api/v1/alerts")
+        assert [(a["node"], a["gpu"], a["reason"], a["user"]) for a in fired] == [
+            (f"{CLUSTER}-worker-2", "3", "power_cap", "alice")
+        ]
+    finally:
+        slowed_worker.check_output("rm -f /opt/fake-nvml/slow")
+    # When the job ends the epilog removes its record, and the series go stale: the alert clears.
     assert wait_for(lambda: not query(host, attributed)["result"], timeout=120), "still attributed after the job"
+    assert wait_for(lambda: not stragglers(host, job), timeout=60), "the straggler alert outlived the job"
     out = tmp_path / "report"
     summary = report(job, out)
     assert sorted(summary["nodes"]) == sorted(WORKERS) and summary["user"] == "alice"
     assert len(summary["gpus"]) == 4
-    assert 20 <= summary["duration_seconds"] <= 60, summary["duration_seconds"]  # `sleep 30`, seen every 2 s
+    assert 20 <= summary["duration_seconds"] <= 75, summary["duration_seconds"]  # `sleep 45`, seen every 2 s
+    assert [(a["alert"], a["reason"], a["node"], a["gpu"]) for a in summary["live_alerts"]] == [
+        ("AccelmonJobStraggler", "power_cap", f"{CLUSTER}-worker-2", "3")
+    ]
     for gpu in summary["gpus"]:  # the fake driver's energy counters grow by its power draw
         expected_joules = gpu["power_mean_watts"] * summary["duration_seconds"]
         assert abs(gpu["energy_joules"] - expected_joules) <= gpu["power_mean_watts"] * 6, (gpu, expected_joules)
