@@ -5,7 +5,9 @@
 #                                       (accelmon-demo-*), deployed by ansible/deploy.yaml; then checks that every
 #                                       target is up with its data, and exits non-zero saying why if not; then
 #                                       runs a 45 s Slurm job on both workers (a real Slurm over the fake GPUs)
-#                                       and writes its report
+#                                       and writes its report; Slurm's health check and Alertmanager run too, so
+#                                       a drill (accelmon-drill) shows the whole path from a GPU fault to a
+#                                       drained node
 #   ./scripts/demo.sh -i host.ini [...] your own cluster: ansible-playbook -i host.ini ansible/deploy.yaml [...]
 #   ./scripts/demo.sh --down            remove the local simulated cluster (containers, network, state)
 # The test suite's cluster is accelmon-cluster-*, with state of its own: running the tests leaves the demo up.
@@ -21,6 +23,8 @@ fi
 export CONTAINERS_CONF="$PWD/molecule/images/containers.conf"
 export ACCELMON_CLUSTER=accelmon-demo
 export ACCELMON_CLUSTER_PROMETHEUS_PORT=127.0.0.1:9090:9090
+export ACCELMON_CLUSTER_ALERTMANAGER=true
+export ACCELMON_CLUSTER_ALERTMANAGER_PORT=127.0.0.1:9093:9093
 export MOLECULE_EPHEMERAL_DIRECTORY="$PWD/.cache/demo"
 export ANSIBLE_FORCE_COLOR=0
 
@@ -55,6 +59,13 @@ if ! podman exec accelmon-demo-worker-1 sh -c 'command -v sbatch' >/dev/null; th
   echo "this demo cluster was made before it ran Slurm: remove it ($0 --down) and run $0 again" >&2
   exit 1
 fi
+# Slurm runs accelmon's health check (the role installed it) every 10 s: a worker whose GPU fails is drained.
+for worker in accelmon-demo-worker-1 accelmon-demo-worker-2; do
+  podman exec "$worker" sh -c "grep -q '^HealthCheckProgram=' /etc/slurm/slurm.conf || printf '%s\n' \
+    HealthCheckProgram=/usr/local/sbin/accelmon-slurm-health-check HealthCheckInterval=10 \
+    HealthCheckNodeState=ANY >> /etc/slurm/slurm.conf"
+done
+podman exec accelmon-demo-worker-1 scontrol reconfigure
 job=$(podman exec accelmon-demo-worker-1 su alice -c \
   'sbatch --parsable --chdir=/tmp --job-name=demo --nodes=2 --gres=gpu:4 --wrap "srun sleep 45"')
 echo "demo: Slurm job $job (user alice) holds 4 GPUs on each worker for 45 s"
@@ -76,6 +87,17 @@ deployed and checked in $(( $(date +%s) - started )) s:
   exporters    podman exec accelmon-demo-master curl -s http://accelmon-demo-worker-1:19470/metrics
   job report   $report_dir/report.html (and .pdf, data.csv, data.parquet, summary.json) of Slurm job $job
   Slurm        podman exec accelmon-demo-worker-1 su alice -c 'sbatch --chdir=/tmp -N2 --gres=gpu:2 --wrap "srun sleep 60"'
+  Alertmanager http://127.0.0.1:9093   (the alerts Prometheus sends; this demo sends them nowhere else)
+  Game day     rehearse a GPU failure end to end (docs/health.md, "Game day"); nothing else on the node is fooled:
+    1 start    podman exec accelmon-demo-worker-2 accelmon-drill start --gpu 2 --xid 79
+    2 verdict  podman exec accelmon-demo-worker-2 accelmon-slurm-health-check --dry-run   (the exporter's --scan:
+               GPU 2 fails its xid check, DRILL in the detail; at once)
+    3 drained  podman exec accelmon-demo-worker-1 sinfo -R   (the reason says DRILL; within 10 s)
+    4 alert    http://127.0.0.1:9090/alerts and http://127.0.0.1:9093: AccelmonGpuHealthFailure, drill="true"
+               (after its 1 minute), with its runbook: docs/runbooks/AccelmonGpuHealthFailure.md
+    5 end      podman exec accelmon-demo-worker-2 accelmon-drill stop   (or it ends by itself in 30 minutes), then
+               resume the node, as after a real repair (accelmon never does):
+               podman exec accelmon-demo-worker-1 scontrol update NodeName=accelmon-demo-worker-2 State=RESUME
   Grafana      not started here: Grafana runs on a real master (deploy.yaml, port 3000). This machine reaches no
                container registry that ships Grafana's image, and Debian does not package Grafana, so the
                dashboards are only checked here against this Prometheus (tests/test_master.py).

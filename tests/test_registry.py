@@ -135,6 +135,7 @@ def test_a_toy_collectors_check_runs_in_the_scan_and_the_served_verdicts(toy_tre
         "verdict": "failure",
         "detail": "red widgets on the bench",
         "action": "hardware_service",
+        "drill": False,
     } in document["checks"]
     healthy = run_toy(toy_tree, "-m", "accelmon", "--scan", "--collector.toy", "--no-collector.nvml")
     assert healthy.returncode == 0, healthy.stdout + healthy.stderr

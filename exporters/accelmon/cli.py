@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Sequence
 
-from accelmon import __version__, health
+from accelmon import __version__, drill, health
 from accelmon.cloudwatch import Publisher, check_boto3, cost_report
 from accelmon.config import LOG_LEVELS, ConfigError, Settings, check_listen_address, load
 from accelmon.core import Exporter, Sampler
@@ -181,6 +181,7 @@ SCAN_FAILED = 3  # the scan's own exit status when it could not run: 0, 1 and 2 
 def scan_health(settings: Settings) -> health.NodeHealth:
     """The collectors that declare `scan` (those the checks read that answer in one sample), sampled once; every
     registered check over them. The others (profiling's window, neuron-monitor's start) would only slow it down."""
+    drill_dir = str(settings.collector("health").options.get("drill_dir", drill.DRILL_DIR.default))
     for name, registration in collectors().items():
         if not registration.scan:
             settings.collector(name).enabled = False
@@ -189,7 +190,8 @@ def scan_health(settings: Settings) -> health.NodeHealth:
     exporter.collect_once()
     exporter.stop()
     latest = [state.latest for state in (sampler.state() for sampler in samplers) if state.latest is not None]
-    return health.evaluate(latest, time.time())
+    now = time.time()
+    return health.evaluate(latest, now, drills=drill.read(drill_dir, now))
 
 
 def failing_scan(config: str | None, log: logging.Logger, untouched: str) -> health.NodeHealth | None:

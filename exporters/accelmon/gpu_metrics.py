@@ -8,7 +8,7 @@ by the nvml collector's registration (they judge AMD's GPUs through the same nam
 from __future__ import annotations
 
 from accelmon.core import Catalogue
-from accelmon.health import Check, Gpu, GpuCheck, View
+from accelmon.health import Check, Drill, Gpu, GpuCheck, View
 from accelmon.validation import Option, seconds
 
 GPU = ("gpu", "uuid")
@@ -258,6 +258,32 @@ def check_pcie(view: View, gpu: Gpu, now: float) -> Check:
         return Check("pcie", "ok", "PCIe link not reported")
     return Check("pcie", "ok", "PCIe link at its full width" + (" (idle: lower generation is normal)" if idle else ""))
 
+
+def drill_lost(view: View, gpu: Gpu, xid: int, started: float) -> None:
+    view.put(UP, gpu, 0)
+
+
+def drill_ecc(view: View, gpu: Gpu, xid: int, started: float) -> None:
+    view.put(ECC, gpu, 1, type="uncorrected", scope="volatile")
+
+
+def drill_slowdown(view: View, gpu: Gpu, xid: int, started: float) -> None:
+    view.put(CLOCK_EVENT, gpu, 1, reason="hw_slowdown")
+
+
+def drill_pcie(view: View, gpu: Gpu, xid: int, started: float) -> None:
+    """Half its lanes: a GPU reseated badly or a riser that lost lanes."""
+    widest = view.value(PCIE_WIDTH_MAX, gpu) or 16
+    view.put(PCIE_WIDTH_MAX, gpu, widest)
+    view.put(PCIE_WIDTH, gpu, widest // 2)
+
+
+DEVICE_DRILLS = (
+    Drill("gpu_lost", drill_lost),
+    Drill("ecc", drill_ecc),
+    Drill("slowdown", drill_slowdown),
+    Drill("pcie", drill_pcie),
+)
 
 DEVICE_CHECKS = (
     GpuCheck("gpu_lost", check_lost),

@@ -35,6 +35,7 @@ class Check:
     verdict: str  # one of VERDICTS
     detail: str  # for people: never a label
     action: str = "none"  # one of accelmon.xid.ACTIONS
+    drill: bool = False  # the verdict of a rehearsed fault (accelmon-drill), not of the hardware
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,29 @@ class NodeCheck:
 
     name: str
     judge: Callable[[View], Optional[Check]]
+
+
+@dataclass(frozen=True)
+class Drill:
+    """A fault rehearsed on one GPU (accelmon-drill), declared by the collector whose check it rehearses: `inject`
+    writes into the latest samples what the fault would show (a GPU that stops answering, an XID in the log), so the
+    check judges it with its own code and catalogue. Only the judgement sees it: the served device series, the
+    kernel log and the driver stay as they are."""
+
+    check: str  # the GPU check it rehearses (its name, as `accelmon-drill start --check` takes it)
+    inject: Callable[[View, Gpu, int, float], None]  # (view, GPU, XID code or 0, drill's start) -> None
+    takes_xid: bool = False  # rehearses an XID: `--xid CODE` says which
+
+
+@dataclass(frozen=True)
+class ActiveDrill:
+    """A drill in force (accelmon.drill keeps them): on GPU `gpu` (its index), of check `check`, until `expires`."""
+
+    gpu: str
+    check: str
+    started: float
+    expires: float
+    xid: int = 0
 
 
 @dataclass
@@ -82,8 +106,11 @@ class NodeHealth:
     def as_json(self) -> dict[str, object]:
         """The scan's JSON (docs/health.md): `verdict`, `checks` of the node and `gpus`, each with its checks."""
 
-        def checks(items: list[Check]) -> list[dict[str, str]]:
-            return [{"name": c.name, "verdict": c.verdict, "detail": c.detail, "action": c.action} for c in items]
+        def checks(items: list[Check]) -> list[dict[str, object]]:
+            return [
+                {"name": c.name, "verdict": c.verdict, "detail": c.detail, "action": c.action, "drill": c.drill}
+                for c in items
+            ]
 
         return {
             "verdict": self.verdict,
@@ -120,7 +147,9 @@ class NodeHealth:
             if check.verdict == "failure"
         ]
         failing += [f"{check.name}: {check.action}" for check in self.checks if check.verdict == "failure"]
-        return "accelmon: " + "; ".join(failing)[:200]
+        drilled = any(check.drill and check.verdict == "failure" for gpu in self.gpus for check in gpu.checks)
+        # A drill says so first, where a person reading `sinfo -R` sees it: nobody opens a hardware case for it.
+        return ("accelmon DRILL, no fault: " if drilled else "accelmon: ") + "; ".join(failing)[:200]
 
 
 def worst(verdicts: Iterable[str]) -> str:
@@ -143,6 +172,20 @@ class View:
         if gpu is None:
             return rows
         return [(labels, value) for labels, value in rows if _same_gpu((labels.get("gpu"), labels.get("uuid")), gpu)]
+
+    def put(self, spec: MetricSpec, gpu: Gpu, value: float, **labels: str) -> None:
+        """A drill's fault: the series of `spec` for `gpu` with `labels` now reads `value` (added if absent)."""
+        index, uuid = gpu
+        rows = self.rows.setdefault(spec.name, [])
+        rows[:] = [
+            row
+            for row in rows
+            if not (
+                _same_gpu((row[0].get("gpu"), row[0].get("uuid")), gpu)
+                and all(row[0].get(k) == v for k, v in labels.items())
+            )
+        ]
+        rows.append(({**{name: "" for name in spec.labels}, "gpu": index, "uuid": uuid, **labels}, value))
 
     def value(self, spec: MetricSpec, gpu: Gpu, **match: str) -> Optional[float]:
         for labels, value in self.of(spec, gpu):
@@ -173,9 +216,14 @@ def when(timestamp: float) -> str:
     return datetime.datetime.fromtimestamp(timestamp, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def evaluate(samples: Iterable[Samples], now: float, registrations: Optional[Iterable[Any]] = None) -> NodeHealth:
+def evaluate(
+    samples: Iterable[Samples],
+    now: float,
+    registrations: Optional[Iterable[Any]] = None,
+    drills: Iterable[ActiveDrill] = (),
+) -> NodeHealth:
     """Every check the collectors declare, over their latest `samples` (`registrations`: every collector's by
-    default; a test passes its own)."""
+    default; a test passes its own), with the `drills` in force written into them first."""
     if registrations is None:
         from accelmon.registry import collectors  # the registry imports this module's types
 
@@ -184,12 +232,46 @@ def evaluate(samples: Iterable[Samples], now: float, registrations: Optional[Ite
     view = View(samples)
     gpu_checks = [check for registration in chosen for check in registration.gpu_checks]
     listing = [spec for registration in chosen for spec in registration.lists_gpus]
+    listed = view.gpus(listing)
+    drilled = inject_drills(view, listed, chosen, drills, now)
     gpus = [
-        GpuHealth(index, uuid, [check.judge(view, (index, uuid), now) for check in gpu_checks])
-        for index, uuid in view.gpus(listing)
+        GpuHealth(
+            index,
+            uuid,
+            [
+                drilled_check(check.judge(view, (index, uuid), now), drilled.get((index, check.name)))
+                for check in gpu_checks
+            ],
+        )
+        for index, uuid in listed
     ]
     node = [check.judge(view) for registration in chosen for check in registration.node_checks]
     return NodeHealth(gpus, [check for check in node if check is not None])
+
+
+def inject_drills(
+    view: View, gpus: list[Gpu], registrations: list[Any], drills: Iterable[ActiveDrill], now: float
+) -> dict[tuple[str, str], ActiveDrill]:
+    """Writes each drill in force on a GPU of this node into the view; which (GPU index, check) each one drills."""
+    declared = {drill.check: drill for registration in registrations for drill in getattr(registration, "drills", ())}
+    by_index = dict(gpus)
+    injected: dict[tuple[str, str], ActiveDrill] = {}
+    for active in drills:
+        drill = declared.get(active.check)
+        if drill is None or active.gpu not in by_index or not active.started <= now < active.expires:
+            continue
+        drill.inject(view, (active.gpu, by_index[active.gpu]), active.xid, active.started)
+        injected[(active.gpu, active.check)] = active
+    return injected
+
+
+def drilled_check(check: Check, active: Optional[ActiveDrill]) -> Check:
+    """A drilled check's verdict says it is a drill, in its detail, wherever a person reads it."""
+    if active is None:
+        return check
+    ends = datetime.datetime.fromtimestamp(active.expires, datetime.timezone.utc).strftime("%H:%M UTC")
+    detail = f"DRILL (accelmon-drill until {ends}), no real fault: {check.detail}"
+    return Check(check.name, check.verdict, detail, check.action, drill=True)
 
 
 def check_names(registrations: Optional[Iterable[Any]] = None) -> tuple[list[str], list[str]]:

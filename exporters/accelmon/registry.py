@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from accelmon.core import Catalogue, Collector, MetricSpec
-from accelmon.health import GpuCheck, NodeCheck
+from accelmon.health import Drill, GpuCheck, NodeCheck
 from accelmon.validation import MIN_SECONDS, ConfigError, Option, OptionValue, finite, seconds
 
 __all__ = ["MIN_SECONDS", "ConfigError", "Option", "OptionValue", "Paths", "Registration", "finite", "seconds"]
@@ -59,6 +59,9 @@ class Registration:
     gpu_checks: tuple[GpuCheck, ...] = ()
     node_checks: tuple[NodeCheck, ...] = ()
     lists_gpus: tuple[MetricSpec, ...] = ()
+    # Faults of its checks an operator may rehearse (accelmon-drill): each writes the fault into the samples the
+    # check judges, never into the served series.
+    drills: tuple[Drill, ...] = ()
     # Whether --scan (and the Slurm and OAR hooks) sample this collector: those whose series some check reads and
     # that answer in one sample (not profiling's window, not neuron-monitor's start).
     scan: bool = False

@@ -25,7 +25,7 @@ from typing import Any, Optional
 import pynvml
 
 from accelmon.core import Catalogue, Samples
-from accelmon.health import Check, GpuCheck, GpuKey, NodeCheck, View
+from accelmon.health import Check, Drill, GpuCheck, GpuKey, NodeCheck, View
 from accelmon.nvidia import NVML_DEVICES, OwnSessionCollector, nvidia_driver_loaded, text
 from accelmon.registry import Registration, register, seconds
 
@@ -276,6 +276,12 @@ def check_nvlink(view: View, gpu: GpuKey, now: float) -> Check:
     return Check("nvlink", "ok", f"{len(states)} links up, no replay or recovery error")
 
 
+def drill_nvlink(view: View, gpu: GpuKey, xid: int, started: float) -> None:
+    """Its first link down (link 0 where the GPU reports none)."""
+    links = sorted(int(labels["link"]) for labels, _ in view.of(LINK_UP, gpu))
+    view.put(LINK_UP, gpu, 0, link=str(links[0] if links else 0))
+
+
 FABRIC_STATES = {1: "not started", 2: "in progress", 3: "completed"}
 
 
@@ -326,6 +332,7 @@ REGISTRATION = register(
         hardware_present=nvidia_driver_loaded,
         devices=NVML_DEVICES,
         gpu_checks=(GpuCheck("nvlink", check_nvlink), GpuCheck("fabric", check_fabric)),
+        drills=(Drill("nvlink", drill_nvlink),),
         node_checks=(NodeCheck("fabric_manager", check_fabric_manager),),
         scan=True,
     )

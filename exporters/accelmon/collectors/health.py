@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from accelmon import health
+from accelmon import drill, health
 from accelmon.core import Catalogue, Collector, Sampler, Samples
 from accelmon.registry import Paths, Registration, collectors, register, seconds
 
@@ -41,6 +41,11 @@ NODE_CHECK = C.gauge(
     "One health check of the node itself (not of a GPU): 0 ok, 1 warning, 2 failure.",
     ["check", "action"],
 )
+DRILL_ACTIVE = C.gauge(
+    "accelmon_gpu_health_drill_active",
+    "1 while a drill (accelmon-drill) rehearses this check's failure on the GPU: its verdict is no real fault.",
+    ["gpu", "uuid", "check"],
+)
 INTERVAL = seconds("interval_seconds", 5.0, "how often the checks run over the latest samples")
 
 
@@ -48,8 +53,11 @@ class HealthCollector(Collector):
     name = "health"
     reads_other_samples = True
 
-    def __init__(self, wall_clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, drill_dir: str = str(drill.DRILL_DIR.default), wall_clock: Callable[[], float] = time.time
+    ) -> None:
         self._wall_clock = wall_clock
+        self.drill_dir = drill_dir
         self.registrations = list(collectors().values())  # whose checks run: every collector's, found once
         self.sources: list[Sampler] = []
 
@@ -58,7 +66,9 @@ class HealthCollector(Collector):
 
     def sample(self) -> Samples:
         latest = [state.latest for state in (s.state() for s in self.sources) if state.latest is not None]
-        return served(health.evaluate(latest, self._wall_clock(), self.registrations))
+        now = self._wall_clock()
+        drills = drill.read(self.drill_dir, now)  # a listing of an empty directory when none is in force
+        return served(health.evaluate(latest, now, self.registrations, drills))
 
 
 def served(node: health.NodeHealth) -> Samples:
@@ -67,6 +77,8 @@ def served(node: health.NodeHealth) -> Samples:
         out.add(GPU_VERDICT, [gpu.index, gpu.uuid], health.VERDICTS.index(gpu.verdict))
         for check in gpu.checks:
             out.add(GPU_CHECK, [gpu.index, gpu.uuid, check.name, check.action], health.VERDICTS.index(check.verdict))
+            if check.drill:
+                out.add(DRILL_ACTIVE, [gpu.index, gpu.uuid, check.name], 1)
     for check in node.checks:
         out.add(NODE_CHECK, [check.name, check.action], health.VERDICTS.index(check.verdict))
     out.add(NODE_VERDICT, [], health.VERDICTS.index(node.verdict))
@@ -81,9 +93,9 @@ REGISTRATION = register(
     Registration(
         name="health",
         help="health verdicts per GPU and node, from the other collectors' samples",
-        build=lambda options, paths: HealthCollector(),
+        build=lambda options, paths: HealthCollector(str(options["drill_dir"])),
         catalogue=C,
-        options=(INTERVAL,),
+        options=(INTERVAL, drill.DRILL_DIR),
         enabled_by_default=_always,
     )
 )

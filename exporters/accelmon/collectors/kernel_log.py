@@ -42,7 +42,7 @@ from typing import Any, Optional
 from accelmon import xid as catalogue
 from accelmon.core import Catalogue, Collector, Samples
 from accelmon.gpu_metrics import XID_ERRORS as NVML_XID_ERRORS
-from accelmon.health import Check, GpuCheck, GpuKey, NodeCheck, View, when, worst
+from accelmon.health import Check, Drill, GpuCheck, GpuKey, NodeCheck, View, when, worst
 from accelmon.nvidia import driver_gpus_by_bus, nvidia_driver_loaded
 from accelmon.registry import Paths, Registration, register, seconds
 
@@ -403,6 +403,14 @@ def check_xid(view: View, gpu: GpuKey, now: float) -> Check:
     return Check("xid", verdict, "; ".join(f[1] for f in chosen), action)
 
 
+def drill_xid(view: View, gpu: GpuKey, xid: int, started: float) -> None:
+    """The XID as the check would meet it: in the kernel log where that is read, else among NVML's events."""
+    if _kernel_log_readable(view):
+        view.put(XID_LAST, gpu, started, xid=str(xid))
+    else:
+        view.put(NVML_XID_ERRORS, gpu, 1, xid=str(xid))
+
+
 def _kernel_log_readable(view: View) -> bool:
     return any(value == 1 for _, value in view.of(READABLE))
 
@@ -436,6 +444,7 @@ REGISTRATION = register(
         # Reading /dev/kmsg where kernel.dmesg_restrict=1 (Debian's and Ubuntu's default) needs CAP_SYSLOG.
         capabilities=("CAP_SYSLOG",),
         gpu_checks=(GpuCheck("xid", check_xid),),
+        drills=(Drill("xid", drill_xid, takes_xid=True),),
         node_checks=(NodeCheck("kernel_log", check_kernel_log),),
         # A GPU that fell off the bus before the exporter started is named only here.
         lists_gpus=(XID_EVENTS,),

@@ -31,6 +31,7 @@ from accelmon.gpu_metrics import (
     CLOCK_EVENT,
     DECODER,
     DEVICE_CHECKS,
+    DEVICE_DRILLS,
     ECC,
     ENCODER,
     ENERGY,
@@ -574,6 +575,7 @@ register(
         # /dev/nvidiactl and /dev/nvidia<N> (the nvidia-frontend major), MIG capabilities read-only.
         devices=NVML_MIG_DEVICES,
         gpu_checks=DEVICE_CHECKS,
+        drills=DEVICE_DRILLS,
         lists_gpus=(UP,),
         scan=True,
     )

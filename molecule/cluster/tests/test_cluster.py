@@ -1,6 +1,7 @@
 """The whole pipeline: workers' exporters scraped by the master's Prometheus; then the operator's day two
 (a masters-only redeploy, remove.yaml, a redeploy) keeps the metrics gathered before."""
 
+import contextlib
 import json
 import os
 import re
@@ -254,6 +255,33 @@ def firing(host, node: str) -> list[dict]:
     ]
 
 
+@contextlib.contextmanager
+def slurm_health_checks(controller):
+    """slurm.conf names accelmon's health check on every node (as the operator does), for the test's length."""
+    lines = "\\n".join(HEALTH_CHECK)
+    for worker in sorted(WORKERS):
+        testinfra.get_host(f"podman://{worker}").check_output(
+            f"grep -q '^HealthCheckProgram=' /etc/slurm/slurm.conf || printf '{lines}\\n' >> /etc/slurm/slurm.conf"
+        )
+    controller.check_output("scontrol reconfigure")
+    try:
+        yield
+    finally:
+        for worker in sorted(WORKERS):
+            testinfra.get_host(f"podman://{worker}").run("sed -i '/^HealthCheck/d' /etc/slurm/slurm.conf")
+        controller.run("scontrol reconfigure")
+
+
+def runs_on(controller, options: str) -> str:
+    """A one-task job of alice's, run to completion: the node it ran on."""
+    job = controller.check_output(
+        f"su alice -c 'sbatch --parsable --chdir=/tmp --nodes=1 --gres=gpu:1 {options} --wrap hostname'"
+    ).strip()
+    done = wait_for(lambda: "JobState=COMPLETED" in controller.check_output(f"scontrol show job {job} -o"), 60)
+    assert done, controller.check_output(f"scontrol show job {job} -o")
+    return re.search(r" NodeList=(\S+) ", controller.check_output(f"scontrol show job {job} -o")).group(1)
+
+
 def test_a_failing_gpu_drains_its_node_until_the_operator_resumes_it(host):
     """The operator names accelmon's health check in slurm.conf. An XID 79 (GPU fallen off the bus) reaches one
     worker's kernel log: Slurm's health check drains that worker with a reason naming the GPU, the check and the
@@ -262,13 +290,7 @@ def test_a_failing_gpu_drains_its_node_until_the_operator_resumes_it(host):
     controller = testinfra.get_host(f"podman://{CLUSTER}-worker-1")
     name = f"{CLUSTER}-worker-2"
     broken = testinfra.get_host(f"podman://{name}")
-    lines = "\\n".join(HEALTH_CHECK)
-    for worker in sorted(WORKERS):
-        testinfra.get_host(f"podman://{worker}").check_output(
-            f"grep -q '^HealthCheckProgram=' /etc/slurm/slurm.conf || printf '{lines}\\n' >> /etc/slurm/slurm.conf"
-        )
-    controller.check_output("scontrol reconfigure")
-    try:
+    with slurm_health_checks(controller):
         time.sleep(12)  # two health checks on healthy GPUs: nothing drained
         for worker in sorted(WORKERS):
             assert "DRAIN" not in node_line(controller, worker), node_line(controller, worker)
@@ -278,16 +300,11 @@ def test_a_failing_gpu_drains_its_node_until_the_operator_resumes_it(host):
         drained = wait_for(lambda: "DRAIN" in node_line(controller, name), timeout=90)
         assert drained, node_line(controller, name)
         assert "Reason=accelmon: GPU 2 xid: reboot_node" in node_line(controller, name)
-
-        job = controller.check_output(
-            "su alice -c 'sbatch --parsable --chdir=/tmp --nodes=1 --gres=gpu:1 --wrap hostname'"
-        ).strip()
-        done = wait_for(lambda: "JobState=COMPLETED" in controller.check_output(f"scontrol show job {job} -o"), 60)
-        assert done, controller.check_output(f"scontrol show job {job} -o")
-        assert f"NodeList={CLUSTER}-worker-1 " in controller.check_output(f"scontrol show job {job} -o")
+        assert runs_on(controller, "") == f"{CLUSTER}-worker-1"
 
         alert = wait_for(lambda: firing(host, name), timeout=180)  # `for: 1m` after the verdict reaches Prometheus
         assert alert and alert[0]["labels"]["gpu"] == "2", query(host, "/api/v1/alerts")
+        assert "drill" not in alert[0]["labels"] and not alert[0]["annotations"]["summary"].startswith("DRILL")
 
         broken.check_output("truncate -s 0 /opt/fake-kmsg && systemctl restart accelmon-exporter")  # the repair
         time.sleep(12)  # two health checks that pass: the node is still drained, as the operator left it
@@ -296,10 +313,43 @@ def test_a_failing_gpu_drains_its_node_until_the_operator_resumes_it(host):
         time.sleep(12)  # and two more: the health check does not drain it again
         assert "DRAIN" not in node_line(controller, name), node_line(controller, name)
         assert wait_for(lambda: not firing(host, name), timeout=120), "the alert still fires after the repair"
-    finally:
-        for worker in sorted(WORKERS):
-            testinfra.get_host(f"podman://{worker}").run("sed -i '/^HealthCheck/d' /etc/slurm/slurm.conf")
-        controller.run("scontrol reconfigure")
+
+
+def test_a_drill_drains_its_node_saying_so_until_stopped_and_resumed(host):
+    """Game day (docs/health.md): `accelmon-drill start` on worker-1 (the role installed it) rehearses an
+    uncorrectable ECC error on GPU 3. The real Slurm's health check drains worker-1 with a reason naming the drill,
+    a new job runs on worker-2, and AccelmonGpuHealthFailure fires labelled drill="true", its summary saying DRILL.
+    After `accelmon-drill stop` and the documented resume, the node takes jobs again. Nothing else was fooled: the
+    worker's served ECC counters stay at the fake driver's."""
+    name = f"{CLUSTER}-worker-1"
+    drilled = controller = testinfra.get_host(f"podman://{name}")  # slurmctld runs here too: it keeps running
+    ecc = "/api/v1/query?query=accelmon_gpu_ecc_errors_total%7Btype%3D%22uncorrected%22%2Cscope%3D%22volatile%22%7D"
+    with slurm_health_checks(controller):
+        try:
+            started = drilled.check_output("/usr/local/sbin/accelmon-drill start --gpu 3 --check ecc --minutes 10")
+            assert "drill started: GPU 3, a ecc failure" in started, started
+            drained = wait_for(lambda: "DRAIN" in node_line(controller, name), timeout=90)
+            assert drained, node_line(controller, name)
+            assert "Reason=accelmon DRILL, no fault: GPU 3 ecc: reset_gpu" in node_line(controller, name)
+            assert runs_on(controller, "") == f"{CLUSTER}-worker-2"
+
+            alert = wait_for(lambda: firing(host, name), timeout=180)
+            assert alert, query(host, "/api/v1/alerts")
+            assert (alert[0]["labels"]["gpu"], alert[0]["labels"]["check"], alert[0]["labels"]["drill"]) == (
+                "3",
+                "ecc",
+                "true",
+            )
+            assert alert[0]["annotations"]["summary"].startswith("DRILL, no real fault: GPU 3 on ")
+            served = {(r["metric"]["node"], r["metric"]["gpu"]): r["value"][1] for r in query(host, ecc)["result"]}
+            assert served[(name, "3")] == served[(f"{CLUSTER}-worker-2", "3")]  # the device series are the real ones
+        finally:
+            drilled.run("/usr/local/sbin/accelmon-drill stop")
+        controller.check_output(f"scontrol update NodeName={name} State=RESUME")
+        time.sleep(12)  # two health checks: the drill is over, nothing drains it again
+        assert "DRAIN" not in node_line(controller, name), node_line(controller, name)
+        assert runs_on(controller, f"--nodelist={name}") == name
+        assert wait_for(lambda: not firing(host, name), timeout=120), "the drill's alert outlived the drill"
 
 
 def test_day_two_keeps_the_metrics(host):

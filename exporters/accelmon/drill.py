@@ -1,0 +1,215 @@
+"""accelmon-drill: rehearse a GPU fault end to end, with nothing on the node fooled.
+
+    accelmon-drill [--config FILE] start --gpu INDEX (--xid CODE | --check NAME) [--minutes N]
+    accelmon-drill [--config FILE] stop [--gpu INDEX] [--check NAME]
+    accelmon-drill [--config FILE] status [--json]
+
+A drill is a small JSON file in the health collector's `drill_dir` (one setting of the exporter's config, default
+/run/accelmon/drills: it survives an exporter restart, not a reboot). The exporter's health checks (served, in
+`--scan`, in the Slurm and OAR hooks) read the drills in force and judge the drilled GPU as if the fault were real:
+the collector that owns the check writes the fault into the samples it judges (`accelmon.health.Drill`), so the
+verdict, the action, the alerts and the scheduler's drain follow from the real check and catalogue. Everything a
+person sees says DRILL: the check's detail, the drain reason, the alert (label drill="true" and its summary).
+Nothing is written to the kernel log or the driver, and the served device series stay as they are: other tools on
+the node see no fault. A drill ends by itself (30 minutes by default, so a forgotten one cannot keep a node
+drained) or at `stop`; accelmon never resumes a node, whoever drained it (docs/health.md, "Game day").
+
+start and stop need root (the directory is root's; the exporter only reads it). A GPU index the node does not have,
+a check no collector drills and an XID outside 1-65535 are refused before anything is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Optional
+
+from accelmon.config import load
+from accelmon.health import ActiveDrill, Drill
+from accelmon.validation import ConfigError, Option
+
+log = logging.getLogger("accelmon.drill")
+
+DRILL_DIR = Option(
+    "drill_dir",
+    "/run/accelmon/drills",
+    "where accelmon-drill keeps the drills in force (root's; the exporter reads them): a drilled GPU is judged as "
+    "if the fault were real",
+)
+DEFAULT_MINUTES = 30
+MAX_MINUTES = 24 * 60
+MAX_DRILL_BYTES = 4096
+
+
+def declared() -> dict[str, Drill]:
+    """Every drill the collectors declare, by the check it rehearses."""
+    from accelmon.registry import collectors
+
+    return {drill.check: drill for registration in collectors().values() for drill in registration.drills}
+
+
+def file_name(gpu: str, check: str) -> str:
+    return f"gpu{gpu}-{check}.json"
+
+
+def read(drill_dir: str, now: Optional[float] = None) -> list[ActiveDrill]:
+    """The drills in `drill_dir` (expired ones when `now` is None, too), sorted by GPU and check. A file that is not
+    a drill is skipped and logged: a stray file never stops the checks."""
+    try:
+        names = sorted(name for name in os.listdir(drill_dir) if name.endswith(".json"))
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        try:
+            with open(os.path.join(drill_dir, name), "rb") as handle:
+                record = json.loads(handle.read(MAX_DRILL_BYTES))
+            drill = ActiveDrill(
+                gpu=str(record["gpu"]),
+                check=str(record["check"]),
+                started=float(record["started"]),
+                expires=float(record["expires"]),
+                xid=int(record.get("xid", 0)),
+            )
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            log.warning("drill file %s skipped: %s", name, error)
+            continue
+        if now is None or drill.started <= now < drill.expires:
+            found.append(drill)
+    return sorted(found, key=lambda d: (int(d.gpu) if d.gpu.isdigit() else 1 << 30, d.check))
+
+
+def write(drill_dir: str, drill: ActiveDrill) -> str:
+    """Writes the drill atomically (a reader never sees half a file); the directory is made root's, 0755."""
+    os.makedirs(drill_dir, mode=0o755, exist_ok=True)
+    path = os.path.join(drill_dir, file_name(drill.gpu, drill.check))
+    handle, temporary = tempfile.mkstemp(dir=drill_dir, prefix=".drill-")
+    try:
+        with os.fdopen(handle, "w") as out:
+            json.dump(asdict(drill), out)
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+    return path
+
+
+def node_gpus(config: Optional[str]) -> list[str]:
+    """The GPU indices this node's checks judge (a health scan's GPUs, as the exporter sees them)."""
+    from accelmon.cli import scan_health
+
+    return [gpu.index for gpu in scan_health(load(config)).gpus]
+
+
+def drill_dir_of(config: Optional[str]) -> str:
+    return str(load(config).collector("health").options.get("drill_dir", DRILL_DIR.default))
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="accelmon-drill",
+        description="Rehearse a GPU fault: the exporter's checks, alerts and scheduler hooks treat the GPU as "
+        "failed, and say DRILL; nothing else on the node is touched. Ends by itself.",
+    )
+    p.add_argument("--config", help="the exporter's config file (the same one), for drill_dir and the GPUs")
+    commands = p.add_subparsers(dest="command", required=True)
+    start = commands.add_parser("start", help="start a drill on one GPU")
+    start.add_argument("--gpu", required=True, help="the GPU's index, as the exporter's gpu label says")
+    fault = start.add_mutually_exclusive_group(required=True)
+    fault.add_argument("--xid", type=int, help="rehearse this XID (the xid check, the XID catalogue's action)")
+    fault.add_argument("--check", help="rehearse the failure of this check: " + ", ".join(sorted(declared())))
+    start.add_argument(
+        "--minutes", type=float, default=DEFAULT_MINUTES, help="how long until it ends by itself (default 30)"
+    )
+    stop = commands.add_parser("stop", help="end drills now: all of them, or those of one GPU or check")
+    stop.add_argument("--gpu")
+    stop.add_argument("--check")
+    status = commands.add_parser("status", help="the drills in force")
+    status.add_argument("--json", action="store_true")
+    return p
+
+
+def start(args: argparse.Namespace, now: float) -> int:
+    drills = declared()
+    check = "xid" if args.xid is not None else args.check
+    if check not in drills:
+        return refuse(f"no check {check!r} can be drilled; these can: {', '.join(sorted(drills))}")
+    if args.xid is not None and not 1 <= args.xid <= 65535:
+        return refuse(f"--xid {args.xid}: an XID is a number from 1 to 65535")
+    if not 0 < args.minutes <= MAX_MINUTES:
+        return refuse(f"--minutes {args.minutes:g}: from more than 0 to {MAX_MINUTES}")
+    gpus = node_gpus(args.config)
+    if args.gpu not in gpus:
+        return refuse(f"--gpu {args.gpu}: this node's GPUs are {', '.join(gpus) or 'none'}")
+    drill = ActiveDrill(args.gpu, check, now, now + args.minutes * 60, args.xid or 0)
+    path = write(drill_dir_of(args.config), drill)
+    what = f"XID {args.xid}" if args.xid is not None else f"a {check} failure"
+    print(f"drill started: GPU {args.gpu}, {what}, until {clock(drill.expires)} ({path}).")
+    print("The exporter judges it within its health interval; `accelmon-drill stop` ends it now.")
+    return 0
+
+
+def stop(args: argparse.Namespace) -> int:
+    drill_dir = drill_dir_of(args.config)
+    ended = [d for d in read(drill_dir) if args.gpu in (None, d.gpu) and args.check in (None, d.check)]
+    for drill in ended:
+        try:
+            os.unlink(os.path.join(drill_dir, file_name(drill.gpu, drill.check)))
+        except FileNotFoundError:
+            pass
+    print(f"{len(ended)} drill(s) ended." + (" A node the drill drained stays drained: resume it" if ended else ""))
+    if ended:
+        print("  (Slurm: scontrol update NodeName=<node> State=RESUME; OAR: oarnodecheckquery and the log's removal).")
+    return 0
+
+
+def status(args: argparse.Namespace, now: float) -> int:
+    drill_dir = drill_dir_of(args.config)
+    drills = read(drill_dir)
+    if args.json:
+        print(json.dumps([{**asdict(d), "in_force": d.started <= now < d.expires} for d in drills], indent=2))
+        return 0
+    if not drills:
+        print(f"no drill ({drill_dir})")
+    for d in drills:
+        what = f"XID {d.xid}" if d.check == "xid" else d.check
+        state = f"until {clock(d.expires)}" if now < d.expires else f"ended by itself at {clock(d.expires)}"
+        print(f"GPU {d.gpu}: {what}, started {clock(d.started)}, {state}")
+    return 0
+
+
+def clock(timestamp: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(timestamp))
+
+
+def refuse(message: str) -> int:
+    print(f"accelmon-drill: {message}; nothing changed", file=sys.stderr)
+    return 2
+
+
+def main(argv: Optional[Sequence[str]] = None, now: Optional[float] = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = parser().parse_args(argv)
+    moment = time.time() if now is None else now
+    try:
+        if args.command != "status" and os.geteuid() != 0:
+            return refuse(f"{args.command} needs root (the drill directory is root's)")
+        if args.command == "start":
+            return start(args, moment)
+        if args.command == "stop":
+            return stop(args)
+        return status(args, moment)
+    except ConfigError as error:
+        return refuse(str(error))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
