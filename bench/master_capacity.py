@@ -5,9 +5,12 @@ Each simulated worker serves what a real one does: the exposition of accelmon-ex
 profiling on) and 4 InfiniBand ports, and a node_exporter's (its per-CPU series copied to a GPU node's 192 CPUs),
 both recorded from the real programs at the start of the run; at every scrape the values move (gauges by a few
 percent, counters by increments; what was recorded at zero, as a healthy node's error counters and flags are,
-stays zero, so no alert fires), so the TSDB compresses what it would compress in production. One HTTP server
-on loopback serves all the workers, one path each (the targets' `__metrics_path__`), labelled `node` as the
-role's targets are.
+stays zero, so no device alert fires), so the TSDB compresses what it would compress in production. Each worker
+also serves the jobs holding its GPUs (`accelmon_gpu_job_info`: two-node jobs of 8 GPUs, about one job per
+worker, 1,250 at 10,000 GPUs), so the live job rules (accelmon-live-jobs.yml) join and judge real jobs: the fake
+driver's GPUs differ by up to 70 % in power, so every job has stragglers pending, the rules' costliest case. One
+HTTP server on loopback serves all the workers, one path each (the targets' `__metrics_path__`), labelled `node`
+and `instance` as the role's targets are.
 
 Prometheus runs the role's rendered prometheus.yml (scrape and rule interval: the role's default, 15 s) and every
 rule file of master/prometheus/rules (one shard: the fleet-wide rules too). At each step, after the new targets
@@ -160,13 +163,33 @@ class MovingBody:
         return "".join(lines).encode()
 
 
+class ExporterBody(MovingBody):
+    """accelmon-exporter's exposition, with the jobs holding each worker's GPUs (`accelmon_gpu_job_info`): worker
+    n's GPUs 0-3 run job n, its GPUs 4-7 job n + 1, so every job spans two nodes with 8 GPUs (the first and the
+    last have 4) and a fleet of N workers runs about N jobs: 1,250 at 10,000 GPUs. The live job rules join them."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.uuids = dict(re.findall(r'accelmon_gpu_up\{gpu="(\d+)",uuid="([^"]+)"\}', text))
+        assert len(self.uuids) == GPUS_PER_NODE, self.uuids
+
+    def render(self, worker: int, scrape: int) -> bytes:
+        jobs = [
+            f'accelmon_gpu_job_info{{account="a{worker % 16}",gpu="{gpu}",job_id="{worker + int(gpu) // 4}",'
+            f'user="u{worker % 64}",uuid="{uuid}"}} 1\n'
+            for gpu, uuid in sorted(self.uuids.items())
+        ]
+        header = "# HELP accelmon_gpu_job_info Which job holds the GPU.\n# TYPE accelmon_gpu_job_info gauge\n"
+        return super().render(worker, scrape) + (header + "".join(jobs)).encode()
+
+
 class Fleet(ThreadingHTTPServer):
     """Serves /w<index>/<job> for every simulated worker."""
 
     daemon_threads = True
 
     def __init__(self, bodies: dict[str, str]) -> None:
-        self.bodies = {job: MovingBody(text) for job, text in bodies.items()}
+        self.bodies = {job: (ExporterBody if job == "accelmon" else MovingBody)(text) for job, text in bodies.items()}
         self.scrapes: dict[tuple[int, str], int] = {}
         self.lock = threading.Lock()
         super().__init__(("127.0.0.1", 0), FleetHandler)
@@ -196,7 +219,8 @@ def write_targets(directory: Path, fleet_port: int, nodes: int) -> None:
     for job in ("accelmon", "node"):
         groups = [
             {"targets": [f"127.0.0.1:{fleet_port}"],
-             "labels": {"node": f"gpu-{n:05d}", "__metrics_path__": f"/w{n}/{job}"}}
+             "labels": {"node": f"gpu-{n:05d}", "instance": f"gpu-{n:05d}:{19470 if job == 'accelmon' else 9100}",
+                        "__metrics_path__": f"/w{n}/{job}"}}
             for n in range(nodes)
         ]  # fmt: skip
         partial = directory / f".{job}.json"
