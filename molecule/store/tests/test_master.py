@@ -1,4 +1,6 @@
-"""Verify a converged master: Prometheus runs in a container with its config, rules and inventory targets."""
+"""Verify a converged master (the store scenario's first replica, which runs Alertmanager too): Prometheus runs in a
+container with its config, rules and inventory targets; Grafana's secret and Alertmanager's config are private; the
+containers are locked down."""
 
 import json
 import os
@@ -9,7 +11,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(os.environ["MOLECULE_PROJECT_DIRECTORY"])
-testinfra_hosts = ["podman://accelmon-master"]
+testinfra_hosts = ["podman://accelmon-store-master-a"]
+WORKERS = ["accelmon-store-worker-1", "accelmon-store-worker-2"]
 
 
 def api(host, path):
@@ -30,10 +33,11 @@ def test_prometheus_runs_as_a_container_as_nobody(host):
 def test_targets_come_from_the_inventory(host):
     targets = api(host, "/api/v1/targets")["data"]["activeTargets"]
     by_job = {(t["labels"]["job"], t["labels"]["instance"]) for t in targets}
-    assert ("accelmon", "127.0.0.1:19470") in by_job
-    assert ("node", "127.0.0.1:9100") in by_job
-    node_labels = [t["labels"].get("node") for t in targets if t["labels"]["job"] == "accelmon"]
-    assert node_labels == ["gpu-node-1"]
+    for worker in WORKERS:
+        assert ("accelmon", f"{worker}:19470") in by_job
+        assert ("node", f"{worker}:9100") in by_job
+    node_labels = sorted(t["labels"].get("node") for t in targets if t["labels"]["job"] == "accelmon")
+    assert node_labels == WORKERS
 
 
 def test_rules_are_loaded(host):
@@ -131,7 +135,7 @@ def test_zz_a_changed_password_variable_reaches_grafana(host):
             "-i",
             os.environ["MOLECULE_INVENTORY_FILE"],
             str(ROOT / "ansible" / "deploy.yaml"),
-            *("--limit", "accelmon-master", "--tags", "master"),
+            *("--limit", "accelmon-store-master-a", "--tags", "master"),
             *("-e", f"accelmon_master_grafana_admin_password={new_password}"),
         ],
         capture_output=True,
