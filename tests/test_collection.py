@@ -91,7 +91,10 @@ def test_the_deploy_playbook_runs_by_fqcn_from_the_installed_collection(installe
     output = result.stdout + result.stderr
     # The roles resolved by FQCN, their argument specs and preflights ran, the bundle came from the collection.
     assert "accelmon.monitoring.accelmon_exporter : Remember what the exporter asks of the host" in output
-    assert f"bundle {collection}/roles/accelmon_master/files/bundle: 5 rule files, 8 dashboards" in output, output
+    assert (
+        f"bundle {collection}/roles/accelmon_master/files/bundle: 4 rule files and the role's live job rules, "
+        "8 dashboards" in output
+    ), output
     assert "PLAY [Workers]" in output
     assert result.returncode == 0, output[-3000:]
     assert "accelmon.monitoring.accelmon_exporter : Ensure accelmon-exporter is enabled and running" in output

@@ -85,12 +85,13 @@ def test_each_nodes_hardware_is_in_the_summary_and_the_html(job_100):
     assert "<h2>Hosts</h2>" in (out / "report.html").read_text()
 
 
-def test_the_slower_gpu_is_named_a_straggler(job_100):
-    _, summary, _ = job_100
-    # GPU 1 runs at 20 % where the job's median is 30 %: below 80 % of it all the time. GPU 3 is not.
-    assert [(g["node"], g["gpu"]) for g in summary["stragglers"]] == [("gpu-node-1", "1")]
-    assert summary["stragglers"][0]["below_median_share"]["utilization"] == 1.0 and summary["stragglers"][0]["reasons"]
-    assert summary["stragglers"][0]["below_median_ratio"] == 0.8
+def test_a_healthy_job_has_no_straggler_and_no_live_alert(job_100):
+    """GPUs 1 and 3 draw 110.5 and 131.5 W at SM clocks 1740 and 1710 MHz: a few percent from the job's median,
+    which AccelmonJobStraggler never judges a straggler, nor does the report. The fleet's Prometheus evaluates the
+    live rules: none fired on the job."""
+    out, summary, _ = job_100
+    assert summary["stragglers"] == [] and summary["live_alerts"] == []
+    assert "None: every GPU kept up" in (out / "report.html").read_text()
 
 
 def test_tidy_data_in_csv_and_parquet(job_100):
