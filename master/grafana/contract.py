@@ -11,7 +11,9 @@ from typing import NamedTuple
 import generate
 
 # accelmon_*/node_* metrics, recording rules (level:metric:operations) and `up{...}`.
-METRIC = re.compile(r"\b((?:accelmon|node)_[a-zA-Z0-9_]+|(?:node|cluster|job_id):[a-z0-9_:]+[a-z0-9_]|up(?=\{))")
+METRIC = re.compile(
+    r"\b((?:accelmon|node)_[a-zA-Z0-9_]+|(?:node|cluster|job_id|job_gpu):[a-z0-9_:]+[a-z0-9_]|up(?=\{))"
+)
 
 # Grafana's template variables, as a user who picked "All" sends them.
 VARIABLES = {
