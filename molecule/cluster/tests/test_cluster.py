@@ -224,7 +224,9 @@ def test_a_jobs_cpu_time_and_memory_come_from_its_cgroup_and_reach_the_report(ho
     limit = query(host, f"/api/v1/query?query=max(accelmon_job_memory_limit_bytes%7Bjob_id%3D%22{job}%22%7D)")
     cpu_seconds = float(used["result"][0]["value"][1])
     print(f"job {job}: {cpu_seconds:.1f} CPU seconds from its cgroup, {measured:.1f} measured by its processes")
-    assert measured > 20 and abs(cpu_seconds - measured) <= 0.1 * measured, (cpu_seconds, measured)
+    # What the tasks get of this machine's two cores in 45 s depends on the load beside them (over 40 s alone, 10.8
+    # in a CI run beside a demo): the claim is the agreement, within 10 %, of two counts of the same work.
+    assert measured > 5 and abs(cpu_seconds - measured) <= 0.1 * measured, (cpu_seconds, measured)
     assert 400 * 2**20 <= float(peak["result"][0]["value"][1]) <= 600 * 2**20
     assert float(limit["result"][0]["value"][1]) == 600 * 2**20
     assert wait_for(lambda: controller.run(f"squeue -h -j {job}").stdout.strip() == "", timeout=60)
