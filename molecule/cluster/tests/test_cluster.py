@@ -232,9 +232,10 @@ def test_a_jobs_cpu_time_and_memory_come_from_its_cgroup_and_reach_the_report(ho
     assert wait_for(lambda: controller.run(f"squeue -h -j {job}").stdout.strip() == "", timeout=60)
     (node_summary,) = report(job, tmp_path / "report")["node_summary"]
     assert node_summary["node"] == node and node_summary["job_cpus_allocated"] == 2
-    # More than a tenth of a core on average over the job's window (its idle end included): what the tasks get of
-    # this machine's two cores varies with the load beside them (0.22 in a CI run), the exact seconds are above.
-    assert node_summary["job_cpu_cores_used_mean"] > 0.1 and node_summary["job_memory_peak_bytes"] >= 400 * 2**20
+    # Some of a core on average over the job's window (its idle end included): what the tasks get of this machine's
+    # two cores varies with the load beside them (0.22 in one CI run, 10.8 CPU seconds in 75 s in another); the
+    # exact seconds are checked above.
+    assert node_summary["job_cpu_cores_used_mean"] > 0.05 and node_summary["job_memory_peak_bytes"] >= 400 * 2**20
 
 
 HEALTH_CHECK = (
