@@ -25,7 +25,21 @@ from tests.support.simulated_node import simulated_prometheus
 TIERS = ("unit", "e2e", "molecule")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_addoption(parser: pytest.Parser) -> None:
+    # The full suite runs the unit tier on the workers' oldest Python (3.9) first, then every tier on this one:
+    # what passed there is not run again (scripts/test.sh), which keeps CI's time for what has not run.
+    parser.addoption("--record-passed", metavar="FILE", help="write the ids of the tests that pass to FILE")
+    parser.addoption("--skip-passed", metavar="FILE", help="deselect the tests FILE lists (--record-passed)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip_file = config.getoption("--skip-passed")
+    if skip_file:
+        passed = set(Path(skip_file).read_text().split("\n"))
+        deselected = [item for item in items if item.nodeid in passed]
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+            items[:] = [item for item in items if item.nodeid not in passed]
     for item in items:
         if "prometheus" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("e2e"):
             item.add_marker(pytest.mark.e2e)
@@ -105,3 +119,27 @@ def fake_dcgm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., 
     set_state(up=False)
     monkeypatch.setenv("FAKE_DCGM_STATE", str(state))
     return set_state
+
+
+class PassedRecorder:
+    """--record-passed: the ids of the tests whose every phase passed, written when the session ends."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.failed: set[str] = set()
+        self.passed: set[str] = set()
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if not report.passed:
+            self.failed.add(report.nodeid)  # a skip or a failure in any phase: run it again on the next Python
+        elif report.when == "call":
+            self.passed.add(report.nodeid)
+
+    def pytest_sessionfinish(self) -> None:
+        self.path.write_text("\n".join(sorted(self.passed - self.failed)))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    record_file = config.getoption("--record-passed")
+    if record_file:
+        config.pluginmanager.register(PassedRecorder(Path(record_file)), "accelmon-passed-recorder")

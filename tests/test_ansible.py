@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 import yaml
+from ansible.parsing.splitter import parse_kv
 
 from tests.support.ansible import render_role_template
 from tests.support.paths import ROOT
@@ -83,143 +86,196 @@ def deploy(tmp_path: Path, *variables: str, group: str = "worker") -> subprocess
     )
 
 
-@pytest.mark.parametrize(
-    ("variable", "message"),
-    [
-        # A variable of an earlier version is refused, not silently ignored.
-        ("accelmon_exporter_nvml=enabled", "accelmon_exporter_nvml: no longer read"),
-        ("accelmon_exporter_log_level=loud", "accelmon_exporter_log_level"),
-        ("accelmon_exporter_collectors=[]", "accelmon_exporter_collectors"),
-        # The exporter's own validation, run on the controller, names the setting.
-        ("accelmon_exporter_listen_address=nowhere", "listen address 'nowhere'"),
-        ('{"accelmon_exporter_collectors": {"nvml": {"interval_seconds": 0}}}', "collectors.nvml.interval_seconds"),
-        ('{"accelmon_exporter_collectors": {"gpu": {}}}', "collectors: unknown key(s) gpu"),
-        ('{"accelmon_exporter_collectors": {"profiling": {"backend": "cupti"}}}', "expected one of auto, dcgm, gpm"),
+# Each bad value must stop the deploy in its preflight, before any host changes, naming the variable. One
+# ansible-playbook run checks every case of a group: a host of its own per case (this machine, by a local
+# connection), given the case's variables as -e would give them; each host fails on its own.
+WORKER_CASES = [
+    # A variable of an earlier version is refused, not silently ignored.
+    ("accelmon_exporter_nvml=enabled", "accelmon_exporter_nvml: no longer read"),
+    ("accelmon_exporter_log_level=loud", "accelmon_exporter_log_level"),
+    ("accelmon_exporter_collectors=[]", "accelmon_exporter_collectors"),
+    # The exporter's own validation, run on the controller, names the setting.
+    ("accelmon_exporter_listen_address=nowhere", "listen address 'nowhere'"),
+    ('{"accelmon_exporter_collectors": {"nvml": {"interval_seconds": 0}}}', "collectors.nvml.interval_seconds"),
+    ('{"accelmon_exporter_collectors": {"gpu": {}}}', "collectors: unknown key(s) gpu"),
+    ('{"accelmon_exporter_collectors": {"profiling": {"backend": "cupti"}}}', "expected one of auto, dcgm, gpm"),
+    (
+        '{"accelmon_exporter_tls_cert": "C", "accelmon_exporter_tls_key": "K",'
+        ' "accelmon_exporter_tls_client_ca": "A", "accelmon_exporter_basic_auth_users": {"prometheus": "hunter2"}}',
+        "never to clear passwords",
+    ),
+    ('{"accelmon_exporter_tls_cert": "C"}', "accelmon_exporter_tls_cert and accelmon_exporter_tls_key go together"),
+    ("accelmon_exporter_cloudwatch=on", "accelmon_exporter_cloudwatch"),
+    (
+        '{"accelmon_exporter_cloudwatch": {"enabled": true, "endpoint_url": "monitoring.internal"}}',
+        "cloudwatch.endpoint_url: expected an http:// or https:// URL",
+    ),
+    (
+        '{"accelmon_exporter_cloudwatch": {"metrics": [{"metric": "accelmon_gpu_power_watts", "name": "P",'
+        ' "unit": "Watts"}]}}',
+        "cloudwatch.metrics[0].unit",
+    ),
+    ("accelmon_exporter_aws_access_key_id=AKIAIOSFODNN7EXAMPLE", "go together"),
+]
+MASTER_CASES = [
+    ('{"accelmon_master_remote_write": [{"url": "vm:8428/api/v1/write"}]}', "url must be http:// or https://"),
+    (
+        '{"accelmon_master_remote_write": [{"url": "https://vm.example/write", "basic_auth_username": "u"}]}',
+        "basic_auth_username and basic_auth_password go together",
+    ),
+    (
+        '{"accelmon_master_remote_write": [{"url": "https://a/w", "bearer_token": "t", "basic_auth_username": "u",'
+        ' "basic_auth_password": "p"}]}',
+        "basic auth or bearer_token, not both",
+    ),
+    ('{"accelmon_master_remote_write": [{"uri": "https://a/w"}]}', "url"),
+    ("accelmon_master_replicas=zero", "accelmon_master_replicas"),
+    ("accelmon_master_query_url=store-01:8428", "must be empty or an http:// or https:// URL"),
+    ("accelmon_master_fleet_rules=shard", "accelmon_master_fleet_rules"),
+    # Grafana's credentials for the global store.
+    ("accelmon_master_query_bearer_token=secret", "they need the URL set"),
+    (
+        '{"accelmon_master_query_url": "https://vm:8428", "accelmon_master_query_basic_auth_password": "secret"}',
+        "basic_auth_username and basic_auth_password go together",
+    ),
+    (
+        '{"accelmon_master_query_url": "https://vm:8428", "accelmon_master_query_basic_auth_username": "u",'
+        ' "accelmon_master_query_basic_auth_password": "secret", "accelmon_master_query_bearer_token": "secret"}',
+        "basic auth or bearer_token, not both",
+    ),
+    (
+        '{"accelmon_master_query_url": "https://mimir", "accelmon_master_query_headers": {"X Scope": "secret"}}',
+        "a mapping of header names",
+    ),
+    (
+        '{"accelmon_master_query_url": "https://m", "accelmon_master_query_headers": {"authorization": "secret"}}',
+        "no Authorization",
+    ),
+    (
+        '{"accelmon_master_query_url": "http://vm:8428", "accelmon_master_query_tls_ca": "secret"}',
+        "a PEM certificate, for an https:// URL",
+    ),
+    ("accelmon_master_query_headers=secret", "accelmon_master_query_headers"),
+    ("accelmon_master_live_jobs_straggler_sm_clock_ratio=1.5", "must be a ratio above 0 and at most 1"),
+    ("accelmon_master_live_jobs_idle_utilization=0", "must be a ratio above 0 and at most 1"),
+    (
+        "accelmon_master_live_jobs_hung_for=ten",
+        "accelmon_master_live_jobs_hung_for=ten must be a Prometheus duration",
+    ),
+]
+STORE_CASES = [
+    ((), "missing required arguments: accelmon_store_listen_address"),
+    (("accelmon_store_listen_address=store.example.com",), "must be IP addresses"),
+    (("accelmon_store_listen_address=10.0.0.5", "accelmon_store_retention_period=forever"), "retention_period"),
+    (("accelmon_store_listen_address=10.0.0.5", "accelmon_store_dedup_interval=often"), "dedup_interval"),
+    (("accelmon_store_listen_address=10.0.0.5", "accelmon_store_package_version=9.9.9-1"), "is not offered"),
+    (
+        ("accelmon_store_listen_address=10.0.0.5", "accelmon_store_basic_auth_password=secret-secret-1"),
+        "go together",
+    ),
+    (
         (
-            '{"accelmon_exporter_tls_cert": "C", "accelmon_exporter_tls_key": "K",'
-            ' "accelmon_exporter_tls_client_ca": "A", "accelmon_exporter_basic_auth_users": {"prometheus": "hunter2"}}',
-            "never to clear passwords",
+            "accelmon_store_listen_address=10.0.0.5",
+            "accelmon_store_basic_auth_username=fleet",
+            "accelmon_store_basic_auth_password=secret",
         ),
-        ('{"accelmon_exporter_tls_cert": "C"}', "accelmon_exporter_tls_cert and accelmon_exporter_tls_key go together"),
-        ("accelmon_exporter_cloudwatch=on", "accelmon_exporter_cloudwatch"),
+        "a password of 12 or more",
+    ),
+    (
         (
-            '{"accelmon_exporter_cloudwatch": {"enabled": true, "endpoint_url": "monitoring.internal"}}',
-            "cloudwatch.endpoint_url: expected an http:// or https:// URL",
+            "accelmon_store_listen_address=10.0.0.5",
+            "accelmon_store_basic_auth_username=fleet",
+            "accelmon_store_basic_auth_password='secret secret$1'",
         ),
-        (
-            '{"accelmon_exporter_cloudwatch": {"metrics": [{"metric": "accelmon_gpu_power_watts", "name": "P",'
-            ' "unit": "Watts"}]}}',
-            "cloudwatch.metrics[0].unit",
-        ),
-        ("accelmon_exporter_aws_access_key_id=AKIAIOSFODNN7EXAMPLE", "go together"),
-    ],
-)
-def test_bad_variable_fails_in_preflight_naming_it(tmp_path, variable, message):
-    result = deploy(tmp_path, variable)
-    assert result.returncode != 0
-    output = result.stdout + result.stderr
-    assert message in output
+        "a password of 12 or more",
+    ),
+    (("accelmon_store_listen_address=10.0.0.5", "accelmon_store_tls_cert=secret"), "a PEM certificate"),
+]
+
+
+@pytest.fixture(scope="module")
+def preflight(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[list[str], str]]:
+    """preflight(group): the output lines of each case's host and the whole output, of one --check deploy of every
+    case of that group (run once per module and group)."""
+    runs: dict[str, tuple[list[str], str]] = {}
+
+    def run(group: str) -> tuple[list[str], str]:
+        if group not in runs:
+            cases = {"worker": WORKER_CASES, "master": MASTER_CASES, "store": STORE_CASES}[group]
+            runs[group] = batch_deploy(tmp_path_factory.mktemp(f"preflight-{group}"), group, cases)
+        return runs[group]
+
+    return run
+
+
+def batch_deploy(work: Path, group: str, cases: list[tuple[Any, str]]) -> tuple[list[str], str]:
+    hosts = {}
+    for number, (variables, _) in enumerate(cases):
+        host = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+        for variable in (variables,) if isinstance(variables, str) else variables:
+            # What `-e` makes of it: JSON as JSON, key=value as ansible-playbook parses it.
+            host.update(json.loads(variable) if variable.startswith("{") else parse_kv(variable))
+        hosts[f"case-{number:02d}"] = host
+    inventory = work / "hosts.yml"
+    inventory.write_text(
+        yaml.safe_dump({"all": {"children": {name: {"hosts": hosts if name == group else {}}
+                                             for name in ("master", "worker", "store")}}})
+    )  # fmt: skip
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "NO_COLOR": "1", "ANSIBLE_FORKS": "8"}
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory), "--check",
+         str(ROOT / "ansible" / "deploy.yaml")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env, timeout=600,
+    )  # fmt: skip
+    output = result.stdout
+    assert result.returncode != 0, output[-3000:]
+    # A failure's message comes first (ansible-core 2.19: "[ERROR]: Task failed: ..." naming no host), then the
+    # line naming its host: each host's lines are the ones naming it and those just before them.
+    per_host: dict[str, list[str]] = {host: [] for host in hosts}
+    pending: list[str] = []
+    for line in output.splitlines():
+        named = [host for host in hosts if f"[{host}]" in line]
+        if named:
+            per_host[named[0]] += [*pending, line]
+            pending = []
+        elif line.startswith(("TASK [", "PLAY [", "RUNNING HANDLER [")):
+            pending = []
+        else:
+            pending.append(line)
+    return ["\n".join(per_host[host]) for host in hosts], output
+
+
+@pytest.mark.parametrize(("number", "case"), enumerate(WORKER_CASES), ids=[c[1] for c in WORKER_CASES])
+def test_bad_variable_fails_in_preflight_naming_it(preflight, number, case):
+    lines, output = preflight("worker")
+    assert case[1] in lines[number], lines[number] or output[-3000:]
+    assert f"case-{number:02d}" in output.split("PLAY RECAP")[-1]
     # It failed in the preflight play: no worker play ran.
     assert "PLAY [Workers]" not in output
 
 
-@pytest.mark.parametrize(
-    ("variable", "message"),
-    [
-        ('{"accelmon_master_remote_write": [{"url": "vm:8428/api/v1/write"}]}', "url must be http:// or https://"),
-        (
-            '{"accelmon_master_remote_write": [{"url": "https://vm.example/write", "basic_auth_username": "u"}]}',
-            "basic_auth_username and basic_auth_password go together",
-        ),
-        (
-            '{"accelmon_master_remote_write": [{"url": "https://a/w", "bearer_token": "t", "basic_auth_username": "u",'
-            ' "basic_auth_password": "p"}]}',
-            "basic auth or bearer_token, not both",
-        ),
-        ('{"accelmon_master_remote_write": [{"uri": "https://a/w"}]}', "url"),
-        ("accelmon_master_shards=2", "needs that many hosts in the group"),
-        ("accelmon_master_replicas=zero", "accelmon_master_replicas"),
-        ("accelmon_master_query_url=store-01:8428", "must be empty or an http:// or https:// URL"),
-        ("accelmon_master_fleet_rules=shard", "accelmon_master_fleet_rules"),
-        # Grafana's credentials for the global store.
-        ("accelmon_master_query_bearer_token=secret", "they need the URL set"),
-        (
-            '{"accelmon_master_query_url": "https://vm:8428", "accelmon_master_query_basic_auth_password": "secret"}',
-            "basic_auth_username and basic_auth_password go together",
-        ),
-        (
-            '{"accelmon_master_query_url": "https://vm:8428", "accelmon_master_query_basic_auth_username": "u",'
-            ' "accelmon_master_query_basic_auth_password": "secret", "accelmon_master_query_bearer_token": "secret"}',
-            "basic auth or bearer_token, not both",
-        ),
-        (
-            '{"accelmon_master_query_url": "https://mimir", "accelmon_master_query_headers": {"X Scope": "secret"}}',
-            "a mapping of header names",
-        ),
-        (
-            '{"accelmon_master_query_url": "https://m", "accelmon_master_query_headers": {"authorization": "secret"}}',
-            "no Authorization",
-        ),
-        (
-            '{"accelmon_master_query_url": "http://vm:8428", "accelmon_master_query_tls_ca": "secret"}',
-            "a PEM certificate, for an https:// URL",
-        ),
-        ("accelmon_master_query_headers=secret", "accelmon_master_query_headers"),
-        ("accelmon_master_live_jobs_straggler_sm_clock_ratio=1.5", "must be a ratio above 0 and at most 1"),
-        ("accelmon_master_live_jobs_idle_utilization=0", "must be a ratio above 0 and at most 1"),
-        (
-            "accelmon_master_live_jobs_hung_for=ten",
-            "accelmon_master_live_jobs_hung_for=ten must be a Prometheus duration",
-        ),
-    ],
-)
-def test_bad_scale_out_variable_fails_in_preflight(tmp_path, variable, message):
+@pytest.mark.parametrize(("number", "case"), enumerate(MASTER_CASES), ids=[c[1] for c in MASTER_CASES])
+def test_bad_scale_out_variable_fails_in_preflight(preflight, number, case):
     """A wrong remote_write, sharding or HA setting stops the deploy before any host changes, naming it."""
-    result = deploy(tmp_path, variable, group="master")
-    assert result.returncode != 0
-    output = result.stdout + result.stderr
-    assert message in output, output[-3000:]
+    lines, output = preflight("master")
+    assert case[1] in lines[number], lines[number] or output[-3000:]
     assert "PLAY [Masters]" not in output
     assert "secret" not in output and '"p"' not in output
 
 
-@pytest.mark.parametrize(
-    ("variables", "message"),
-    [
-        ((), "missing required arguments: accelmon_store_listen_address"),
-        (("accelmon_store_listen_address=store.example.com",), "must be IP addresses"),
-        (("accelmon_store_listen_address=10.0.0.5", "accelmon_store_retention_period=forever"), "retention_period"),
-        (("accelmon_store_listen_address=10.0.0.5", "accelmon_store_dedup_interval=often"), "dedup_interval"),
-        (("accelmon_store_listen_address=10.0.0.5", "accelmon_store_package_version=9.9.9-1"), "is not offered"),
-        (
-            ("accelmon_store_listen_address=10.0.0.5", "accelmon_store_basic_auth_password=secret-secret-1"),
-            "go together",
-        ),
-        (
-            (
-                "accelmon_store_listen_address=10.0.0.5",
-                "accelmon_store_basic_auth_username=fleet",
-                "accelmon_store_basic_auth_password=secret",
-            ),
-            "a password of 12 or more",
-        ),
-        (
-            (
-                "accelmon_store_listen_address=10.0.0.5",
-                "accelmon_store_basic_auth_username=fleet",
-                "accelmon_store_basic_auth_password='secret secret$1'",
-            ),
-            "a password of 12 or more",
-        ),
-        (("accelmon_store_listen_address=10.0.0.5", "accelmon_store_tls_cert=secret"), "a PEM certificate"),
-    ],
-)
-def test_bad_store_variable_fails_in_preflight(tmp_path, variables, message):
-    """The store's address is asked for, and every value is checked first, its secrets never printed."""
-    result = deploy(tmp_path, *variables, group="store")
+def test_more_shards_than_masters_fails_in_preflight(tmp_path):
+    """The one check that counts the group's hosts: alone in its run."""
+    result = deploy(tmp_path, "accelmon_master_shards=2", group="master")
     assert result.returncode != 0
-    output = result.stdout + result.stderr
-    assert message in output, output[-3000:]
+    assert "needs that many hosts in the group" in result.stdout + result.stderr
+    assert "PLAY [Masters]" not in result.stdout
+
+
+@pytest.mark.parametrize(("number", "case"), enumerate(STORE_CASES), ids=[c[1] for c in STORE_CASES])
+def test_bad_store_variable_fails_in_preflight(preflight, number, case):
+    """The store's address is asked for, and every value is checked first, its secrets never printed."""
+    lines, output = preflight("store")
+    assert case[1] in lines[number], lines[number] or output[-3000:]
     assert "PLAY [Store]" not in output
     assert "secret" not in output
 

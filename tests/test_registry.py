@@ -208,7 +208,7 @@ def test_devices_of_disabled_collectors_are_not_allowed(tmp_path):
     assert plan(load(None))["device_allow"] == everything
     assert described["collectors"]["neuron"]["enabled"] is False
     assert described["collectors"]["nvml"]["enabled"] == "auto"
-    assert described["collectors"]["profiling"]["options"]["interval_seconds"] == 5.0  # the default, filled in
+    assert described["collectors"]["profiling"]["options"]["interval_seconds"] == 10.0  # the default, filled in
 
 
 def test_every_collector_declares_its_options_completely():

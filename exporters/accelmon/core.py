@@ -22,11 +22,13 @@ from accelmon import __version__
 log = logging.getLogger("accelmon")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class MetricSpec:
     """One metric a collector may export: its name, type, help text and label names.
 
-    Specs are declared at module level so that `docs/metrics.md` is generated from the code.
+    Specs are declared at module level so that `docs/metrics.md` is generated from the code. A spec is one object
+    (made by its catalogue, never copied): it compares and hashes by identity, which keeps the dictionary lookups of
+    every series added in a sample at C speed (a field-by-field hash of five strings cost a sixth of a sample).
     """
 
     name: str

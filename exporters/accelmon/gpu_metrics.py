@@ -21,7 +21,9 @@ ONCE = "once per GPU"
 PCIE = "every PCIe interval, own thread"
 EVENT = "as events arrive, own thread"
 INTERVAL = seconds("interval_seconds", 1, "how often the cheap, fast-moving values are read")
-# Counters and slow values (energy alone: 4 ms CPU per read on an H100) every 30 s, as dcgm-exporter collects.
+# Counters and slow values (energy alone: 4 ms CPU per read on an H100) every 30 s, as dcgm-exporter collects; also
+# what moves only on an operator's action or at a workload's start or end (power limit, memory clock, process count),
+# the HBM temperature (a field read, with the counters' one call) and the video engines.
 SLOW_INTERVAL = seconds(
     "slow_interval_seconds", 30, "how often counters and rarely changing values are read (served from cache between)"
 )
@@ -38,7 +40,9 @@ CATALOGUE = Catalogue(
     f"fast-moving values every `interval_seconds` ({INTERVAL.default:g} s); counters and rarely changing values "
     f"every `slow_interval_seconds` ({SLOW_INTERVAL.default:g} s, as dcgm-exporter collects: the energy counter "
     "alone costs 4 ms of CPU per read, the two violation counters 0.8 ms each; a counter read less often stays "
-    "exact, only `rate()` gets coarser) and served from that read in between; identity and maximum clocks once per "
+    "exact, only `rate()` gets coarser; also the power limit, memory clock and process count, which move only on an "
+    "operator's action or a workload's start or end, the HBM temperature and the video engines) and served from "
+    "that read in between; identity and maximum clocks once per "
     f"GPU; PCIe throughput every `pcie_interval_seconds` ({PCIE_INTERVAL.default:g} s, 0.7 ms of CPU and 20 ms of "
     "waiting per direction) on its own thread.",
 )
@@ -69,9 +73,9 @@ MEMORY_RESERVED = C.gauge(
 BAR1_USED = C.gauge("accelmon_gpu_bar1_memory_used_bytes", "BAR1 memory in use.", GPU, read=SLOW)
 BAR1_TOTAL = C.gauge("accelmon_gpu_bar1_memory_total_bytes", "BAR1 memory size.", GPU, read=SLOW)
 TEMPERATURE = C.gauge("accelmon_gpu_temperature_celsius", "GPU die temperature (AMD: hotspot).", GPU)
-MEMORY_TEMPERATURE = C.gauge("accelmon_gpu_memory_temperature_celsius", "HBM temperature.", GPU)
+MEMORY_TEMPERATURE = C.gauge("accelmon_gpu_memory_temperature_celsius", "HBM temperature.", GPU, read=SLOW)
 POWER = C.gauge("accelmon_gpu_power_watts", "Power draw (AMD: socket power).", GPU)
-POWER_LIMIT = C.gauge("accelmon_gpu_power_limit_watts", "Enforced power limit.", GPU)
+POWER_LIMIT = C.gauge("accelmon_gpu_power_limit_watts", "Enforced power limit.", GPU, read=SLOW)
 ENERGY = C.counter(
     "accelmon_gpu_energy_joules_total",
     "Energy used since the driver was loaded.",
@@ -79,14 +83,14 @@ ENERGY = C.counter(
     read=SLOW,
 )
 SM_CLOCK = C.gauge("accelmon_gpu_sm_clock_hertz", "Current SM clock (AMD: GFX clock).", GPU)
-MEMORY_CLOCK = C.gauge("accelmon_gpu_memory_clock_hertz", "Current memory clock.", GPU)
+MEMORY_CLOCK = C.gauge("accelmon_gpu_memory_clock_hertz", "Current memory clock.", GPU, read=SLOW)
 SM_CLOCK_MAX = C.gauge("accelmon_gpu_sm_clock_max_hertz", "Maximum SM clock.", GPU, read=ONCE)
 MEMORY_CLOCK_MAX = C.gauge("accelmon_gpu_memory_clock_max_hertz", "Maximum memory clock.", GPU, read=ONCE)
 PSTATE = C.gauge("accelmon_gpu_performance_state", "Performance state: 0 (P0, maximum) to 15 (P15, minimum).", GPU)
 FAN = C.gauge("accelmon_gpu_fan_speed_ratio", "Fan speed as a fraction of its maximum (only GPUs with fans).", GPU)
-ENCODER = C.gauge("accelmon_gpu_encoder_utilization_ratio", "Video encoder utilization (0..1).", GPU)
-DECODER = C.gauge("accelmon_gpu_decoder_utilization_ratio", "Video decoder utilization (0..1).", GPU)
-PROCESSES = C.gauge("accelmon_gpu_compute_processes", "Compute processes running on the GPU.", GPU)
+ENCODER = C.gauge("accelmon_gpu_encoder_utilization_ratio", "Video encoder utilization (0..1).", GPU, read=SLOW)
+DECODER = C.gauge("accelmon_gpu_decoder_utilization_ratio", "Video decoder utilization (0..1).", GPU, read=SLOW)
+PROCESSES = C.gauge("accelmon_gpu_compute_processes", "Compute processes running on the GPU.", GPU, read=SLOW)
 ECC = C.counter(
     "accelmon_gpu_ecc_errors_total",
     "ECC errors; scope volatile counts since the driver loaded, aggregate over the GPU's life.",

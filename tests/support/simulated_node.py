@@ -67,7 +67,7 @@ def start_exporter(work: Path, port: int, fake_nvml_dir: Path) -> subprocess.Pop
                         "period_seconds": 1,
                         "monitor_path": str(FAKE_NEURON_MONITOR),
                     },
-                    "profiling": {"enabled": True, "backend": "gpm"},
+                    "profiling": {"enabled": True, "backend": "gpm", "interval_seconds": 2},
                     "jobs": {"interval_seconds": 1, "state_dir": str(jobs)},
                     "job_resources": {"interval_seconds": 1, "state_dir": str(jobs)},
                     # dcgm-exporter's names beside ours: its dashboard's and alerts' queries are run against both.

@@ -96,11 +96,12 @@ CLOCK_EVENT_REASONS = {
     "display_clock_setting": pynvml.nvmlClocksEventReasonDisplayClockSetting,
 }
 
-# Read with nvmlDeviceGetFieldValues: (field id, spec, extra label values, scale). Memory temperature every
-# interval on its own; the counters together, on the slow schedule (field 83, energy, costs 4 ms of CPU).
+# Read with nvmlDeviceGetFieldValues on the slow schedule, in one call: (field id, spec, extra label values, scale).
+# Field 83 (energy) costs 4 ms of CPU on an H100, the memory temperature 0.08 ms plus the call's 0.05 ms: as a
+# call of its own every interval it cost more than any other read (docs/hardware.md).
 Field = tuple[int, Any, tuple[str, ...], float]
-FAST_FIELDS: list[Field] = [(pynvml.NVML_FI_DEV_MEMORY_TEMP, MEMORY_TEMPERATURE, (), 1.0)]
 SLOW_FIELDS: list[Field] = [
+    (pynvml.NVML_FI_DEV_MEMORY_TEMP, MEMORY_TEMPERATURE, (), 1.0),
     (pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, ENERGY, (), 1e-3),  # mJ
     (pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL, ECC, ("corrected", "volatile"), 1.0),
     (pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL, ECC, ("uncorrected", "volatile"), 1.0),
@@ -150,10 +151,21 @@ class Gpu:
     slow_rows: list[tuple[Any, tuple[str, ...], float]] = field(default_factory=list)  # latest slow read, replayed
     slow_due: float = 0.0  # monotonic time of the next slow read; 0 = at the next sample
     mig_profiles: Optional[MigProfiles] = None  # made at the first MIG device seen
+    _reason_labels: list[tuple[int, tuple[str, ...]]] = field(default_factory=list, repr=False)
+    _reason_labels_for: tuple[str, ...] = field(default=(), repr=False)
 
     @property
     def labels(self) -> tuple[str, str]:
         return (str(self.index), self.uuid)
+
+    @property
+    def reason_labels(self) -> list[tuple[int, tuple[str, ...]]]:
+        """(bit, labels) of each clock-event reason: nine series a GPU every interval, their labels made once."""
+        labels = self.labels
+        if self._reason_labels_for != labels:
+            self._reason_labels = [(bit, (*labels, reason)) for reason, bit in CLOCK_EVENT_REASONS.items()]
+            self._reason_labels_for = labels
+        return self._reason_labels
 
 
 class NvmlCollector(Collector):
@@ -373,22 +385,13 @@ class NvmlCollector(Collector):
         )
         put(TEMPERATURE, temperature)
         put(POWER, self._call(gpu, "power", nvml.nvmlDeviceGetPowerUsage), 1e-3)
-        put(POWER_LIMIT, self._call(gpu, "power_limit", nvml.nvmlDeviceGetEnforcedPowerLimit), 1e-3)
         put(SM_CLOCK, self._call(gpu, "sm_clock", nvml.nvmlDeviceGetClockInfo, nvml.NVML_CLOCK_SM), MHZ)
-        put(MEMORY_CLOCK, self._call(gpu, "mem_clock", nvml.nvmlDeviceGetClockInfo, nvml.NVML_CLOCK_MEM), MHZ)
         put(SM_CLOCK_MAX, gpu.max_sm_clock)
         put(MEMORY_CLOCK_MAX, gpu.max_memory_clock)
         put(PCIE_GENERATION_MAX, gpu.max_pcie_generation)
         put(PCIE_WIDTH_MAX, gpu.max_pcie_width)
         put(PSTATE, self._call(gpu, "pstate", nvml.nvmlDeviceGetPerformanceState))
         put(FAN, self._call(gpu, "fan", nvml.nvmlDeviceGetFanSpeed), 0.01)
-        encoder = self._call(gpu, "encoder", nvml.nvmlDeviceGetEncoderUtilization)
-        put(ENCODER, encoder[0] if encoder else None, 0.01)
-        decoder = self._call(gpu, "decoder", nvml.nvmlDeviceGetDecoderUtilization)
-        put(DECODER, decoder[0] if decoder else None, 0.01)
-        processes = self._call(gpu, "processes", nvml.nvmlDeviceGetComputeRunningProcesses)
-        put(PROCESSES, len(processes) if processes is not None else None)
-        self._sample_fields(gpu, FAST_FIELDS, put)
         reasons = self._first(
             gpu,
             [
@@ -397,8 +400,8 @@ class NvmlCollector(Collector):
             ],
         )
         if reasons is not None:
-            for reason, bit in CLOCK_EVENT_REASONS.items():
-                put(CLOCK_EVENT, 1 if reasons & bit else 0, extra=(reason,))
+            for bit, labels in gpu.reason_labels:
+                out.add(CLOCK_EVENT, labels, 1 if reasons & bit else 0)
         with self._lock:
             transmit, receive = self._pcie.get(gpu.index, (None, None))
         put(PCIE_TX, transmit)
@@ -427,6 +430,16 @@ class NvmlCollector(Collector):
         ):
             violation = self._call(gpu, key, nvml.nvmlDeviceGetViolationStatus, policy)
             put(spec, violation.violationTime if violation is not None else None, 1e-9)
+        # Values that move only on an operator's action or a workload's start and end (the limit, the memory clock,
+        # the process count), or that video work alone drives: every slow interval, like the counters.
+        put(POWER_LIMIT, self._call(gpu, "power_limit", nvml.nvmlDeviceGetEnforcedPowerLimit), 1e-3)
+        put(MEMORY_CLOCK, self._call(gpu, "mem_clock", nvml.nvmlDeviceGetClockInfo, nvml.NVML_CLOCK_MEM), MHZ)
+        encoder = self._call(gpu, "encoder", nvml.nvmlDeviceGetEncoderUtilization)
+        put(ENCODER, encoder[0] if encoder else None, 0.01)
+        decoder = self._call(gpu, "decoder", nvml.nvmlDeviceGetDecoderUtilization)
+        put(DECODER, decoder[0] if decoder else None, 0.01)
+        processes = self._call(gpu, "processes", nvml.nvmlDeviceGetComputeRunningProcesses)
+        put(PROCESSES, len(processes) if processes is not None else None)
         put(PCIE_GENERATION, self._call(gpu, "pcie_gen", nvml.nvmlDeviceGetCurrPcieLinkGeneration))
         put(PCIE_WIDTH, self._call(gpu, "pcie_width", nvml.nvmlDeviceGetCurrPcieLinkWidth))
         self._sample_fields(gpu, SLOW_FIELDS, put)
@@ -541,9 +554,8 @@ def _putter(out: Samples, labels: tuple[str, ...]) -> Callable[..., None]:
     """put(spec, value, scale=1, extra=()): value * scale under the GPU's labels (and extra), unless None."""
 
     def put(spec: Any, value: float | None, scale: float = 1.0, extra: tuple[str, ...] = ()) -> None:
-        scaled = _scaled(value, scale)
-        if scaled is not None:
-            out.add(spec, [*labels, *extra], scaled)
+        if value is not None:
+            out.add(spec, labels + extra if extra else labels, _scaled(value, scale))  # type: ignore[arg-type]
 
     return put
 

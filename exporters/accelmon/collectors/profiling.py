@@ -11,8 +11,8 @@ One set of names whichever backend feeds them:
 - `gpm`: NVML GPM on Hopper and newer, from two samples taken one interval apart. Only a full window is
   published: samples closer than 100 ms make a real H100 answer SUCCESS with zeros and a NaN (nvml.h wants more
   than 100 ms), so a shorter window is never used, and a window much longer than the interval (the sampler was
-  held up) is dropped and started again. One read of one GPU costs ~2.3 ms of CPU on an H100 (0.35 ms for the
-  sample, 0.18 ms per metric computed), hence the 5 s default interval: 0.5 ms of CPU per GPU per second.
+  held up) is dropped and started again. One read of one GPU costs ~2.5 ms of CPU on an H100 (0.35 ms for the
+  sample, 0.18 ms per metric computed), hence the 10 s default interval: 0.25 ms of CPU per GPU per second.
 - `auto`: DCGM if its host engine answers, else GPM on the GPUs that support it, else nothing; while not on
   DCGM it tries the host engine again every `dcgm_retry_seconds`, and falls back when it dies.
 """
@@ -34,8 +34,10 @@ from accelmon.registry import Option, Registration, never, register, seconds
 
 log = logging.getLogger("accelmon.profiling")
 
-# One GPM read of one GPU costs ~2.3 ms of CPU on an H100: 5 s keeps it under 0.5 ms per GPU per second.
-INTERVAL = seconds("interval_seconds", 5, "the profiling window: how often counters are read (GPM: sample spacing)")
+# One GPM read of one GPU costs ~2.5 ms of CPU on an H100 (12 metrics): 10 s keeps it near 0.25 ms per GPU per
+# second. A scrape every 15 s (Prometheus's default) then sees the average of 10 of its 15 seconds, where a 5 s
+# window (0.5 ms per GPU-second) showed 5 of them: the longer window costs half and represents more.
+INTERVAL = seconds("interval_seconds", 10, "the profiling window: how often counters are read (GPM: sample spacing)")
 BACKENDS = ("auto", "dcgm", "gpm")
 BACKEND_OPTION = Option("backend", "auto", "where the counters come from: DCGM if it answers, else GPM", BACKENDS)
 
@@ -45,9 +47,9 @@ CATALOGUE = Catalogue(
     "GPU profiling counters (DCGM or NVML GPM)",
     "GPM values are computed by the driver over a window between two samples, published only for a full window "
     "(at least 90 % of `interval_seconds`, never under 100 ms; a window after a gap of over 3 intervals is "
-    "dropped). One GPM read of one GPU costs ~2.3 ms of CPU on an H100 (0.35 ms per sample, 0.18 ms per metric), "
-    f"so the default interval is {INTERVAL.default:g} s: about 0.5 ms of CPU per GPU per second. `--once` waits "
-    "one interval.",
+    "dropped). One GPM read of one GPU costs ~2.5 ms of CPU on an H100 (0.35 ms per sample, 0.18 ms per metric), "
+    f"so the default interval is {INTERVAL.default:g} s: about 0.25 ms of CPU per GPU per second, and each 15 s "
+    "scrape sees a window of 10 of its 15 seconds. `--once` waits one interval.",
 )
 C = CATALOGUE
 BACKEND = C.gauge(
