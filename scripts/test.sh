@@ -108,7 +108,7 @@ elif [ -n "$py39" ]; then
   .venv39/bin/pip install -q -e '.[test]'
   passed_on_39=$(mktemp /tmp/accelmon-passed39.XXXXXX)
   step "unit tier on Python 3.9" .venv39/bin/python -m pytest -q -p no:cacheprovider -m unit \
-    --record-passed "$passed_on_39" "$@"
+    --record-passed="$passed_on_39" "$@"
 else
   echo "no Python 3.9 here: the exporter's tests run on $(python --version) only"
 fi
@@ -120,7 +120,7 @@ if $quick; then
   exit "$status"
 fi
 # What passed on 3.9 is not run again here (the tests that need this Python's packages were skipped there).
-step "unit and e2e tiers" python -m pytest -m "unit or e2e" ${passed_on_39:+--skip-passed "$passed_on_39"} "$@" ||
+step "unit and e2e tiers" python -m pytest -m "unit or e2e" ${passed_on_39:+--skip-passed="$passed_on_39"} "$@" ||
   status=$?
 [ -z "$passed_on_39" ] || rm -f "$passed_on_39"
 

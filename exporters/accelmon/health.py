@@ -157,26 +157,50 @@ def worst(verdicts: Iterable[str]) -> str:
 
 
 class View:
-    """The latest samples of every collector, read by metric spec."""
+    """The latest samples of every collector, read by metric spec.
+
+    Every check of every GPU reads it (8 GPUs x 5-10 checks each health interval): a metric's rows become label
+    dictionaries only when a check first asks for it, grouped by GPU index, so each read looks at its GPU's rows
+    alone (scanning every row of 144 NVLink series for each GPU and check cost most of a health sample)."""
 
     def __init__(self, samples: Iterable[Samples]) -> None:
-        self.rows: dict[str, list[tuple[Labels, float]]] = {}
+        self._sampled: dict[str, list[tuple[tuple[str, ...], list[tuple[tuple[str, ...], float]]]]] = {}
         for sample in samples:
             for spec, rows in sample.rows.items():
-                self.rows.setdefault(spec.name, []).extend(
-                    (dict(zip(spec.labels, values)), value) for values, value in rows
-                )
+                self._sampled.setdefault(spec.name, []).append((spec.labels, rows))
+        self._rows: dict[str, list[tuple[Labels, float]]] = {}
+        # metric -> GPU index -> (its rows in order, the UUIDs they name): one UUID (the usual case) needs no filter
+        self._by_index: dict[str, dict[Optional[str], tuple[list[tuple[Labels, float]], set[Optional[str]]]]] = {}
+
+    def _all(self, name: str) -> list[tuple[Labels, float]]:
+        rows = self._rows.get(name)
+        if rows is None:
+            rows = self._rows[name] = [
+                (dict(zip(label_names, values)), value)
+                for label_names, sampled in self._sampled.get(name, ())
+                for values, value in sampled
+            ]
+        return rows
 
     def of(self, spec: MetricSpec, gpu: Optional[Gpu] = None) -> list[tuple[Labels, float]]:
-        rows = self.rows.get(spec.name, [])
         if gpu is None:
-            return rows
-        return [(labels, value) for labels, value in rows if _same_gpu((labels.get("gpu"), labels.get("uuid")), gpu)]
+            return self._all(spec.name)
+        by_index = self._by_index.get(spec.name)
+        if by_index is None:
+            by_index = self._by_index[spec.name] = {}
+            for row in self._all(spec.name):
+                rows, uuids = by_index.setdefault(row[0].get("gpu"), ([], set()))
+                rows.append(row)
+                uuids.add(row[0].get("uuid"))
+        rows, uuids = by_index.get(gpu[0], ([], set()))
+        if len(uuids) == 1:
+            return rows if _same_gpu((gpu[0], next(iter(uuids))), gpu) else []
+        return [row for row in rows if _same_gpu((row[0].get("gpu"), row[0].get("uuid")), gpu)]
 
     def put(self, spec: MetricSpec, gpu: Gpu, value: float, **labels: str) -> None:
         """A drill's fault: the series of `spec` for `gpu` with `labels` now reads `value` (added if absent)."""
         index, uuid = gpu
-        rows = self.rows.setdefault(spec.name, [])
+        rows = self._all(spec.name)
         rows[:] = [
             row
             for row in rows
@@ -186,6 +210,7 @@ class View:
             )
         ]
         rows.append(({**{name: "" for name in spec.labels}, "gpu": index, "uuid": uuid, **labels}, value))
+        self._by_index.pop(spec.name, None)
 
     def value(self, spec: MetricSpec, gpu: Gpu, **match: str) -> Optional[float]:
         for labels, value in self.of(spec, gpu):
