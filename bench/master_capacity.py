@@ -5,7 +5,9 @@ Each simulated worker serves what a real one does: the exposition of accelmon-ex
 profiling on) and 4 InfiniBand ports, and a node_exporter's (its per-CPU series copied to a GPU node's 192 CPUs),
 both recorded from the real programs at the start of the run; at every scrape the values move (gauges by a few
 percent, counters by increments; what was recorded at zero, as a healthy node's error counters and flags are,
-stays zero, so no device alert fires), so the TSDB compresses what it would compress in production. Each worker
+stays zero, so no device alert fires), so the TSDB compresses what it would compress in production. The bodies
+are rendered once and then served from memory (8 value sets, each repeating every 40 scrapes): the simulator
+costs little beside Prometheus, which it measures. Each worker
 also serves the jobs holding its GPUs (`accelmon_gpu_job_info`: two-node jobs of 8 GPUs, about one job per
 worker, 1,250 at 10,000 GPUs), so the live job rules (accelmon-live-jobs.yml) join and judge real jobs: the fake
 driver's GPUs differ by up to 70 % in power, so every job has stragglers pending, the rules' costliest case. One
@@ -173,14 +175,22 @@ class ExporterBody(MovingBody):
         self.uuids = dict(re.findall(r'accelmon_gpu_up\{gpu="(\d+)",uuid="([^"]+)"\}', text))
         assert len(self.uuids) == GPUS_PER_NODE, self.uuids
 
-    def render(self, worker: int, scrape: int) -> bytes:
-        jobs = [
+    def jobs(self, worker: int) -> bytes:
+        lines = [
             f'accelmon_gpu_job_info{{account="a{worker % 16}",gpu="{gpu}",job_id="{worker + int(gpu) // 4}",'
             f'user="u{worker % 64}",uuid="{uuid}"}} 1\n'
             for gpu, uuid in sorted(self.uuids.items())
         ]
         header = "# HELP accelmon_gpu_job_info Which job holds the GPU.\n# TYPE accelmon_gpu_job_info gauge\n"
-        return super().render(worker, scrape) + (header + "".join(jobs)).encode()
+        return (header + "".join(lines)).encode()
+
+
+# Served from memory, so that the simulator is not what limits a large fleet (rendering every body in Python at
+# every scrape took this machine's cores at about 1,000 workers): workers share one of VARIANTS value sets, and
+# each set's bodies repeat every CYCLE scrapes (10 minutes at 15 s). The values still move at every scrape, as
+# the TSDB compresses them in production; a counter drops back at the cycle's end, a reset rate() handles.
+VARIANTS = 8
+CYCLE = 40
 
 
 class Fleet(ThreadingHTTPServer):
@@ -191,8 +201,23 @@ class Fleet(ThreadingHTTPServer):
     def __init__(self, bodies: dict[str, str]) -> None:
         self.bodies = {job: (ExporterBody if job == "accelmon" else MovingBody)(text) for job, text in bodies.items()}
         self.scrapes: dict[tuple[int, str], int] = {}
+        self.rendered: dict[tuple[str, int, int], bytes] = {}
+        self.jobs: dict[int, bytes] = {}
         self.lock = threading.Lock()
         super().__init__(("127.0.0.1", 0), FleetHandler)
+
+    def body(self, worker: int, job: str, scrape: int) -> bytes:
+        key = (job, worker % VARIANTS, scrape % CYCLE)
+        values = self.rendered.get(key)
+        if values is None:  # the first cycle renders, each body once; a race renders one twice, harmlessly
+            values = self.rendered[key] = self.bodies[job].render(key[1], key[2] + 1)
+        served = self.bodies[job]
+        if not isinstance(served, ExporterBody):
+            return values
+        jobs = self.jobs.get(worker)
+        if jobs is None:
+            jobs = self.jobs[worker] = served.jobs(worker)
+        return values + jobs
 
 
 class FleetHandler(BaseHTTPRequestHandler):
@@ -203,7 +228,7 @@ class FleetHandler(BaseHTTPRequestHandler):
         key = (int(worker.removeprefix("w")), job)
         with self.server.lock:
             scrape = self.server.scrapes[key] = self.server.scrapes.get(key, 0) + 1
-        body = self.server.bodies[job].render(key[0], scrape)
+        body = self.server.body(key[0], job, scrape)
         self.send_response(200)
         self.send_header("Content-Type", "text/plain; version=0.0.4")
         self.send_header("Content-Length", str(len(body)))

@@ -11,7 +11,6 @@ from typing import Any, Callable
 
 import pytest
 import yaml
-from ansible.parsing.splitter import parse_kv
 
 from tests.support.ansible import render_role_template
 from tests.support.paths import ROOT
@@ -209,6 +208,8 @@ def preflight(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple
 
 
 def batch_deploy(work: Path, group: str, cases: list[tuple[Any, str]]) -> tuple[list[str], str]:
+    from ansible.parsing.splitter import parse_kv  # the controller's package: absent where only the exporter is
+
     hosts = {}
     for number, (variables, _) in enumerate(cases):
         host = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
