@@ -246,7 +246,7 @@ def batch_deploy(work: Path, group: str, cases: list[tuple[Any, str]]) -> tuple[
     return ["\n".join(per_host[host]) for host in hosts], output
 
 
-@pytest.mark.parametrize(("number", "case"), enumerate(WORKER_CASES), ids=[c[1] for c in WORKER_CASES])
+@pytest.mark.parametrize(("number", "case"), list(enumerate(WORKER_CASES)), ids=[c[1] for c in WORKER_CASES])
 def test_bad_variable_fails_in_preflight_naming_it(preflight, number, case):
     lines, output = preflight("worker")
     assert case[1] in lines[number], lines[number] or output[-3000:]
@@ -255,7 +255,7 @@ def test_bad_variable_fails_in_preflight_naming_it(preflight, number, case):
     assert "PLAY [Workers]" not in output
 
 
-@pytest.mark.parametrize(("number", "case"), enumerate(MASTER_CASES), ids=[c[1] for c in MASTER_CASES])
+@pytest.mark.parametrize(("number", "case"), list(enumerate(MASTER_CASES)), ids=[c[1] for c in MASTER_CASES])
 def test_bad_scale_out_variable_fails_in_preflight(preflight, number, case):
     """A wrong remote_write, sharding or HA setting stops the deploy before any host changes, naming it."""
     lines, output = preflight("master")
@@ -272,7 +272,7 @@ def test_more_shards_than_masters_fails_in_preflight(tmp_path):
     assert "PLAY [Masters]" not in result.stdout
 
 
-@pytest.mark.parametrize(("number", "case"), enumerate(STORE_CASES), ids=[c[1] for c in STORE_CASES])
+@pytest.mark.parametrize(("number", "case"), list(enumerate(STORE_CASES)), ids=[c[1] for c in STORE_CASES])
 def test_bad_store_variable_fails_in_preflight(preflight, number, case):
     """The store's address is asked for, and every value is checked first, its secrets never printed."""
     lines, output = preflight("store")

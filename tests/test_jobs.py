@@ -198,3 +198,24 @@ def test_the_cgroup_tree_is_read_again_only_for_unknown_processes_and_at_most_ev
     now[0] = 5.0
     assert job_of(4242) == "78"  # read again
     assert job_of(1) == ""  # a process in no job
+
+
+def test_a_process_in_no_job_is_looked_for_again_only_after_the_recheck_period(tmp_path, monkeypatch):
+    root = slurm_job_cgroup(tmp_path / "cgroup", 77, (3101,))
+    walks = []
+    walk = job_sources.job_pids
+    monkeypatch.setattr(job_sources, "job_pids", lambda path: walks.append(path) or walk(path))
+    now = [0.0]
+    job_of = job_sources.JobOfProcess(str(root), refresh_seconds=5, recheck_seconds=60, clock=lambda: now[0])
+    assert job_of(555) == "" and len(walks) == 1  # a service on the GPU: one walk finds it in no job
+    for second in range(10, 60, 10):  # every sample after: no walk for it
+        now[0] = second
+        assert job_of(555) == ""
+    assert len(walks) == 1
+    slurm_job_cgroup(root, 78, (4242,))
+    assert job_of(4242) == "78" and len(walks) == 2  # a new process is still looked for at once
+    assert job_of(556) == "" and len(walks) == 2  # asked just after that walk: not in it, no new walk
+    now[0] = 61.0
+    assert job_of(555) == "" and len(walks) == 3  # the one in no job, again after the period
+    now[0] = 70.0
+    assert job_of(556) == "" and len(walks) == 3  # found in no job by the walk at 61
