@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import statistics
 import time
 from typing import Any, Callable
 
@@ -215,24 +216,29 @@ def vars_of(value: Any) -> Any:
     return {name: vars_of(getattr(value, name)) for name, *_ in fields}
 
 
-def probe(nvml: Any, handle: Any, call: Probe) -> tuple[str, float, float]:
-    """(answer or "error: ...", CPU seconds, wall seconds) of one probe."""
-    cpu, wall = time.process_time(), time.perf_counter()
-    try:
-        answer = json.dumps(call(nvml, handle), default=str)
-    except nvml.NVMLError as error:
-        answer = f"error: {error}"
-    return answer, time.process_time() - cpu, time.perf_counter() - wall
+def probe(nvml: Any, handle: Any, call: Probe, repeat: int = 1) -> tuple[str, float, float]:
+    """(answer or "error: ...", CPU seconds, wall seconds) of a probe: the first answer, the median cost of
+    `repeat` calls (one call's CPU time is noisy at a tenth of a millisecond)."""
+    answers, cpus, walls = [], [], []
+    for _ in range(repeat):
+        cpu, wall = time.process_time(), time.perf_counter()
+        try:
+            answers.append(json.dumps(call(nvml, handle), default=str))
+        except nvml.NVMLError as error:
+            answers.append(f"error: {error}")
+        cpus.append(time.process_time() - cpu)
+        walls.append(time.perf_counter() - wall)
+    return answers[0], statistics.median(cpus), statistics.median(walls)
 
 
-def run(nvml: Any = pynvml) -> list[dict[str, Any]]:
+def run(nvml: Any = pynvml, repeat: int = 1) -> list[dict[str, Any]]:
     nvml.nvmlInit()
     try:
         rows = []
         for index in range(nvml.nvmlDeviceGetCount()):
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             for name, call in CALLS.items():
-                answer, cpu, wall = probe(nvml, handle, call)
+                answer, cpu, wall = probe(nvml, handle, call, repeat)
                 rows.append({"gpu": index, "call": name, "answer": answer, "cpu_seconds": cpu, "wall_seconds": wall})
         return rows
     finally:
@@ -248,8 +254,9 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", metavar="FILE", help="also write every answer and cost as JSON")
+    parser.add_argument("--repeat", type=int, default=5, help="calls per probe: the median cost is kept")
     args = parser.parse_args()
-    rows = run()
+    rows = run(repeat=args.repeat)
     print_rows(rows)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as stream:

@@ -1,22 +1,25 @@
 """The exporter on a real NVIDIA GPU: values against nvidia-smi, GPM under a known load, CPU and RSS against
 nvitop-exporter. Run on a GPU host (DEVELOPERS.md: the device machine) from the repository root:
 
-    PYTHONPATH=exporters python3 -m bench.real_gpu [--seconds 30] [--load-seconds 20]
+    PYTHONPATH=exporters python3 -m bench.real_gpu [--seconds 30] [--load-seconds 60]
 
 0. Every NVML call the exporter makes (bench/nvml_calls.py), asked once of each GPU and MIG device: what each
-   answered and cost, printed and written to --calls-json (default $OUT/nvml_calls.json where $OUT is set): the
-   facts docs/hardware.md records and the fakes must answer alike.
-1. Idle: accelmon-exporter (NVML at defaults, then with GPM profiling) and nvitop-exporter (if importable) each
-   sample for --seconds with nothing scraping them: CPU ms per GPU per second, peak RSS.
+   answered and cost, printed and written to --out (default $OUT where it is set) as nvml_calls.json: the facts
+   docs/hardware.md records and the fakes must answer alike. `nvidia-smi -q` goes beside it (smi_q.txt).
+1. Idle: accelmon-exporter (NVML alone, at a GPU host's defaults, then with GPM profiling) and nvitop-exporter
+   (installed or importable) each sample for --seconds with nothing scraping them: CPU ms per GPU per second, RSS.
 2. Load: a bf16 matmul loop in PyTorch on every GPU; meanwhile accelmon's /metrics and `nvidia-smi --query-gpu`
    are read at the same moment and printed side by side, and the GPM ratios are checked (SM active > 0.9 and
-   tensor active > 0.8 under load, near 0 idle); then `--once --collector.profiling` under the same load.
+   tensor active > 0.8 under load, near 0 idle); every NVML call is asked again under the load (the per-process
+   reads then have a process to name: nvml_calls_load.json), both expositions are kept (metrics_idle.prom,
+   metrics_load.prom); then `--once --collector.profiling` under the same load.
 Without nvidia-smi or torch (a fake driver on LD_LIBRARY_PATH) the comparison or the load step is skipped.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -103,13 +106,40 @@ class Served:
 
 
 def nvitop_command() -> list[str] | None:
+    arguments = ["--bind-address", "127.0.0.1", "--interval", "1.0"]
+    if importlib.util.find_spec("nvitop_exporter") is not None:  # wheels carried to the GPU machine
+        return [sys.executable, "-m", "nvitop_exporter", *arguments]
     for candidate in (
         shutil.which("nvitop-exporter"),
         str(ROOT / ".cache" / "bench-nvitop" / "bin" / "nvitop-exporter"),
     ):
         if candidate and os.path.exists(candidate):
-            return [candidate, "--bind-address", "127.0.0.1", "--interval", "1.0"]
+            return [candidate, *arguments]
     return None
+
+
+def wait_for_load(seconds: float = 60.0) -> float:
+    """Until every GPU is busy (PyTorch takes seconds to start), or `seconds`: the lowest utilisation seen."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        deadline, lowest = time.monotonic() + seconds, 0
+        while time.monotonic() < deadline:
+            lowest = min(pynvml.nvmlDeviceGetUtilizationRates(h).gpu for h in handles)
+            if lowest >= 90:
+                break
+            time.sleep(0.5)
+        return lowest
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def keep(out: Path | None, name: str, text: str) -> None:
+    if out is not None:
+        (out / name).write_text(text)
+        print(f"  written to {out / name}")
 
 
 def compare_with_smi(port: int) -> None:
@@ -134,29 +164,38 @@ def compare_with_smi(port: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=30.0, help="CPU measurement per exporter")
-    parser.add_argument("--load-seconds", type=float, default=20.0)
-    parser.add_argument("--calls-json", metavar="FILE", help="where to write every NVML call's answer and cost")
+    parser.add_argument("--load-seconds", type=float, default=60.0)
+    parser.add_argument("--out", metavar="DIR", default=os.environ.get("OUT"), help="where to keep what was read")
     args = parser.parse_args()
+    out = Path(args.out) if args.out else None
     gpus = gpu_count()
     print("every NVML call the exporter makes, once per GPU (answer, CPU and wall time of the call):")
-    calls = nvml_calls.run()
+    calls = nvml_calls.run(repeat=5)
     nvml_calls.print_rows(calls)
-    where = args.calls_json or (os.path.join(os.environ["OUT"], "nvml_calls.json") if os.environ.get("OUT") else None)
-    if where:
-        Path(where).write_text(json.dumps(calls, indent=1))
-        print(f"  written to {where}")
-    nvml_only = ["--no-collector.infiniband", "--no-collector.neuron", "--no-collector.profiling"]
+    keep(out, "nvml_calls.json", json.dumps(calls, indent=1))
+    if shutil.which("nvidia-smi"):
+        keep(out, "smi_q.txt", subprocess.run(["nvidia-smi", "-q"], capture_output=True, text=True).stdout)
+    host = ["--no-collector.infiniband", "--no-collector.neuron"]
+    nvml_only = [*host, "--no-collector.profiling", "--no-collector.kernel_log", "--no-collector.fabric",
+                 "--no-collector.gpu_processes", "--no-collector.health"]  # fmt: skip
     print(f"{gpus} GPU(s); driver and library as on this host")
 
     with Served(nvml_only) as served:
         ours = served.cpu_ms_per_gpu_second(args.seconds, gpus)
         rss = peak_rss_kib(served.process.pid) / 1024
-    print(f"accelmon, NVML at defaults: {ours:.3f} ms CPU per GPU per second, peak RSS {rss:.1f} MiB")
-    profiling = ["--no-collector.infiniband", "--no-collector.neuron", "--collector.profiling"]
+    print(f"accelmon, NVML alone: {ours:.3f} ms CPU per GPU per second, peak RSS {rss:.1f} MiB")
+    with Served(host) as served:
+        at_host_defaults = served.cpu_ms_per_gpu_second(args.seconds, gpus)
+        keep(out, "metrics_idle.prom", scrape(served.port).decode())
+    print(
+        "accelmon at a GPU host's defaults (nvml, kernel_log, fabric, gpu_processes, health): "
+        f"{at_host_defaults:.3f} ms CPU per GPU per second"
+    )
+    profiling = [*host, "--collector.profiling"]
     with Served(profiling) as served:
         with_gpm = served.cpu_ms_per_gpu_second(args.seconds, gpus)
         idle = scrape(served.port).decode()
-    print(f"  + GPM profiling at defaults: {with_gpm - ours:+.3f} ms CPU per GPU per second")
+    print(f"  + GPM profiling at defaults: {with_gpm - at_host_defaults:+.3f} ms CPU per GPU per second")
     print(f"  GPM idle: SM active {values(idle, 'accelmon_gpu_sm_active_ratio')}")
     peer = nvitop_command()
     if peer is None:
@@ -167,7 +206,8 @@ def main() -> None:
             their_rss = peak_rss_kib(served.process.pid) / 1024
         print(
             f"nvitop-exporter: {theirs:.3f} ms CPU per GPU per second, peak RSS {their_rss:.1f} MiB; "
-            f"accelmon / nvitop-exporter = {ours / theirs:.2f}"
+            f"accelmon / nvitop-exporter = {ours / theirs:.2f} NVML alone, {at_host_defaults / theirs:.2f} at a GPU "
+            "host's defaults"
         )
 
     try:
@@ -177,8 +217,9 @@ def main() -> None:
         return
     load = subprocess.Popen([sys.executable, "-c", LOAD, str(args.load_seconds)])
     try:
+        print(f"load started: lowest GPU utilisation {wait_for_load()} %")
         with Served(profiling) as served:
-            time.sleep(6)  # a full GPM window under load
+            time.sleep(12)  # a full GPM window (10 s at defaults) under load
             print("under a bf16 matmul load, read at the same moment:")
             compare_with_smi(served.port)
             text = scrape(served.port).decode()
@@ -188,6 +229,11 @@ def main() -> None:
             )
             verdict = all(v > 0.9 for v in sm.values()) and all(v > 0.8 for v in tensor.values())
             print(f"  GPM under load as expected (SM > 0.9, tensor > 0.8): {verdict}")
+            keep(out, "metrics_load.prom", text)
+        print("every NVML call again, under the load:")
+        loaded = nvml_calls.run(repeat=3)
+        nvml_calls.print_rows(loaded)
+        keep(out, "nvml_calls_load.json", json.dumps(loaded, indent=1))
         once = subprocess.run(
             [sys.executable, "-m", "accelmon", "--once", *profiling], capture_output=True, text=True, timeout=120
         )

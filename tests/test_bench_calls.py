@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 from bench.nvml_calls import CALLS, MADE_ON_THE_WAY
 
@@ -24,18 +25,22 @@ def test_every_nvml_call_of_the_exporter_is_probed():
     assert made - set(CALLS) - MADE_ON_THE_WAY == set()
 
 
-def test_the_probe_runs_against_the_fake_driver(fake_nvml_dir, tmp_path):
-    config = tmp_path / "fake.conf"
-    config.write_text("gpus 2\nmig 1 2\nnvlink 0 4\ngpm 0\ngpm 1\n")
+def probe_the_fake(fake_nvml_dir: Path, tmp_path: Path, config: str) -> tuple[list[dict], str]:
+    """bench/nvml_calls.py run against the fake driver set up by `config`: its rows and its printout."""
+    (tmp_path / "fake.conf").write_text(config)
     out = tmp_path / "calls.json"
-    env = exporter_env(fake_nvml_dir, config)
+    env = exporter_env(fake_nvml_dir, tmp_path / "fake.conf")
     env["PYTHONPATH"] = f"{env['PYTHONPATH']}:{ROOT}"
     result = subprocess.run(
-        [sys.executable, "-m", "bench.nvml_calls", "--json", str(out)], env=env, capture_output=True, text=True,
-        timeout=120, cwd=ROOT,
+        [sys.executable, "-m", "bench.nvml_calls", "--json", str(out), "--repeat", "1"], env=env,
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    rows = json.loads(out.read_text())
+    return json.loads(out.read_text()), result.stdout
+
+
+def test_the_probe_runs_against_the_fake_driver(fake_nvml_dir, tmp_path):
+    rows, printed = probe_the_fake(fake_nvml_dir, tmp_path, "gpus 2\nmig 1 2\nnvlink 0 4\ngpm 0\ngpm 1\n")
     assert {(row["gpu"], row["call"]) for row in rows} == {(gpu, call) for gpu in (0, 1) for call in CALLS}
     answers = {(row["gpu"], row["call"]): row["answer"] for row in rows}
     assert json.loads(answers[(0, "nvmlDeviceGetUUID")]).startswith("GPU-")
@@ -43,4 +48,58 @@ def test_the_probe_runs_against_the_fake_driver(fake_nvml_dir, tmp_path):
     assert 0 <= graphics <= 100
     assert json.loads(answers[(1, "nvmlGpmMigSampleGet")]) != {}  # MIG on GPU 1: its instances sampled
     assert all(row["cpu_seconds"] >= 0 and row["wall_seconds"] >= 0 for row in rows)
-    assert "nvmlDeviceGetPcieThroughput" in result.stdout
+    assert "nvmlDeviceGetPcieThroughput" in printed
+
+
+def shape(answer: object) -> object:
+    """An answer with its readings taken out: errors, keys, value types and lengths stay."""
+    if isinstance(answer, dict):
+        return {key: shape(value) for key, value in answer.items()}
+    if isinstance(answer, list):
+        return [shape(value) for value in answer]
+    if isinstance(answer, str):
+        return answer if answer in ("Not Supported", "Not Found", "Invalid Argument") else "text"
+    return type(answer).__name__
+
+
+# Readings (utilization, clocks, temperatures, energy) are compared by shape alone. Left out: the v1 fabric
+# structure, whose UUID array's length follows the pynvml that asked, not the driver.
+STATE = {"nvmlDeviceGetGpuFabricInfo"}
+# Facts of the board and driver the code relies on, to be answered exactly as the H100 did.
+FACTS = (
+    "nvmlDeviceGetName", "nvmlDeviceGetCudaComputeCapability", "nvmlSystemGetDriverVersion",
+    "nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetMaxClockInfo", "nvmlDeviceGetPerformanceState",
+    "nvmlDeviceGetFanSpeed", "nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetCurrPcieLinkWidth",
+    "nvmlDeviceGetMaxPcieLinkGeneration", "nvmlDeviceGetGpuMaxPcieLinkGeneration", "nvmlDeviceGetMaxPcieLinkWidth",
+    "nvmlDeviceGetMigMode", "nvmlDeviceGetMaxMigDeviceCount", "nvmlDeviceGetGpuInstanceProfileInfo",
+    "nvmlDeviceGetAttributes_v2", "nvmlDeviceGetNvLinkState", "nvmlDeviceGetNvLinkErrorCounter",
+    "nvmlDeviceGetGpuFabricInfoV", "nvmlDeviceGetProcessUtilization", "nvmlGpmQueryDeviceSupport",
+    "nvmlGpmMigSampleGet", "nvmlDeviceGetComputeRunningProcesses",
+)  # fmt: skip
+
+
+def test_the_fake_answers_as_the_h100_did(fake_nvml_dir, tmp_path):
+    """The fake with `profile h100` against what a real H100 answered (docs/hardware/h100-sxm-580.json, idle):
+    the same errors, fields, value types and shapes for every call, and the same board facts."""
+    real = {
+        call: json.loads(row["answer"]) if not row["answer"].startswith("error: ") else row["answer"]
+        for call, row in json.loads((ROOT / "docs" / "hardware" / "h100-sxm-580.json").read_text())["idle"].items()
+    }
+    rows, _ = probe_the_fake(fake_nvml_dir, tmp_path, "gpus 1\nprofile h100\ngpm 0\n")
+    fake = {
+        row["call"]: json.loads(row["answer"]) if not row["answer"].startswith("error: ") else row["answer"]
+        for row in rows
+    }
+    assert set(fake) == set(real)
+    for call in sorted(set(real) - STATE):
+        if call == "nvmlDeviceGetFieldValues":  # (return code, value type) per field; the type only where it answered
+            expected = {field: (ret, kind if ret == 0 else None) for field, (ret, kind, _) in real[call].items()}
+            assert {
+                field: (ret, kind if ret == 0 else None) for field, (ret, kind, _) in fake[call].items()
+            } == expected
+        else:
+            assert shape(fake[call]) == shape(real[call]), call
+    for call in FACTS:
+        assert fake[call] == real[call], call
+    memory = fake["nvmlDeviceGetMemoryInfo"]
+    assert (memory["total"], memory["reserved"]) == (real["nvmlDeviceGetMemoryInfo"]["total"], 503316480)

@@ -337,7 +337,8 @@ def test_scan_exit_status_table_and_json(tmp_path, fake_nvml_dir):
     warned = scan(tmp_path, fake_nvml_dir, 3, "")  # GPU 2 in hardware thermal slowdown
     assert warned.returncode == 1, warned.stdout
     assert "GPU 2     warning  slowdown" in warned.stdout
-    # A GPU whose link trained at x8 Gen4 (the fake driver's real-format answer); GPU 0 idles at Gen1: fine.
+    # A GPU whose link trained at x8 Gen4 (the fake driver's real-format answer); GPU 0, idle at Gen5 x16 as the
+    # H100 was: fine.
     narrow = scan(tmp_path, fake_nvml_dir, 2, "", nvml_extra="pcie 1 4 8\n")
     assert narrow.returncode == 1, narrow.stdout
     assert "GPU 1     warning  pcie             PCIe link degraded: x8 of x16, Gen4 of Gen5 while busy" in narrow.stdout

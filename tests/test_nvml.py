@@ -57,9 +57,9 @@ def test_unit_conversions(make_collector):
     assert reading.value("accelmon_gpu_memory_clock_hertz", **gpu1) == 2619e6
     assert reading.value("accelmon_gpu_sm_clock_max_hertz", **gpu1) == 1980e6
     assert reading.value("accelmon_gpu_memory_used_bytes", **gpu1) == 2 * 1024**3
-    assert reading.value("accelmon_gpu_memory_total_bytes", **gpu1) == 80 * 1024**3
-    assert reading.value("accelmon_gpu_memory_reserved_bytes", **gpu1) == 512 * 1024**2
-    assert reading.value("accelmon_gpu_memory_free_bytes", **gpu1) == 80 * 1024**3 - 512 * 1024**2 - 2 * 1024**3
+    assert reading.value("accelmon_gpu_memory_total_bytes", **gpu1) == 85520809984  # an H100 80GB's (bytes)
+    assert reading.value("accelmon_gpu_memory_reserved_bytes", **gpu1) == 480 * 1024**2
+    assert reading.value("accelmon_gpu_memory_free_bytes", **gpu1) == 85520809984 - 480 * 1024**2 - 2 * 1024**3
     assert reading.value("accelmon_gpu_temperature_celsius", **gpu1) == 41
     assert reading.value("accelmon_gpu_memory_temperature_celsius", **gpu1) == 51
     assert reading.value("accelmon_gpu_fan_speed_ratio", **gpu1) == pytest.approx(0.31)

@@ -213,22 +213,31 @@ static void read_config(void) {
     fclose(f);
 }
 
-/* CPU time (ms) one call cost on the H100 (docs/hardware.md, means of 30-50 calls). Calls not listed
- * were measured at 0.003-0.03 ms: DEFAULT_COST_MS. nvmlDeviceGetFieldValues is charged per field (field_cost_ms). */
-#define DEFAULT_COST_MS 0.015
+/* CPU time (ms) one call cost on the H100 (docs/hardware.md: 2026-11-23, means of 30-50 calls; 2026-11-26, the
+ * medians of 5 calls with the GPU idle and of 3 under a bf16 matmul load, averaged). Calls not listed were measured
+ * at 0.003-0.04 ms: DEFAULT_COST_MS. nvmlDeviceGetFieldValues is charged per field (field_cost_ms). */
+#define DEFAULT_COST_MS 0.010
 static const struct { const char *fn; double ms; } call_cost_ms[] = {
     {"nvmlDeviceGetTotalEnergyConsumption", 4.05},
-    {"nvmlDeviceGetMaxClockInfo", 1.68},
-    {"nvmlDeviceGetViolationStatus", 0.80},
-    {"nvmlDeviceGetPcieThroughput", 0.72},       /* and 20 ms of wall time: it waits for its window */
-    {"nvmlDeviceGetBAR1MemoryInfo", 0.18},
-    {"nvmlDeviceGetMigMode", 0.17},
-    {"nvmlDeviceGetMaxMigDeviceCount", 0.17},
+    {"nvmlDeviceGetMaxClockInfo", 1.50},          /* read once */
+    {"nvmlDeviceGetViolationStatus", 0.74},
+    {"nvmlDeviceGetPcieThroughput", 0.85},       /* and 20 ms of wall time: it waits for its window */
+    {"nvmlDeviceGetBAR1MemoryInfo", 0.34},
+    {"nvmlDeviceGetMigMode", 0.38},
+    {"nvmlDeviceGetMaxMigDeviceCount", 0.31},
     {"nvmlDeviceGetPcieReplayCounter", 0.19},
-    {"nvmlDeviceGetFanSpeed", 0.16},
-    {"nvmlDeviceGetUtilizationRates", 0.06},
-    {"nvmlDeviceGetComputeRunningProcesses_v3", 0.035},
-    {"nvmlDeviceGetPowerUsage", 0.03},
+    {"nvmlDeviceGetFanSpeed", 0.20},              /* NOT_SUPPORTED on an H100 SXM, and still this dear */
+    {"nvmlDeviceGetProcessUtilization", 2.50},    /* NOT_FOUND on an idle GPU 2.9, a sample per process 2.2 */
+    {"nvmlDeviceGetGpuInstanceProfileInfoV", 0.35}, /* read once, per profile index (18 of them: 6.5 ms) */
+    {"nvmlDeviceRegisterEvents", 1.6},            /* once at start */
+    {"nvmlDeviceGetCurrPcieLinkWidth", 0.036},
+    {"nvmlDeviceGetGpuFabricInfo", 0.06},
+    {"nvmlDeviceGetGpuFabricInfoV", 0.035},
+    {"nvmlDeviceGetNvLinkState", 0.022},          /* per link; answering NOT_SUPPORTED (no NVLink on that VM) */
+    {"nvmlDeviceGetNvLinkErrorCounter", 0.022},   /* likewise */
+    {"nvmlDeviceGetComputeRunningProcesses_v3", 0.037},
+    {"nvmlDeviceGetUtilizationRates", 0.013},
+    {"nvmlDeviceGetMemoryInfo_v2", 0.021},
     {"nvmlDeviceGetSamples", 0.47},               /* power samples; GPU-utilization samples cost 2.7 */
     {"nvmlGpmSampleGet", 0.35},
     {"nvmlGpmMigSampleGet", 0.35},                /* assumed as the GPU's: unmeasured (no H100 in MIG mode lent) */
@@ -417,7 +426,8 @@ static void memory_of(const device_t *d, memory_v2_t *m) {
     if (d->is_mig) {
         m->total = 10 * GIB; m->reserved = 0; m->used = (unsigned long long)(d->index + 1) * GIB;
     } else {
-        m->total = 80 * GIB; m->reserved = 512 * MIB; m->used = (unsigned long long)(d->index + 1) * GIB;
+        /* What the H100 80GB HBM3 answered (docs/hardware.md): 79.6 GiB, 480 MiB of it reserved. */
+        m->total = 85520809984ULL; m->reserved = 480 * MIB; m->used = (unsigned long long)(d->index + 1) * GIB;
     }
     m->free = m->total - m->reserved - m->used;
 }
@@ -519,8 +529,8 @@ nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(device_t *d, unsigned long l
 nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(device_t *d, unsigned long long *r) { DEVICE(d); *r = clock_reasons(d); return OK; }
 
 nvmlReturn_t nvmlDeviceGetPerformanceState(device_t *d, int *p) { DEVICE(d); *p = d->index % 2 ? 2 : 0; return OK; }
-nvmlReturn_t nvmlDeviceGetEncoderUtilization(device_t *d, unsigned int *u, unsigned int *period) { DEVICE(d); *u = (unsigned)d->index; *period = 167000; return OK; }
-nvmlReturn_t nvmlDeviceGetDecoderUtilization(device_t *d, unsigned int *u, unsigned int *period) { DEVICE(d); *u = 2 * (unsigned)d->index; *period = 167000; return OK; }
+nvmlReturn_t nvmlDeviceGetEncoderUtilization(device_t *d, unsigned int *u, unsigned int *period) { DEVICE(d); *u = (unsigned)d->index; *period = 100000; return OK; }
+nvmlReturn_t nvmlDeviceGetDecoderUtilization(device_t *d, unsigned int *u, unsigned int *period) { DEVICE(d); *u = 2 * (unsigned)d->index; *period = 100000; return OK; }
 nvmlReturn_t nvmlDeviceGetFanSpeed(device_t *d, unsigned int *s) { DEVICE(d); *s = 30 + (unsigned)d->index; return OK; }
 
 typedef struct { unsigned int pid; unsigned long long usedGpuMemory; unsigned int gpuInstanceId, computeInstanceId; } process_t;
@@ -559,8 +569,8 @@ nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(device_t *d, unsigned int 
     return OK;
 }
 /* Per-process utilization. Default: "no sample since that time stamp" (NOT_FOUND), as the driver answers between
- * its samples; with process_samples 1, one sample per running process, stamped now. Its CPU cost on the H100 was
- * not measured: the default is assumed. */
+ * its samples; with process_samples 1, one sample per running process, stamped now. On the H100 it cost 2.9 ms
+ * answering NOT_FOUND and 2.2 ms answering one process's sample (docs/hardware.md). */
 typedef struct { unsigned int pid; unsigned long long timeStamp; unsigned int smUtil, memUtil, encUtil, decUtil; } process_sample_t;
 nvmlReturn_t nvmlDeviceGetProcessUtilization(device_t *d, process_sample_t *samples, unsigned int *count, unsigned long long since) {
     (void)since;
@@ -590,14 +600,15 @@ nvmlReturn_t nvmlDeviceGetViolationStatus(device_t *d, int policy, violation_t *
     return OK;
 }
 
-/* The PCIe link. An H100 SXM in a Gen5 slot: generation 5, 16 lanes at most. Real GPUs drop the link to
- * generation 1 when idle (power saving); this fake's idle GPUs (see clock_reasons) do too. Their CPU cost on the
- * H100 was not measured: the default is assumed. */
+/* The PCIe link. An H100 SXM in a Gen5 slot: generation 5, 16 lanes, idle or busy (the H100 measured stayed at
+ * Gen5 x16 while idle in P0; GPUs that save power drop to generation 1: `pcie I 1 16` says so). The width costs
+ * 0.036 ms, the others 0.004 (docs/hardware.md). */
 nvmlReturn_t nvmlDeviceGetMaxPcieLinkGeneration(device_t *d, unsigned int *gen) { DEVICE(d); *gen = 5; return OK; }
+nvmlReturn_t nvmlDeviceGetGpuMaxPcieLinkGeneration(device_t *d, unsigned int *gen) { DEVICE(d); *gen = 5; return OK; }
 nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(device_t *d, unsigned int *width) { DEVICE(d); *width = 16; return OK; }
 nvmlReturn_t nvmlDeviceGetCurrPcieLinkGeneration(device_t *d, unsigned int *gen) {
     DEVICE(d);
-    *gen = pcie_gen[d->index] ? (unsigned)pcie_gen[d->index] : (clock_reasons(d) & 0x1) ? 1 : 5;
+    *gen = pcie_gen[d->index] ? (unsigned)pcie_gen[d->index] : 5;
     return OK;
 }
 nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(device_t *d, unsigned int *width) {
@@ -614,8 +625,8 @@ nvmlReturn_t nvmlDeviceGetPcieThroughput(device_t *d, int counter, unsigned int 
 }
 
 /* ---- NVLink and the GPU fabric ----
- * A link past the GPU's last answers INVALID_ARGUMENT, a GPU without NVLink NOT_SUPPORTED (nvml.h). Their CPU cost
- * on an H100 was not measured (docs/hardware.md): the default is charged. */
+ * A link past the GPU's last answers INVALID_ARGUMENT, a GPU without NVLink NOT_SUPPORTED (nvml.h; the single H100
+ * measured, in a VM, answered NOT_SUPPORTED for every one of pynvml's 36 links at 0.014-0.029 ms a call). */
 static nvmlReturn_t link_of(const device_t *d, unsigned link) {
     if (!nvlinks[d->index]) return ERR_NOT_SUPPORTED;
     return link < (unsigned)nvlinks[d->index] ? OK : ERR_INVALID_ARGUMENT;
@@ -681,11 +692,13 @@ static int field_value(const device_t *d, unsigned int id, field_value_t *v) {
     case 31: v->valueType = VT_UINT; v->value.ui = 0; break; /* retirement pending */
     case 82: v->valueType = VT_UINT; v->value.ui = 50 + (unsigned)i; break; /* memory temperature */
     case 83: v->value.ull = 123456789ULL + i + energy_since_load_mj(i); break;  /* energy mJ */
-    case 94: v->value.ull = 2 * i; break;             /* PCIe replays */
-    case 142: v->valueType = VT_UINT; v->value.ui = (unsigned)i; break; /* remapped rows, correctable */
-    case 143: v->valueType = VT_UINT; v->value.ui = 0; break;
-    case 144: v->valueType = VT_UINT; v->value.ui = 0; break;
-    case 145: v->valueType = VT_UINT; v->value.ui = 0; break;
+    /* The value types are what the H100 answered (docs/hardware.md): PCIe replays an unsigned int, the remapped
+     * rows unsigned long longs. */
+    case 94: v->valueType = VT_UINT; v->value.ui = 2 * (unsigned)i; break; /* PCIe replays */
+    case 142: v->value.ull = i; break;                /* remapped rows, correctable */
+    case 143: v->value.ull = 0; break;
+    case 144: v->value.ull = 0; break;
+    case 145: v->value.ull = 0; break;
     default: return 0;
     }
     return 1;
@@ -711,7 +724,12 @@ nvmlReturn_t nvmlDeviceGetMigMode(device_t *d, unsigned int *current, unsigned i
     *current = *pending = mig_count[d->index] > 0;
     return OK;
 }
-nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(device_t *d, unsigned int *n) { DEVICE(d); *n = MAX_MIG; return OK; }
+/* Outside MIG mode the H100 answers 0. */
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(device_t *d, unsigned int *n) {
+    DEVICE(d);
+    *n = mig_count[d->index] > 0 ? MAX_MIG : 0;
+    return OK;
+}
 nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(device_t *d, unsigned int i, device_t **mig) {
     DEVICE(d);
     if ((int)i >= mig_count[d->index]) return ERR_NOT_FOUND;
@@ -725,10 +743,11 @@ nvmlReturn_t nvmlDeviceGetGpuInstanceId(device_t *d, unsigned int *id) {
     return OK;
 }
 
-/* MIG profiles, as nvml.h lays out nvmlGpuInstanceProfileInfo_v2_t and nvmlDeviceAttributes_t. The table is an H100
- * 80GB's as NVIDIA's MIG user guide names its profiles; the memory sizes are assumed (unmeasured: no H100 in MIG mode
- * was lent), the same in both calls as the driver's would be. Every MIG device of the fake is a 1g.10gb (its memory
- * total above is 10 GiB). Profile index 7 (1_SLICE_REV1) is the +me variant of 1g.10gb: same slices and memory. */
+/* MIG profiles, as nvml.h lays out nvmlGpuInstanceProfileInfo_v2_t and nvmlDeviceAttributes_t. The table is what an
+ * H100 80GB HBM3 answered with MIG off (docs/hardware.md): indices 0-4, 7 and 9, NOT_SUPPORTED for the others below
+ * NVML_GPU_INSTANCE_PROFILE_COUNT, INVALID_ARGUMENT from it on. A MIG device's attributes are unmeasured (MIG mode
+ * cannot be switched on the lent machine): the same memory as its profile, as the driver's would be. Every MIG device
+ * of the fake is a 1g.10gb. Profile index 7 (1_SLICE_REV1) is the +me variant of 1g.10gb: same slices and memory. */
 typedef struct {
     unsigned int version, id, isP2pSupported, sliceCount, instanceCount, multiprocessorCount, copyEngineCount,
         decoderCount, encoderCount, jpegCount, ofaCount;
@@ -737,10 +756,11 @@ typedef struct {
 } gi_profile_t;
 typedef struct { int index; unsigned int id, slices; unsigned long long mb; const char *name; } profile_row_t;
 static const profile_row_t profiles[] = {
-    {0, 19, 1, 10240, "MIG 1g.10gb"}, {1, 14, 2, 20480, "MIG 2g.20gb"}, {2, 9, 3, 40960, "MIG 3g.40gb"},
-    {3, 5, 4, 40960, "MIG 4g.40gb"}, {4, 0, 7, 81920, "MIG 7g.80gb"}, {7, 20, 1, 10240, "MIG 1g.10gb+me"},
-    {9, 15, 1, 20480, "MIG 1g.20gb"},
+    {0, 19, 1, 9984, "MIG 1g.10gb"}, {1, 14, 2, 20096, "MIG 2g.20gb"}, {2, 9, 3, 40448, "MIG 3g.40gb"},
+    {3, 5, 4, 40448, "MIG 4g.40gb"}, {4, 0, 7, 81152, "MIG 7g.80gb"}, {7, 20, 1, 9984, "MIG 1g.10gb+me"},
+    {9, 15, 1, 20096, "MIG 1g.20gb"},
 };
+#define GPU_INSTANCE_PROFILE_COUNT 17
 nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoV(device_t *d, unsigned int profile, gi_profile_t *info) {
     DEVICE(d);
     if (d->is_mig) return ERR_INVALID_ARGUMENT;
@@ -752,19 +772,21 @@ nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoV(device_t *d, unsigned int prof
         snprintf(info->name, sizeof info->name, "%s", profiles[k].name);
         return OK;
     }
-    return ERR_NOT_SUPPORTED;
+    return profile < GPU_INSTANCE_PROFILE_COUNT ? ERR_NOT_SUPPORTED : ERR_INVALID_ARGUMENT;
 }
 typedef struct {
     unsigned int multiprocessorCount, sharedCopyEngineCount, sharedDecoderCount, sharedEncoderCount, sharedJpegCount,
         sharedOfaCount, gpuInstanceSliceCount, computeInstanceSliceCount;
     unsigned long long memorySizeMB;
 } attributes_t;
+/* A whole GPU answers NOT_SUPPORTED (the H100 with MIG off did). */
 nvmlReturn_t nvmlDeviceGetAttributes_v2(device_t *d, attributes_t *a) {
     DEVICE(d);
+    if (!d->is_mig) return ERR_NOT_SUPPORTED;
     memset(a, 0, sizeof *a);
-    a->multiprocessorCount = d->is_mig ? 16 : 132;
-    a->gpuInstanceSliceCount = a->computeInstanceSliceCount = d->is_mig ? 1 : 7;
-    a->memorySizeMB = d->is_mig ? 10240 : 81920;
+    a->multiprocessorCount = 16;
+    a->gpuInstanceSliceCount = a->computeInstanceSliceCount = 1;
+    a->memorySizeMB = 9984;
     return OK;
 }
 

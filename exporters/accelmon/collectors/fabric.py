@@ -40,8 +40,8 @@ C = Catalogue(
     "Source: NVML through nvidia-ml-py: nvmlDeviceGetNvLinkState and nvmlDeviceGetNvLinkErrorCounter per link, "
     "nvmlDeviceGetGpuFabricInfoV (nvmlDeviceGetGpuFabricInfo on drivers without it). Read every "
     f"`interval_seconds` ({INTERVAL.default:g} s). GPUs without NVLink have no link series; GPUs without a fabric "
-    "(state NOT_SUPPORTED: PCIe GPUs, HGX boards without NVSwitch) have no fabric series. The CPU cost of these "
-    "calls on an H100 was not measured (docs/hardware.md).",
+    "(state NOT_SUPPORTED: PCIe GPUs, HGX boards without NVSwitch) have no fabric series. On an H100 "
+    "(docs/hardware.md) a link call costs 0.014-0.029 ms of CPU and the fabric call 0.02-0.05 ms.",
 )
 LINK_UP = C.gauge("accelmon_gpu_nvlink_link_up", "1 if the NVLink link is active, 0 if it is down.", LINK)
 LINK_ERRORS = C.counter(
