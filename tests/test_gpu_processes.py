@@ -60,14 +60,27 @@ def test_two_processes_of_one_job_add_up_and_mig_instances_are_kept_apart(make):
     assert sample_value(text, "accelmon_gpu_job_sm_utilization_ratio", job_id="200") == pytest.approx(0.45)
 
 
+def test_a_gpu_held_by_one_job_is_judged_by_its_own_utilization_without_per_process_samples(make, fake_nvml):
+    # GPU 1: two processes of job 200 alone; the fake's GPU 1 is 20 % busy, its memory 10 %.
+    collector = make("gpus 2\nprocess_samples 1\nprocess 1 502 1000\nprocess 1 504 500\n")
+    before = fake_nvml.calls_of("nvmlDeviceGetProcessUtilization")
+    text = read(collector)
+    gpu1 = {"gpu": "1", "uuid": UUID1, "job_id": "200"}
+    assert sample_value(text, "accelmon_gpu_job_sm_utilization_ratio", **gpu1) == pytest.approx(0.20)
+    assert sample_value(text, "accelmon_gpu_job_memory_utilization_ratio", **gpu1) == pytest.approx(0.10)
+    assert sample_value(text, "accelmon_gpu_job_processes", **gpu1) == 2
+    assert fake_nvml.calls_of("nvmlDeviceGetProcessUtilization") == before  # 2.2 ms a call on an H100: not made
+
+
 def test_no_sample_since_the_last_read_is_no_use(make):
-    text = read(make("gpus 1\nprocess 0 501 100\n"))  # the driver answers NOT_FOUND: no sample since then
+    # Two jobs share GPU 0; the driver answers NOT_FOUND: no sample since then.
+    text = read(make("gpus 1\nprocess 0 501 100\nprocess 0 502 100\n"))
     assert sample_value(text, "accelmon_gpu_job_sm_utilization_ratio", job_id="100") == 0
     assert sample_value(text, "accelmon_gpu_job_memory_used_bytes", job_id="100") == 100 * MIB
 
 
 def test_without_per_process_samples_only_memory_is_served_and_asked_once(make, fake_nvml):
-    collector = make("gpus 1\nprocess 0 501 100\nunsupported nvmlDeviceGetProcessUtilization\n")
+    collector = make("gpus 1\nprocess 0 501 100\nprocess 0 502 100\nunsupported nvmlDeviceGetProcessUtilization\n")
     before = fake_nvml.calls_of("nvmlDeviceGetProcessUtilization")
     read(collector)
     text = read(collector)

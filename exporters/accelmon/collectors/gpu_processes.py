@@ -9,9 +9,12 @@ Example exposition lines::
 
 One series per (GPU, job) that runs on it, never per process (pids churn): processes outside any job are summed
 under `job_id=""`. Memory comes from nvmlDeviceGetComputeRunningProcesses (per MIG instance where MIG is on: its
-`gpu_instance_id`); SM and memory utilization from nvmlDeviceGetProcessUtilization, the driver's samples since the
-previous read, averaged per process (NVML has no such samples in MIG mode: no utilization series there). A GPU that
-does not answer is left out while the others go on.
+`gpu_instance_id`). SM and memory utilization: of a GPU whose processes are all one job's (a batch scheduler's
+usual whole-GPU allocation), the GPU's own utilization (nvmlDeviceGetUtilizationRates); of a GPU shared by jobs,
+nvmlDeviceGetProcessUtilization, the driver's samples since the previous read, averaged per process (NVML has no
+such samples in MIG mode: no utilization series there). The shared case alone pays for the per-process samples: 2.2
+ms of CPU a call on an H100, the GPU's rates 0.013 ms (docs/hardware.md). A GPU that does not answer is left out
+while the others go on.
 """
 
 from __future__ import annotations
@@ -33,11 +36,12 @@ INTERVAL = seconds("interval_seconds", 10, "how often each GPU's processes and t
 C = Catalogue(
     "gpu_processes",
     "GPU use per job (NVML processes)",
-    "Source: nvmlDeviceGetComputeRunningProcesses and nvmlDeviceGetProcessUtilization, every "
+    "Source: nvmlDeviceGetComputeRunningProcesses, and for utilization nvmlDeviceGetUtilizationRates (a GPU held "
+    "by one job) or nvmlDeviceGetProcessUtilization (a GPU shared by jobs), every "
     f"`interval_seconds` ({INTERVAL.default:g} s); processes are put in jobs by the job cgroup tree (Slurm's "
     '`job_<id>` directories). `job_id=""` sums the processes in no job. Percent to ratio (/100). On an H100 '
-    "(docs/hardware.md) the utilization call costs 2.2 ms of CPU (2.9 ms answering that there is no sample), so it "
-    "is made only for a GPU that runs processes; the process list costs 0.01-0.07 ms.",
+    "(docs/hardware.md) the per-process samples cost 2.2 ms of CPU a call (2.9 ms answering that there is none), "
+    "so they are asked only of a GPU that jobs share; the process list costs 0.01-0.07 ms, the GPU's rates 0.013 ms.",
 )
 JOB_GPU = ("gpu", "uuid", "job_id")
 MEMORY = C.gauge(
@@ -48,13 +52,14 @@ MEMORY = C.gauge(
 PROCESSES = C.gauge("accelmon_gpu_job_processes", "The job's compute processes on this GPU.", JOB_GPU)
 SM = C.gauge(
     "accelmon_gpu_job_sm_utilization_ratio",
-    "Share of the last interval a kernel of the job's processes ran on this GPU (0..1; the jobs of a GPU add up to "
-    "at most its utilization).",
+    "Share of time a kernel of the job's processes ran on this GPU (0..1): the GPU's utilization where the job "
+    "holds the GPU alone, else the mean of its processes' samples over the last interval (the jobs of a GPU add up "
+    "to at most its utilization).",
     JOB_GPU,
 )
 MEMORY_UTILIZATION = C.gauge(
     "accelmon_gpu_job_memory_utilization_ratio",
-    "Share of the last interval the job's processes read or wrote this GPU's memory (0..1).",
+    "Share of time the job's processes read or wrote this GPU's memory (0..1; measured as the SM share is).",
     JOB_GPU,
 )
 NO_INSTANCE = 0xFFFFFFFF  # NVML's gpuInstanceId outside MIG
@@ -99,12 +104,24 @@ class GpuProcessesCollector(OwnSessionCollector):
             out.add(MEMORY, [str(index), uuid, job, instance], used)
         for job, count in sorted(processes.items()):
             out.add(PROCESSES, [str(index), uuid, job], count)
-        if index in self._no_samples or not processes:
+        if not processes:
             return
-        sm, mem = self._utilization(index, handle, jobs)
+        if len(processes) == 1 and all(instance == "" for _, instance in memory):
+            sm, mem = self._held_by_one_job(index, handle, next(iter(processes)))
+        elif index in self._no_samples:
+            return
+        else:
+            sm, mem = self._utilization(index, handle, jobs)
         for job in sorted(processes):
             out.add(SM, [str(index), uuid, job], sm.get(job, 0.0))
             out.add(MEMORY_UTILIZATION, [str(index), uuid, job], mem.get(job, 0.0))
+
+    def _held_by_one_job(self, index: int, handle: Any, job: str) -> tuple[dict[str, float], dict[str, float]]:
+        """Every process on the GPU is `job`'s, so the GPU's utilization is the job's: over the driver's last sample
+        period (1/6 to 1 s) rather than the whole interval, for a hundredth of the per-process samples' cost."""
+        rates = self.nvml.nvmlDeviceGetUtilizationRates(handle)
+        self._since[index] = int(self._wall_clock() * 1e6)  # should jobs come to share it, samples from now on count
+        return {job: rates.gpu / 100}, {job: rates.memory / 100}
 
     def _utilization(self, index: int, handle: Any, jobs: dict[int, str]) -> tuple[dict[str, float], dict[str, float]]:
         """Per job, the mean over the driver's samples since the last read of its processes' SM and memory use,
