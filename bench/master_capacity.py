@@ -17,17 +17,17 @@ and `instance` as the role's targets are.
 Prometheus runs the role's rendered prometheus.yml (scrape and rule interval: the role's default, 15 s) and every
 rule file of master/prometheus/rules (one shard: the fleet-wide rules too). At each step, after the new targets
 have been scraped a few times, it prints: active series, samples ingested per second, Prometheus's peak RSS and
-CPU (from /proc, over the window), the slowest rule group's evaluation time, and the latency of
-every Fleet-dashboard panel query as a range query of 720 steps, the points Grafana asks for over the dashboard's
-6 h at a 30 s step (the TSDB holds only the run's minutes, so the range is those minutes cut in 720 steps: as
-many points per series as over 6 h, fewer raw samples decoded). It ends with a straight-line extrapolation to
-1,250 nodes x 8 GPUs = 10,000 GPUs.
+CPU (from /proc, over the window), the slowest rule group's evaluation time, and the latency of every panel query
+of the Fleet, Health and Job dashboards (Job for one job) as a range query of 720 steps, the points Grafana asks
+for over the dashboard's 6 h at a 30 s step (the TSDB holds only the run's minutes, so the range is those minutes
+cut in 720 steps: as many points per series as over 6 h, fewer raw samples decoded). It ends with a straight-line
+extrapolation to 1,250 nodes x 8 GPUs = 10,000 GPUs.
 
 With --store, the master also remote-writes everything into a VictoriaMetrics started with the accelmon_store
 role's rendered unit (as the HA pairs and shards of "Scaling out" do), and each step adds the store's figures:
 active series, samples/s received, RSS and CPU, bytes per stored sample on disk (what its parts hold after the
-run's minutes: before the background merges of a long run, so an upper bound) and the slowest Fleet panel query
-asked of the store; the extrapolation then sizes the store too.
+run's minutes: before the background merges of a long run, so an upper bound) and the slowest panel query asked
+of the store; the extrapolation then sizes the store too.
 
 Run: .venv/bin/python -m bench.master_capacity [--nodes 25,50,100,200] [--settle 75] [--window 60] [--store]
 """
@@ -275,8 +275,19 @@ class Prometheus:
         return time.perf_counter() - started, len(answer["data"]["result"])
 
 
-def fleet_queries() -> list[tuple[str, str]]:
-    return [(q.panel, concrete(q.expr)) for q in panel_queries() if q.dashboard == "accelmon-fleet"]
+# The dashboards an operator keeps open on a large fleet, as they are opened: Fleet and Health over every node
+# ("All"), Job for one job (the board is per job: picking "All" would draw every job's GPUs at once).
+DASHBOARDS = {"accelmon-fleet": "Fleet", "accelmon-health": "Health", "accelmon-job": "Job"}
+ONE_JOB = "7"  # a job of the simulated fleet from its first step on
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    """(dashboard: panel, query) of every panel of the Fleet, Health and Job dashboards."""
+    return [
+        (f"{DASHBOARDS[q.dashboard]}: {q.panel}", concrete(q.expr.replace("$job_id", ONE_JOB)))
+        for q in panel_queries()
+        if q.dashboard in DASHBOARDS
+    ]
 
 
 def measure_step(prometheus: Prometheus, pid: int, window: float) -> dict[str, Any]:
@@ -370,7 +381,7 @@ def start_store(work: Path) -> tuple[subprocess.Popen[bytes], str]:
 
 
 def slowest_query(endpoint: Prometheus, queries: list[tuple[str, str]], began: float) -> list[tuple[float, str]]:
-    """Every Fleet panel's range query of 720 steps over the run so far, slowest first."""
+    """Every panel's range query of 720 steps over the run so far, slowest first."""
     end = time.time()
     step = max(1.0, (end - began) / 720)
     latencies = [(endpoint.range_seconds(expr, end - 720 * step, end, step)[0], title) for title, expr in queries]
@@ -417,16 +428,16 @@ def main() -> None:
             stderr=subprocess.DEVNULL,
         )  # fmt: skip
         prometheus = Prometheus(f"http://127.0.0.1:{port}")
-        queries = fleet_queries()
+        queries = dashboard_queries()
         results = []
         try:
             wait_serving(f"{prometheus.base}/-/ready")
             print(f"{version}; the master role's config (15 s scrapes and rules) and rules; 2-core machine")
             print(f"per simulated worker: accelmon {per_node['accelmon']} series (8 GPUs, GPM, 4 IB ports), "
                   f"node_exporter {per_node['node']} ({args.node_cpus} CPUs); "
-                  f"Fleet dashboard: {len(queries)} queries of 720 steps")  # fmt: skip
+                  f"Fleet, Health and Job (one job) dashboards: {len(queries)} queries of 720 steps")  # fmt: skip
             print(f"{'nodes':>6} {'GPUs':>6} {'series':>9} {'samples/s':>10} {'RSS MiB':>8} {'CPU cores':>9} "
-                  f"{'rules ms':>8} {'Fleet query max ms':>19}  slowest panel")  # fmt: skip
+                  f"{'rules ms':>8} {'panel max ms':>13}  slowest panel")  # fmt: skip
             began = time.time()
             for nodes in steps:
                 write_targets(targets, fleet.server_address[1], nodes)
@@ -442,12 +453,13 @@ def main() -> None:
                 print(f"{nodes:>6} {nodes * GPUS_PER_NODE:>6} {figures['series']:>9.0f} "
                       f"{figures['samples_per_second']:>10.0f} {figures['rss_bytes'] / 2**20:>8.0f} "
                       f"{figures['cpu_cores']:>9.3f} {figures['rule_seconds'] * 1000:>8.1f} "
-                      f"{slowest[0] * 1000:>19.0f}  {slowest[1]}", flush=True)  # fmt: skip
-                following = ", ".join(f"{title} {seconds * 1000:.0f} ms" for seconds, title in latencies[1:3])
-                print(
-                    f"{'':>6} slowest rule group: {figures['rule_group']}, rule: {figures['slowest_rule']}; "
-                    f"next panels: {following}"
+                      f"{slowest[0] * 1000:>13.0f}  {slowest[1]}", flush=True)  # fmt: skip
+                per_board = ", ".join(
+                    next(f"{title} {seconds * 1000:.0f} ms" for seconds, title in latencies if title.startswith(board))
+                    for board in DASHBOARDS.values()
                 )
+                print(f"{'':>6} slowest rule group: {figures['rule_group']}, rule: {figures['slowest_rule']}")
+                print(f"{'':>6} slowest panel of each dashboard: {per_board}")
                 if watch:
                     store = watch.finish()
                     store_latency = slowest_query(Prometheus(store_base), queries, began)[0]
@@ -455,7 +467,7 @@ def main() -> None:
                     figures["store"] = store
                     print(f"{'':>6} store: {store['series']:.0f} series, {store['samples_per_second']:.0f} samples/s "
                           f"received, RSS {store['rss_bytes'] / 2**20:.0f} MiB, CPU {store['cpu_cores']:.3f} cores, "
-                          f"{store['bytes_per_sample']:.2f} B per stored sample, slowest Fleet query "
+                          f"{store['bytes_per_sample']:.2f} B per stored sample, slowest panel query "
                           f"{store_latency[0] * 1000:.0f} ms ({store_latency[1]})", flush=True)  # fmt: skip
         finally:
             process.terminate()

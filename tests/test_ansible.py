@@ -157,6 +157,7 @@ MASTER_CASES = [
     ("accelmon_master_query_headers=secret", "accelmon_master_query_headers"),
     ("accelmon_master_live_jobs_straggler_sm_clock_ratio=1.5", "must be a ratio above 0 and at most 1"),
     ("accelmon_master_live_jobs_idle_utilization=0", "must be a ratio above 0 and at most 1"),
+    ("accelmon_master_live_jobs_interval=often", "must be empty or a Prometheus duration such as 30s or 1m"),
     (
         "accelmon_master_live_jobs_hung_for=ten",
         "accelmon_master_live_jobs_hung_for=ten must be a Prometheus duration",

@@ -87,12 +87,15 @@ def test_the_live_job_rules_follow_the_roles_variables(tmp_path):
         "accelmon_master_live_jobs_straggler_sm_clock_ratio": 0.85,
         "accelmon_master_live_jobs_idle_for": "2m",
         "accelmon_master_live_jobs_hung_power_ratio": 0.25,
+        "accelmon_master_live_jobs_interval": "30s",
     }
     rendered = tmp_path / "accelmon-live-jobs.yml"
     render_role_template("accelmon_master", "accelmon-live-jobs.yml.j2", rendered, variables)
     checked = promtool("check", "rules", str(rendered))
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    rules = [r for g in yaml.safe_load(rendered.read_text())["groups"] for r in g["rules"]]
+    groups = yaml.safe_load(rendered.read_text())["groups"]
+    assert [g.get("interval") for g in groups] == ["30s"]  # at the defaults: none, the global interval
+    rules = [r for g in groups for r in g["rules"]]
     (straggling,) = [r for r in rules if r.get("record") == "job_gpu:straggling:bool"]
     assert "ratio_to_job_median < 0.85\n" in straggling["expr"] and "ratio_to_job_median < 0.8\n" in straggling["expr"]
     stragglers = [r for r in rules if r.get("alert") == "AccelmonJobStraggler"]
