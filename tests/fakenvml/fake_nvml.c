@@ -243,7 +243,7 @@ static const struct { const char *fn; double ms; } call_cost_ms[] = {
     {"nvmlGpmMigSampleGet", 0.35},                /* assumed as the GPU's: unmeasured (no H100 in MIG mode lent) */
     {"nvmlGpmMetricsGet", 0.0},                   /* charged per metric: 0.18 ms each */
     {"nvmlDeviceGetFieldValues", 0.05},           /* plus field_cost_ms per field */
-    {"nvmlEventSetWait_v2", 0.0},                 /* waiting costs no CPU: 0.3 ms per 2 s timeout */
+    {"nvmlEventSetWait_v2", 0.125},               /* per wait, whatever its timeout (100 ms to 5 s); none while waiting */
 };
 #define GPM_METRIC_COST_MS 0.18
 
@@ -331,6 +331,7 @@ void fakeNvmlQueueXid(int index, unsigned long long xid) {
  * collector's init once made another's read of a GPU's NVLink links find none, and those links were never asked
  * again. Real NVML's init never changes what an initialised reader sees. */
 static struct stat config_seen;
+static int config_generation;  /* how often the configuration was read: event sets remember theirs */
 static int config_read;
 static int config_changed(void) {
     const char *path = getenv("FAKE_NVML_CONFIG");
@@ -347,6 +348,7 @@ nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     pthread_mutex_lock(&init_lock);
     if (config_changed()) {
         read_config();
+        config_generation++;
         for (int i = 0; i < MAX_GPUS; i++) {
             gpus[i].index = i; gpus[i].is_mig = 0; gpus[i].parent = i;
             for (int m = 0; m < MAX_MIG; m++) { migs[i][m].index = m; migs[i][m].is_mig = 1; migs[i][m].parent = i; }
@@ -791,11 +793,18 @@ nvmlReturn_t nvmlDeviceGetAttributes_v2(device_t *d, attributes_t *a) {
 }
 
 /* ---- events (XID) ---- */
-typedef struct { int dummy; } event_set_t;
-static event_set_t the_set;
+/* A set made before the fake was last configured again belongs to a collector a test has stopped (its XID thread may
+ * still be in a wait, which stopping does not wait out): it gets no events, so it takes none from the next test's. */
+typedef struct { int generation; } event_set_t;
 typedef struct { device_t *device; unsigned long long eventType, eventData; unsigned int gpuInstanceId, computeInstanceId; } event_data_t;
-nvmlReturn_t nvmlEventSetCreate(event_set_t **set) { ENTER(); *set = &the_set; return OK; }
-nvmlReturn_t nvmlEventSetFree(event_set_t *set) { (void)set; ENTER(); return OK; }
+nvmlReturn_t nvmlEventSetCreate(event_set_t **set) {
+    ENTER();
+    *set = malloc(sizeof **set);
+    if (!*set) return 999; /* NVML_ERROR_UNKNOWN */
+    (*set)->generation = config_generation;
+    return OK;
+}
+nvmlReturn_t nvmlEventSetFree(event_set_t *set) { ENTER(); free(set); return OK; }
 nvmlReturn_t nvmlDeviceRegisterEvents(device_t *d, unsigned long long types, event_set_t *set) { (void)types; (void)set; DEVICE(d); return OK; }
 nvmlReturn_t nvmlEventSetWait_v2(event_set_t *set, event_data_t *data, unsigned int timeout_ms) {
     (void)set;
@@ -807,9 +816,9 @@ nvmlReturn_t nvmlEventSetWait_v2(event_set_t *set, event_data_t *data, unsigned 
     deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
     if (deadline.tv_nsec >= 1000000000L) { deadline.tv_sec++; deadline.tv_nsec -= 1000000000L; }
     pthread_mutex_lock(&lock);
-    while (n_events == 0)
+    while (n_events == 0 || set->generation != config_generation)
         if (pthread_cond_timedwait(&event_queued, &lock, &deadline) != 0) break;
-    if (n_events == 0) { pthread_mutex_unlock(&lock); return ERR_TIMEOUT; }
+    if (n_events == 0 || set->generation != config_generation) { pthread_mutex_unlock(&lock); return ERR_TIMEOUT; }
     data->device = &gpus[events[0].gpu];
     data->eventType = 0x8; /* nvmlEventTypeXidCriticalError */
     data->eventData = events[0].xid;
