@@ -216,6 +216,12 @@ def test_a_process_in_no_job_is_looked_for_again_only_after_the_recheck_period(t
     assert job_of(4242) == "78" and len(walks) == 2  # a new process is still looked for at once
     assert job_of(556) == "" and len(walks) == 2  # asked just after that walk: not in it, no new walk
     now[0] = 61.0
-    assert job_of(555) == "" and len(walks) == 3  # the one in no job, again after the period
-    now[0] = 70.0
-    assert job_of(556) == "" and len(walks) == 3  # found in no job by the walk at 61
+    assert job_of(555) == "" and len(walks) == 2  # asked about since the walk at 0: that at 50 judged it again
+    now[0] = 110.0
+    assert job_of(555) == "" and len(walks) == 3  # a period after the walk at 50
+    now[0] = 115.0
+    assert job_of(556) == "" and len(walks) == 3  # found in no job by the walk at 110 (asked since the one at 50)
+    now[0] = 300.0
+    assert job_of(4242) == "78" and len(walks) == 3
+    assert job_of(999) == "" and len(walks) == 4
+    assert set(job_of._in_no_job) == {556, 999}  # 555, not asked about for a period, is forgotten (it ended)

@@ -75,25 +75,53 @@ def job_of_cgroup(directory: str) -> str | None:
 def job_pids(cgroup_root: str) -> dict[int, str]:
     """Every process in a batch job's cgroup, with its job id."""
     pids: dict[int, str] = {}
-    base_depth = cgroup_root.rstrip(os.sep).count(os.sep)
-    for directory, subdirectories, _ in os.walk(cgroup_root):  # symlinks (v1's cpu -> cpu,cpuacct) not followed
+    pending = [(cgroup_root, 0)]
+    while pending:
+        directory, depth = pending.pop()
         job = job_of_cgroup(directory)
-        if job is None:
-            if directory.count(os.sep) - base_depth >= MAX_CGROUP_DEPTH:
-                subdirectories.clear()
-            continue
-        subdirectories.clear()  # the job's own tree is read below, once
-        for inner, _, files in os.walk(directory):
-            if "cgroup.procs" not in files:
-                continue
-            try:
-                with open(os.path.join(inner, "cgroup.procs"), encoding="ascii", errors="replace") as stream:
-                    for line in stream:
-                        if line.strip().isdigit():
-                            pids.setdefault(int(line), job)
-            except OSError:
-                continue  # the step ended while being read
+        if job is not None:
+            _read_job_tree(directory, job, pids)  # the job's own tree, once
+        elif depth < MAX_CGROUP_DEPTH:
+            pending.extend((below, depth + 1) for below in _subdirectories(directory, with_leaves=False))
     return pids
+
+
+def _subdirectories(directory: str, with_leaves: bool = True) -> list[str]:
+    """The directories in `directory` (symlinks, as v1's cpu -> cpu,cpuacct, not followed). Without leaves: not
+    those that hold no directory and are no job's, which a walk for jobs need not list. A cgroup directory holds
+    30-60 files and most are leaves (one per service and scope), so skipping them halves a walk: a directory's
+    link count is 2 + its subdirectories on cgroupfs (kernfs) and tmpfs; where a file system keeps no such count
+    (btrfs answers 1), every directory is listed."""
+    try:
+        with os.scandir(directory) as entries:
+            found = [entry for entry in entries if entry.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []  # removed while being read
+    if with_leaves:
+        return [entry.path for entry in found]
+    inner = []
+    for entry in found:
+        try:
+            leaf = entry.stat(follow_symlinks=False).st_nlink == 2
+        except OSError:
+            continue
+        if not leaf or job_of_cgroup(entry.path) is not None:
+            inner.append(entry.path)
+    return inner
+
+
+def _read_job_tree(directory: str, job: str, pids: dict[int, str]) -> None:
+    pending = [directory]
+    while pending:
+        inner = pending.pop()
+        try:
+            with open(os.path.join(inner, "cgroup.procs"), encoding="ascii", errors="replace") as stream:
+                for line in stream:
+                    if line.strip().isdigit():
+                        pids.setdefault(int(line), job)
+        except OSError:
+            pass  # no such file (a v1 controller without it) or the step ended while being read
+        pending.extend(_subdirectories(inner))
 
 
 class JobOfProcess:
@@ -119,6 +147,7 @@ class JobOfProcess:
         self._read_at: float | None = None
         self._in_no_job: dict[int, float] = {}  # pid -> when a walk last found it in no job
         self._asked: set[int] = set()  # asked about since the latest walk, and not in it
+        self._asked_in_no_job: set[int] = set()  # found in no job, and asked about again since the latest walk
 
     def __call__(self, pid: int) -> str:
         job = self._pids.get(pid)
@@ -127,15 +156,19 @@ class JobOfProcess:
         now = self._clock()
         checked = self._in_no_job.get(pid)
         if checked is not None and now - checked < self.recheck_seconds:
+            self._asked_in_no_job.add(pid)
             return ""
         if self._read_at is None or now - self._read_at >= self.refresh_seconds:
             self._pids = job_pids(self.cgroup_root)
             self._read_at = now
-            self._in_no_job = {p: t for p, t in self._in_no_job.items() if now - t < self.recheck_seconds}
             # Running before this walk began and not in it: in no job (tasks are in their job's cgroup from start).
-            for asked in (*self._asked, pid):
-                if asked not in self._pids:
-                    self._in_no_job[asked] = now
+            # Every process found in no job before is judged again by this walk: one walk a recheck period for all
+            # of them, not one for each process found at another time (two walks a minute for a node's services).
+            # Those not asked about since the walk before expire as before: ended processes are not kept.
+            judged = {p: now for p in (*self._asked_in_no_job, *self._asked, pid) if p not in self._pids}
+            kept = {p: t for p, t in self._in_no_job.items() if now - t < self.recheck_seconds and p not in judged}
+            self._in_no_job = {**kept, **judged}
+            self._asked_in_no_job.clear()
             self._asked.clear()
             return self._pids.get(pid, "")
         self._asked.add(pid)  # started after the latest walk, perhaps: the next walk tells
