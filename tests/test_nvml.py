@@ -86,11 +86,15 @@ def test_lost_gpu_is_reported_while_others_keep_reporting(make_collector, fake_n
     reading = Reading(collector)
     assert reading.value("accelmon_gpu_up", gpu="1", uuid=UUID1) == 0
     assert reading.value("accelmon_gpu_power_watts", gpu="1") is None  # no stale values for a lost GPU
+    assert reading.value("accelmon_gpu_energy_joules_total", gpu="1") is None  # nor stale slow ones
     assert reading.value("accelmon_gpu_up", gpu="0") == 1
     assert reading.value("accelmon_gpu_up", gpu="2") == 1
     assert reading.value("accelmon_gpu_power_watts", gpu="2") == pytest.approx(121.0)
+    assert reading.value("accelmon_gpu_energy_joules_total", gpu="2") == pytest.approx(123456.789)
     fake_nvml.set_lost(1, False)
-    assert Reading(collector).value("accelmon_gpu_up", gpu="1") == 1  # it came back
+    back = Reading(collector)
+    assert back.value("accelmon_gpu_up", gpu="1") == 1  # it came back
+    assert back.value("accelmon_gpu_energy_joules_total", gpu="1") == pytest.approx(123456.789)  # read at once
 
 
 def test_gpu_lost_before_start(make_collector):
@@ -240,6 +244,25 @@ def test_values_are_read_on_their_schedule(make_collector, fake_nvml):
     Reading(collector)
     assert calls_since()["nvmlDeviceGetViolationStatus"] == 4  # due again
     assert fake_nvml.calls_of("nvmlDeviceGetMaxClockInfo") == max_clock_reads  # read at start only
+
+
+def test_each_slow_read_is_served_until_the_next(make_collector):
+    """The slow values of every GPU are served from one block between reads: each read replaces its GPU's."""
+    clock = ManualClock()
+    collector = make_collector("gpus 2\nenergy_follows_power 1\n", slow_interval=30.0, clock=clock, xid_events=False)
+
+    def energy(gpu: str) -> float:
+        return Reading(collector).value("accelmon_gpu_energy_joules_total", gpu=gpu)
+
+    clock.now = 1000.0
+    first = (energy("0"), energy("1"))
+    time.sleep(0.05)  # the fake's counters grow with its power over real time
+    clock.now = 1029.0
+    assert (energy("0"), energy("1")) == first  # served from the read at 1000
+    clock.now = 1030.0
+    later = (energy("0"), energy("1"))
+    assert later[0] > first[0] and later[1] > first[1]  # both read again
+    assert Reading(collector).text.count("accelmon_gpu_energy_joules_total{") == 2  # once each, however many samples
 
 
 def test_gpu_lost_at_start_gets_its_identity_when_it_answers(make_collector, fake_nvml):

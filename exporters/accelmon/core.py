@@ -91,6 +91,16 @@ class Samples:
             self.rows.setdefault(spec, []).extend(rows)
 
 
+def scaled(value: float | None, scale: float) -> float | None:
+    """value * scale (None stays None), dividing for scales below 1 so that 123456789 mJ is 123456.789 J, not
+    ...790000001."""
+    if value is None:
+        return None
+    if scale < 1:
+        return value / round(1 / scale)
+    return value * scale
+
+
 class _Families:
     """What prometheus_client's exposition functions collect from: the metric families of one sample."""
 

@@ -23,7 +23,7 @@ import logging
 import os
 from typing import Optional
 
-from accelmon.core import Catalogue, Collector, MetricSpec, Samples
+from accelmon.core import Catalogue, Collector, MetricSpec, Samples, scaled
 from accelmon.job_sources import (
     OAR_RUNTIME_DIR,
     STATE_DIR,
@@ -158,9 +158,9 @@ class JobResourcesCollector(Collector):
         v2 = read_first(directories, "cgroup.controllers") is not None
         if v2:
             cpu = _keyed(read_first(directories, "cpu.stat"))
-            put(CPU, _scaled(cpu.get("user_usec"), 1e-6), "user")
-            put(CPU, _scaled(cpu.get("system_usec"), 1e-6), "system")
-            put(THROTTLED, _scaled(cpu.get("throttled_usec"), 1e-6))
+            put(CPU, scaled(cpu.get("user_usec"), 1e-6), "user")
+            put(CPU, scaled(cpu.get("system_usec"), 1e-6), "system")
+            put(THROTTLED, scaled(cpu.get("throttled_usec"), 1e-6))
             put(CPUS, cpu_count(read_first(directories, "cpuset.cpus.effective")))
             put(MEMORY, _number(read_first(directories, "memory.current")))
             put(MEMORY_PEAK, _number(read_first(directories, "memory.peak")))
@@ -169,9 +169,9 @@ class JobResourcesCollector(Collector):
             io = io_bytes_v2(read_first(directories, "io.stat"))
         else:
             ticks = _keyed(read_first(directories, "cpuacct.stat"))
-            put(CPU, _scaled(ticks.get("user"), 1 / USER_HZ), "user")
-            put(CPU, _scaled(ticks.get("system"), 1 / USER_HZ), "system")
-            put(THROTTLED, _scaled(_keyed(read_first(directories, "cpu.stat")).get("throttled_time"), 1e-9))
+            put(CPU, scaled(ticks.get("user"), 1 / USER_HZ), "user")
+            put(CPU, scaled(ticks.get("system"), 1 / USER_HZ), "system")
+            put(THROTTLED, scaled(_keyed(read_first(directories, "cpu.stat")).get("throttled_time"), 1e-9))
             put(CPUS, cpu_count(read_first(directories, "cpuset.cpus")))
             used = _number(read_first(directories, "memory.usage_in_bytes"))
             put(MEMORY, used)
@@ -185,10 +185,6 @@ class JobResourcesCollector(Collector):
             put(IO, io[0], "read")
             put(IO, io[1], "write")
         put(TASKS, _number(read_first(directories, "pids.current")))
-
-
-def _scaled(value: Optional[float], scale: float) -> Optional[float]:
-    return None if value is None else value * scale
 
 
 REGISTRATION = register(
