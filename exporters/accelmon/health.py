@@ -168,7 +168,7 @@ class View:
         for sample in samples:
             for spec, rows in sample.rows.items():
                 self._sampled.setdefault(spec.name, []).append((spec.labels, rows))
-        self._rows: dict[str, list[tuple[Labels, float]]] = {}
+        self._rows: dict[str, list[tuple[Labels, float]]] = {}  # every row of a metric (`of` without a GPU, `put`)
         # metric -> GPU index -> (its rows in order, the UUIDs they name): one UUID (the usual case) needs no filter
         self._by_index: dict[str, dict[Optional[str], tuple[list[tuple[Labels, float]], set[Optional[str]]]]] = {}
 
@@ -182,16 +182,33 @@ class View:
             ]
         return rows
 
+    def _grouped(self, name: str) -> dict[Optional[str], tuple[list[tuple[Labels, float]], set[Optional[str]]]]:
+        """A metric's rows by GPU index, made from the label tuples in one pass (from the label dictionaries
+        once a drill has changed them)."""
+        grouped: dict[Optional[str], tuple[list[tuple[Labels, float]], set[Optional[str]]]] = {}
+        if name in self._rows:
+            for row in self._rows[name]:
+                rows, uuids = grouped.setdefault(row[0].get("gpu"), ([], set()))
+                rows.append(row)
+                uuids.add(row[0].get("uuid"))
+            return grouped
+        for label_names, sampled in self._sampled.get(name, ()):
+            at_gpu = label_names.index("gpu") if "gpu" in label_names else None
+            at_uuid = label_names.index("uuid") if "uuid" in label_names else None
+            for values, value in sampled:
+                entry = grouped.get(values[at_gpu] if at_gpu is not None else None)
+                if entry is None:
+                    entry = grouped[values[at_gpu] if at_gpu is not None else None] = ([], set())
+                entry[0].append((dict(zip(label_names, values)), value))
+                entry[1].add(values[at_uuid] if at_uuid is not None else None)
+        return grouped
+
     def of(self, spec: MetricSpec, gpu: Optional[Gpu] = None) -> list[tuple[Labels, float]]:
         if gpu is None:
             return self._all(spec.name)
         by_index = self._by_index.get(spec.name)
         if by_index is None:
-            by_index = self._by_index[spec.name] = {}
-            for row in self._all(spec.name):
-                rows, uuids = by_index.setdefault(row[0].get("gpu"), ([], set()))
-                rows.append(row)
-                uuids.add(row[0].get("uuid"))
+            by_index = self._by_index[spec.name] = self._grouped(spec.name)
         rows, uuids = by_index.get(gpu[0], ([], set()))
         if len(uuids) == 1:
             return rows if _same_gpu((gpu[0], next(iter(uuids))), gpu) else []
