@@ -115,6 +115,48 @@ def test_broken_devices_do_not_drop_the_others(tmp_path):
     assert not any(("device", "mlx5_9") in labels for _, labels in mine)
 
 
+def test_a_device_is_listed_again_when_it_changes_and_every_layout_period(tmp_path):
+    """What a device's tree holds is listed once and trusted until its class link or firmware changes (a device
+    re-plugged, a firmware update), or LAYOUT_SECONDS pass (counter files a new driver adds); values are read
+    every sample."""
+    sysfs = tmp_path / "sys"
+    add_device(sysfs, "mlx5_0", {1: {"base": 5}}, pci_address="0000:17:00.0")
+    now = [0.0]
+    collector = InfinibandCollector(str(sysfs), clock=lambda: now[0])
+    mlx5_0 = (("device", "mlx5_0"), ("port", "1"))
+    new_counter = ("hw_events_total", (("counter", "new_counter"), *mlx5_0))
+
+    def read() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return series(render(collector.sample()).decode(), "accelmon_infiniband_")
+
+    first = read()
+    port = sysfs / "devices" / "pci0000:00" / "0000:17:00.0" / "infiniband" / "mlx5_0" / "ports" / "1"
+    write(port / "counters" / "symbol_error", "77")
+    write(port / "hw_counters" / "new_counter", "9")
+    now[0] = 60.0
+    second = read()
+    assert second[("symbol_error_total", mlx5_0)] == 77  # values every sample
+    assert new_counter not in second  # the listing is trusted
+    now[0] = 301.0
+    assert read()[new_counter] == 9  # listed again after the period
+    # Firmware updated: the driver made the device again; its identity is read again at once.
+    write(port.parent.parent / "fw_ver", "28.40.1000")
+    write(port.parent.parent / "board_id", "MT_0000000970")
+    info = [labels for name, labels in read() if name == "info"]
+    assert info == [(("board_id", "MT_0000000970"), ("device", "mlx5_0"), ("firmware_version", "28.40.1000"),
+                     ("hca_type", "MT4129"))]  # fmt: skip
+    # Re-plugged elsewhere (another PCI address under the same name): its placement follows.
+    (sysfs / "class" / "infiniband" / "mlx5_0").unlink()
+    add_device(sysfs, "mlx5_0", {1: {"base": 5}}, pci_address="0000:9a:00.0", numa_node=1)
+    placed = [labels for name, labels in read() if name == "placement_info"]
+    assert placed == [(("device", "mlx5_0"), ("numa_node", "1"), ("pci_address", "0000:9a:00.0"))]
+    assert first.keys() - {key for key in first if key[0] in ("info", "placement_info")} <= read().keys()
+    # Removed: nothing of it is served, and nothing of it is kept.
+    (sysfs / "class" / "infiniband" / "mlx5_0").unlink()
+    assert read() == {}
+    assert collector._layouts == {}
+
+
 def test_no_infiniband_is_no_data(tmp_path):
     assert InfinibandCollector(str(tmp_path)).sample().rows == {}
 

@@ -9,19 +9,27 @@ Reads `<sysfs>/class/infiniband/<device>/{board_id,fw_ver,hca_type}` and per por
 words and are multiplied by 4. Values a port cannot give (`N/A (no PMA)`, unreadable files, a device removed
 while it is read) are left out without dropping the other ports. Beyond node_exporter: the HCA's PCI address
 and NUMA node (GPUDirect RDMA placement), the link layer, and every hw_counters file.
+
+What a device's tree holds (its identity, placement, ports and counter files) is listed once and trusted until its
+class link or firmware changes or LAYOUT_SECONDS pass; the values are read every sample.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable
 
-from accelmon.core import Catalogue, Collector, Samples
+from accelmon.core import Catalogue, Collector, MetricSpec, Samples
 from accelmon.registry import Paths, Registration, register, seconds
 
 log = logging.getLogger("accelmon.infiniband")
 
 PORT = ("device", "port")
+LAYOUT_SECONDS = 300.0  # how long a device's listed files are trusted without a sign that it changed
+PER_DEVICE = "when a device or its firmware changes, and every 5 minutes"
 CATALOGUE = Catalogue(
     "infiniband",
     "InfiniBand ports (sysfs)",
@@ -35,11 +43,13 @@ INFO = C.gauge(
     "accelmon_infiniband_info",
     "Identity of an InfiniBand HCA; value is 1.",
     ["board_id", "device", "firmware_version", "hca_type"],
+    read=PER_DEVICE,
 )
 PLACEMENT = C.gauge(
     "accelmon_infiniband_placement_info",
     "Where an HCA sits: its PCI address and NUMA node (-1 if unknown), to match HCAs with GPUs; value is 1.",
     ["device", "pci_address", "numa_node"],
+    read=PER_DEVICE,
 )
 PORT_INFO = C.gauge("accelmon_infiniband_port_info", "Link layer of a port; value is 1.", [*PORT, "link_layer"])
 STATE = C.gauge(
@@ -154,20 +164,38 @@ def _counter(text: str | None) -> int | None:
     return int(text)
 
 
+@dataclass
+class _Layout:
+    """What one HCA's sysfs tree holds that does not change while it is the same device: its identity, placement,
+    ports and their counter files (a sample otherwise listed 3 directories and resolved a PCI link per port)."""
+
+    key: tuple[str, str]  # (where its class link points, its firmware): a new device or firmware is a new layout
+    made: float
+    info: list[str]
+    placement: list[str]
+    ports: list[tuple[str, str]] = field(default_factory=list)  # (port, its directory)
+    counters: dict[str, list[tuple[str, MetricSpec, int]]] = field(default_factory=dict)  # port -> (file, spec, x)
+    hw_counters: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # port -> (file, counter name)
+
+
 class InfinibandCollector(Collector):
     name = "infiniband"
 
-    def __init__(self, sysfs: str = "/sys") -> None:
+    def __init__(self, sysfs: str = "/sys", clock: Callable[[], float] = time.monotonic) -> None:
         self.root = os.path.join(sysfs, "class", "infiniband")
         self._devices_found = False
+        self._clock = clock
+        self._layouts: dict[str, _Layout] = {}
 
     def hardware_answering(self) -> bool:
         return self._devices_found
 
     def sample(self) -> Samples:
         samples = Samples()
-        for device in _listdir(self.root):
+        devices = _listdir(self.root)
+        for device in devices:
             self._sample_device(device, samples)
+        self._layouts = {device: layout for device, layout in self._layouts.items() if device in devices}
         self._devices_found = INFO in samples.rows
         return samples
 
@@ -176,29 +204,63 @@ class InfinibandCollector(Collector):
         firmware = _read(os.path.join(path, "fw_ver"))
         if firmware is None:
             return  # gone, or not a device
-        out.add(
-            INFO,
-            [
-                _read(os.path.join(path, "board_id")) or "",
-                device,
-                firmware,
-                _read(os.path.join(path, "hca_type")) or "",
-            ],
-            1,
-        )
+        layout = self._layout(device, path, firmware)
+        out.add(INFO, layout.info, 1)
+        out.add(PLACEMENT, layout.placement, 1)
+        for port, directory in layout.ports:
+            labels = (device, port)
+            if self._sample_port(labels, directory, out):
+                for file, spec, multiplier in layout.counters[port]:
+                    value = _counter(_read(file))
+                    if value is not None:
+                        out.add(spec, labels, value * multiplier)
+                for file, counter in layout.hw_counters[port]:
+                    value = _counter(_read(file))
+                    if value is not None:
+                        out.add(HW_COUNTER, (*labels, counter), value)
+
+    def _layout(self, device: str, path: str, firmware: str) -> _Layout:
+        """The device's layout, listed again when its link or firmware changed (a device re-plugged, a driver
+        reloaded after a firmware update) and at least every LAYOUT_SECONDS (counter files a new driver adds)."""
+        try:
+            key = (os.readlink(path), firmware)
+        except OSError:
+            key = (path, firmware)  # not a link (no kernel makes this): listed every LAYOUT_SECONDS
+        now = self._clock()
+        layout = self._layouts.get(device)
+        if layout is not None and layout.key == key and now - layout.made < LAYOUT_SECONDS:
+            return layout
         pci = os.path.realpath(os.path.join(path, "device"))
         numa = _read(os.path.join(pci, "numa_node"))
-        out.add(PLACEMENT, [device, os.path.basename(pci) if os.path.isdir(pci) else "", numa or "-1"], 1)
+        board, hca = (_read(os.path.join(path, name)) or "" for name in ("board_id", "hca_type"))
+        layout = self._layouts[device] = _Layout(
+            key,
+            now,
+            [board, device, firmware, hca],
+            [device, os.path.basename(pci) if os.path.isdir(pci) else "", numa or "-1"],
+        )
         ports = os.path.join(path, "ports")
         for port in _listdir(ports):
-            if port.isdigit():
-                self._sample_port(device, port, os.path.join(ports, port), out)
+            if not port.isdigit():
+                continue
+            directory = os.path.join(ports, port)
+            layout.ports.append((port, directory))
+            layout.counters[port] = [
+                (f"{directory}/{folder}/{file}", *COUNTER_SPECS[file])
+                for folder in ("counters", "counters_ext")
+                for file in _listdir(f"{directory}/{folder}")
+                if file in COUNTER_SPECS
+            ]
+            layout.hw_counters[port] = [
+                (f"{directory}/hw_counters/{file}", file) for file in _listdir(f"{directory}/hw_counters")
+            ]
+        return layout
 
-    def _sample_port(self, device: str, port: str, path: str, out: Samples) -> None:
-        labels = (device, port)
+    def _sample_port(self, labels: tuple[str, str], path: str, out: Samples) -> bool:
+        """The port's state, rate and link layer; False where it is gone (its counters are then not read)."""
         state = _state(_read(os.path.join(path, "state")))
         if state is None:
-            return
+            return False
         out.add(STATE, labels, state)
         physical = _state(_read(os.path.join(path, "phys_state")))
         if physical is not None:
@@ -209,19 +271,7 @@ class InfinibandCollector(Collector):
         link_layer = _read(os.path.join(path, "link_layer"))
         if link_layer:
             out.add(PORT_INFO, [*labels, link_layer], 1)
-        for directory in ("counters", "counters_ext"):
-            folder = f"{path}/{directory}/"
-            for file in _listdir(folder):
-                known = COUNTER_SPECS.get(file)
-                value = _counter(_read(folder + file)) if known else None
-                if known and value is not None:
-                    spec, multiplier = known
-                    out.add(spec, labels, value * multiplier)
-        folder = f"{path}/hw_counters/"
-        for file in _listdir(folder):
-            value = _counter(_read(folder + file))
-            if value is not None:
-                out.add(HW_COUNTER, (*labels, file), value)
+        return True
 
 
 def _has_class(paths: Paths, options: dict[str, object]) -> bool:
