@@ -198,8 +198,8 @@ class NvmlCollector(Collector):
         self._pcie_ready = threading.Event()
         self.first_pcie_wait_seconds = 2.0
         self._xids: Counter[tuple[int, int]] = Counter()
-        # Every GPU's slow and read-once series in one block, made again only when one GPU's change: ~30 of the
-        # ~55 series a GPU has every sample, added in ~30 list copies rather than one call a series.
+        # Every GPU's slow and read-once series in one block, made again only when a GPU's slow read or loss changes
+        # it: ~30 of the ~55 series a GPU has every sample, added in one list copy a metric, not one call a series.
         self._slow: Samples | None = None
         self._threads: list[threading.Thread] = []
         errors = self.nvml.NVMLError
