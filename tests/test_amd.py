@@ -20,6 +20,9 @@ from tests.support.exposition import promtool_check, sample_value
 from tests.support.fakeamdsmi import build_fake_amdsmi
 from tests.support.processes import exporter_command, exporter_env, run_once
 
+# The collectors whose checks these tests judge (a check runs only where its collector does).
+CHECKED = [amd.REGISTRATION]
+
 UUID0 = "00ff74a1-0000-1000-8000-000000001000"
 UUID1 = "01ff74a1-0000-1000-8001-000000001001"
 GIB = 2**30
@@ -95,7 +98,7 @@ def test_ras_errors_per_block_add_up_to_the_ecc_total_and_fail_the_health_check(
     assert sample_value(text, "accelmon_gpu_ecc_errors_total", type="corrected", scope="volatile", **gpu1) == 8
     assert sample_value(text, "accelmon_gpu_ecc_errors_total", type="uncorrected", scope="volatile", **gpu1) == 2
     assert sample_value(text, "accelmon_amd_gpu_ecc_deferred_errors_total", **gpu1) == 1
-    node = health.evaluate([samples], now=0)
+    node = health.evaluate([samples], now=0, registrations=CHECKED)
     checks = {gpu.index: {c.name: c for c in gpu.checks} for gpu in node.gpus}
     assert checks["1"]["ecc"].verdict == "failure" and checks["1"]["ecc"].action == "reset_gpu"
     assert checks["0"]["ecc"].verdict == "ok"
@@ -126,7 +129,7 @@ def test_throttle_reasons_judge_slowdown_like_nvidias(make):
     assert sample_value(text, "accelmon_gpu_clock_event_active", gpu="0", reason="thermal_limit") == 1
     assert sample_value(text, "accelmon_gpu_clock_event_active", gpu="1", reason="power_limit") == 1
     assert sample_value(text, "accelmon_gpu_clock_event_active", gpu="1", reason="thermal_limit") == 0
-    node = health.evaluate([samples], now=0)
+    node = health.evaluate([samples], now=0, registrations=CHECKED)
     slowdown = {gpu.index: next(c for c in gpu.checks if c.name == "slowdown") for gpu in node.gpus}
     assert slowdown["0"].verdict == "warning" and "thermal_limit" in slowdown["0"].detail
     assert slowdown["1"].verdict == "ok"
@@ -138,7 +141,7 @@ def test_a_degraded_pcie_link_and_a_downed_xgmi_link_are_judged(make):
     text = render(samples).decode()
     assert sample_value(text, "accelmon_amd_gpu_xgmi_link_up", gpu="1", link="3") == 0
     assert sample_value(text, "accelmon_amd_gpu_xgmi_error_state", gpu="1") == 2
-    node = health.evaluate([samples], now=0)
+    node = health.evaluate([samples], now=0, registrations=CHECKED)
     checks = {gpu.index: {c.name: c for c in gpu.checks} for gpu in node.gpus}
     assert checks["0"]["pcie"].verdict == "warning" and "x8 of x16" in checks["0"]["pcie"].detail
     assert checks["1"]["xgmi"] == health.Check("xgmi", "failure", "XGMI down: link 3 (6 of 7 up)", "reset_gpu")
@@ -168,7 +171,7 @@ def test_a_gpu_lost_mid_run_is_reported_while_the_others_go_on_and_comes_back(ma
     assert sample_value(text, "accelmon_gpu_up", gpu="0") == 1
     assert sample_value(text, "accelmon_gpu_power_watts", gpu="0") == 300
     assert sample_value(text, "accelmon_gpu_power_watts", gpu="1") is None
-    checks = {g.index: g for g in health.evaluate([collector.sample()], now=0).gpus}
+    checks = {g.index: g for g in health.evaluate([collector.sample()], now=0, registrations=CHECKED).gpus}
     assert checks["1"].verdict == "failure" and checks["1"].action == "reboot_node"
     fake_amdsmi.set_lost(1, False)  # after a GPU reset: everything again, its counters at once
     text = read(collector)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from accelmon.catalogue import catalogues, markdown
+from accelmon.catalogue import catalogues, checks_markdown, markdown, with_checks
+from accelmon.registry import collectors
 from tests.support.paths import GOLDEN, ROOT
 
 
@@ -26,3 +27,12 @@ def test_every_exported_name_is_catalogued_and_unique():
             exported.add(family.name + ("_total" if family.type == "counter" else ""))
     assert exported, "no golden files found"
     assert exported <= set(names), exported - set(names)
+
+
+def test_the_health_docs_table_of_checks_is_generated():
+    """docs/health.md's table of checks is made from the checks the collectors declare (their text included)."""
+    text = (ROOT / "docs" / "health.md").read_text()
+    assert text == with_checks(text), "docs/health.md's checks are stale: python -m accelmon.catalogue --checks"
+    # And the table is the checks: one row each.
+    declared = {c.name for r in collectors().values() for c in (*r.gpu_checks, *r.node_checks)}
+    assert checks_markdown().count("\n| `") == len(declared)

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import ctypes.util
+
 import pytest
 
-from accelmon.cli import build_samplers, parser, settings_from
+from accelmon.cli import parser, settings_from
 from accelmon.config import ConfigError
+from accelmon.scan import build_samplers
 from tests.support.exposition import by_collector, check_golden, promtool_check, sample_value, stable_lines
-from tests.support.processes import exporter_env, free_port, run_once, start_exporter, wait_until_serving
+from tests.support.processes import (
+    exporter_env,
+    free_port,
+    on_fixtures,
+    run_once,
+    start_exporter,
+    wait_until_serving,
+)
 
 SCENARIOS = {
     # Eight H100s, one lost, one whose driver lacks the newer calls, MIG on one: what a busy node looks like.
@@ -29,7 +39,7 @@ SCENARIOS = {
 def test_once_matches_golden_and_passes_promtool(golden, fake_nvml_dir, tmp_path):
     config = tmp_path / "fake.conf"
     config.write_text(SCENARIOS[golden])
-    result = run_once([], exporter_env(fake_nvml_dir, config))
+    result = run_once(on_fixtures(tmp_path / "host", "nvml", "health"), exporter_env(fake_nvml_dir, config))
     assert result.returncode == 0, result.stderr
     promtool_check(result.stdout)
     check_golden(golden, result.stdout)
@@ -41,15 +51,18 @@ def test_a_default_on_collector_changes_only_its_own_golden_file(fake_nvml_dir, 
     config = tmp_path / "fake.conf"
     config.write_text(SCENARIOS["nvml_h100_real.prom"])
     env = exporter_env(fake_nvml_dir, config)
-    with_health = by_collector(stable_lines(run_once([], env).stdout))
-    without = by_collector(stable_lines(run_once(["--no-collector.health"], env).stdout))
+    with_health = by_collector(stable_lines(run_once(on_fixtures(tmp_path, "nvml", "health"), env).stdout))
+    without = by_collector(stable_lines(run_once(on_fixtures(tmp_path, "nvml"), env).stdout))
     assert 'accelmon_collector_success{collector="health"} 1.0' in with_health["health"]
     assert {part: text for part, text in with_health.items() if part != "health"} == without
 
 
+@pytest.mark.skipif(
+    ctypes.util.find_library("nvidia-ml") is not None, reason="this machine has a libnvidia-ml: it cannot be hidden"
+)
 def test_once_without_nvidia_driver(tmp_path):
     """No libnvidia-ml at all: exit 0, only self-metrics, the collector counted as successful."""
-    result = run_once([], exporter_env(None, None))
+    result = run_once(on_fixtures(tmp_path, "nvml"), exporter_env(None, None))
     assert result.returncode == 0, result.stderr
     assert "accelmon_gpu_" not in result.stdout
     assert 'accelmon_collector_success{collector="nvml"} 1.0\n' in result.stdout

@@ -8,12 +8,15 @@ import logging
 import pytest
 
 from accelmon import health
-from accelmon.collectors import nvml
+from accelmon.collectors import dcgm_health, nvml
 from accelmon.collectors.dcgm_health import STATE, DcgmHealthCollector
 from accelmon.core import Samples, render
 from tests.support.clock import ManualClock
 from tests.support.exposition import promtool_check, sample_value
 from tests.support.paths import FAKE_DCGM_BINDINGS
+
+# The collectors whose checks these tests judge (a check runs only where its collector does).
+CHECKED = [dcgm_health.REGISTRATION, nvml.REGISTRATION]  # NVML lists the GPUs
 
 FAKE_DCGM = str(FAKE_DCGM_BINDINGS)
 MEM, NVLINK, THERMAL = 0x10, 0x2, 0x80
@@ -103,5 +106,5 @@ def test_the_dcgm_check(states, verdict, action, detail):
     samples.add(nvml.UP, ["0", "GPU-a"], 1)
     for system, state in states.items():
         samples.add(STATE, ["0", "GPU-a", system], state)
-    found = next(c for c in health.evaluate([samples], now=0).gpus[0].checks if c.name == "dcgm")
+    found = next(c for c in health.evaluate([samples], now=0, registrations=CHECKED).gpus[0].checks if c.name == "dcgm")
     assert (found.verdict, found.action, found.detail) == (verdict, action, detail)

@@ -13,7 +13,8 @@ import urllib.request
 
 import pytest
 
-from accelmon import drill, health
+from accelmon import drill_store, health
+from accelmon.checks import ActiveDrill
 from tests.support.jobs_tree import nvidia_procfs
 from tests.support.kernel_log_lines import BOOT
 from tests.support.processes import (
@@ -149,7 +150,7 @@ def test_missing_arguments_are_refused_by_the_parser(node, tmp_path):
 
 def test_a_drill_ends_by_itself(node, tmp_path):
     """An expired drill is not judged (a forgotten one cannot keep a node drained); status says it ended."""
-    drill.write(str(tmp_path / "drills"), health.ActiveDrill("0", "ecc", time.time() - 120, time.time() - 60))
+    drill_store.write(str(tmp_path / "drills"), ActiveDrill("0", "ecc", time.time() - 120, time.time() - 60))
     assert scan(node)[0] == 0
     assert "ended by itself at" in run_drill(node, "status").stdout
     (tmp_path / "drills" / "stray.json").write_text("not json")  # skipped and logged, never fatal

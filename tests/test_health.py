@@ -10,18 +10,22 @@ import time
 
 import pytest
 
-from accelmon import health
-from accelmon.collectors import fabric, nvml
+from accelmon import gpu_metrics, health
+from accelmon.collectors import fabric, kernel_log, nvml
 from accelmon.collectors.fabric import FabricCollector
 from accelmon.collectors.health import served
 from accelmon.collectors.kernel_log import KernelLogCollector
 from accelmon.collectors.nvml import NvmlCollector
 from accelmon.core import Samples
-from tests.support.exposition import promtool_check, sample_value
+from accelmon.registry import collectors
+from tests.support.exposition import promtool_check, sample_value, series
 from tests.support.jobs_tree import nvidia_procfs, uuid
 from tests.support.kernel_log_lines import BOOT, HISTORY, record, xid_line
 from tests.support.paths import ROOT
-from tests.support.processes import exporter_command, exporter_env
+from tests.support.processes import exporter_command, exporter_env, on_fixtures, run_once
+
+# The collectors whose checks these tests judge (a check runs only where its collector does).
+CHECKED = [fabric.REGISTRATION, kernel_log.REGISTRATION, nvml.REGISTRATION]
 
 HOUR = 3600.0
 
@@ -69,7 +73,9 @@ def check(node: health.NodeHealth, index: str, name: str) -> health.Check:
 
 
 def test_kernel_log_and_nvml_give_one_verdict_per_gpu(tmp_path, procfs, nvml_samples):
-    node = health.evaluate([nvml_samples, kernel_log_sample(tmp_path, procfs, HISTORY)], now=BOOT + 60)
+    node = health.evaluate(
+        [nvml_samples, kernel_log_sample(tmp_path, procfs, HISTORY)], now=BOOT + 60, registrations=CHECKED
+    )
     assert [g.index for g in node.gpus] == ["0", "1", "2", "3"]
     # GPU 1: NVML lost it (no UUID from NVML); the driver's procfs files still name it.
     assert gpu(node, "1").uuid == uuid(1)
@@ -86,7 +92,9 @@ def test_kernel_log_and_nvml_give_one_verdict_per_gpu(tmp_path, procfs, nvml_sam
     assert check(node, "3", "xid").action == "reboot_node"
     # GPU 0: an application's XID 13, 52 s ago: a warning, for an hour.
     assert (check(node, "0", "xid").verdict, check(node, "0", "xid").action) == ("warning", "restart_app")
-    later = health.evaluate([nvml_samples, kernel_log_sample(tmp_path, procfs, HISTORY)], now=BOOT + 8 + HOUR + 1)
+    later = health.evaluate(
+        [nvml_samples, kernel_log_sample(tmp_path, procfs, HISTORY)], now=BOOT + 8 + HOUR + 1, registrations=CHECKED
+    )
     assert check(later, "0", "xid").verdict == "ok"
     assert check(later, "2", "xid").verdict == "failure"  # critical XIDs stay until the node reboots
     assert node.verdict == "failure" and node.exit_status() == 2
@@ -95,7 +103,7 @@ def test_kernel_log_and_nvml_give_one_verdict_per_gpu(tmp_path, procfs, nvml_sam
 def test_without_the_kernel_log_nvml_events_are_judged(tmp_path, procfs, nvml_samples):
     unreadable = KernelLogCollector(kmsg=str(tmp_path), procfs=str(procfs))  # a directory: unreadable
     unreadable.start()
-    node = health.evaluate([nvml_samples, unreadable.sample()], now=BOOT)
+    node = health.evaluate([nvml_samples, unreadable.sample()], now=BOOT, registrations=CHECKED)
     xid = check(node, "2", "xid")
     assert (xid.verdict, xid.action) == ("failure", "reboot_node")
     assert xid.detail == "XID 79 fallen_off_the_bus x1 (NVML events)"
@@ -154,7 +162,7 @@ def nvml_only(rows: list[tuple[object, list[str], float]]) -> Samples:
     ],
 )
 def test_each_check_on_nvml_samples(rows, name, verdict, action):
-    node = health.evaluate([nvml_only(rows)], now=0)
+    node = health.evaluate([nvml_only(rows)], now=0, registrations=CHECKED)
     found = check(node, "0", name)
     assert (found.verdict, found.action) == (verdict, action), found
 
@@ -199,7 +207,7 @@ def test_each_check_on_nvml_samples(rows, name, verdict, action):
     ],
 )
 def test_nvlink_and_fabric_checks(rows, name, verdict, action, detail):
-    found = check(health.evaluate([nvml_only(rows)], now=0), "0", name)
+    found = check(health.evaluate([nvml_only(rows)], now=0, registrations=CHECKED), "0", name)
     assert (found.verdict, found.action) == (verdict, action), found
     if detail is not None:
         assert found.detail == detail
@@ -214,7 +222,7 @@ def test_fabric_not_started_without_fabric_manager_fails_gpu_and_node(fake_nvml,
     devices.start()
     links.start()
     try:
-        node = health.evaluate([devices.sample(), links.sample()], now=0)
+        node = health.evaluate([devices.sample(), links.sample()], now=0, registrations=CHECKED)
     finally:
         fake_nvml.release()
         links.stop()
@@ -242,7 +250,7 @@ def test_lost_gpu_and_served_states(tmp_path, procfs):
     samples = Samples()
     samples.add(nvml.UP, ["0", uuid(0)], 1)
     samples.add(nvml.UP, ["1", ""], 0)
-    node = health.evaluate([samples, kernel_log_sample(tmp_path, procfs, "")], now=BOOT)
+    node = health.evaluate([samples, kernel_log_sample(tmp_path, procfs, "")], now=BOOT, registrations=CHECKED)
     # GPUs 2 and 3 are in the driver's files but NVML does not list them at all.
     assert [(g.index, check(node, g.index, "gpu_lost").verdict) for g in node.gpus] == [
         ("0", "ok"),
@@ -264,7 +272,11 @@ def test_lost_gpu_and_served_states(tmp_path, procfs):
 def documented_checks() -> tuple[list[str], list[str]]:
     """docs/health.md's table of checks: (GPU checks, node checks), in the table's order."""
     text = (ROOT / "docs" / "health.md").read_text()
-    table = text[text.index("| check | collector |") :].split("\n\n")[0].splitlines()[2:]
+    table = [
+        row
+        for row in text[text.index("| check | collector |") :].split("\n\n")[0].splitlines()[2:]
+        if row.startswith("|")
+    ]
     names = [row.split("|")[1].strip() for row in table]
     gpu = [name.strip("`") for name in names if not name.endswith("(node)")]
     node = [name.split()[0].strip("`") for name in names if name.endswith("(node)")]
@@ -279,36 +291,35 @@ def documented_json() -> dict:
 def test_the_json_is_what_docs_promise(tmp_path, procfs, nvml_samples):
     """The keys and the check order of the scan's JSON are what docs/health.md shows and tabulates."""
     promised = documented_json()
-    document = json.loads(health.dumps(health.evaluate([nvml_samples, kernel_log_sample(tmp_path, procfs, "")], now=0)))
+    document = json.loads(
+        health.dumps(
+            health.evaluate([nvml_samples, kernel_log_sample(tmp_path, procfs, "")], now=0, registrations=CHECKED)
+        )
+    )
     assert set(document) == set(promised)
     assert set(document["gpus"][0]) == set(promised["gpus"][0])
     assert set(document["gpus"][0]["checks"][0]) == set(promised["gpus"][0]["checks"][0])
     assert set(document["checks"][0]) == set(promised["checks"][0])
     gpu_checks, node_checks = documented_checks()
-    assert [c["name"] for c in document["gpus"][0]["checks"]] == gpu_checks
-    assert health.check_names() == (gpu_checks, node_checks)
+    assert [c["name"] for c in document["gpus"][0]["checks"]] == health.check_names(CHECKED)[0]
+    assert health.check_names(collectors().values()) == (gpu_checks, node_checks)
 
 
-def test_a_collector_owns_its_checks():
-    """A check is declared by the collector whose series it reads: its judge reads only specs of that collector's
-    catalogue (or the GPU device series it serves), so removing a collector removes its checks with it."""
-    from accelmon.registry import collectors
-
-    owners = {check.name: name for name, r in collectors().items() for check in (*r.gpu_checks, *r.node_checks)}
-    assert owners == {
-        "xgmi": "amd",
-        "dcgm": "dcgm_health",
-        "nvlink": "fabric",
-        "fabric": "fabric",
-        "fabric_manager": "fabric",
-        "xid": "kernel_log",
-        "kernel_log": "kernel_log",
-        "gpu_lost": "nvml",
-        "ecc": "nvml",
-        "memory_repair": "nvml",
-        "slowdown": "nvml",
-        "pcie": "nvml",
-    }
+def test_a_check_is_declared_where_its_series_are_served():
+    """A check is declared by the collector whose series it reads, so it runs only where that collector runs. The
+    GPU device checks (accelmon.gpu_metrics) judge series that nvml and amd both serve: both declare the same check
+    objects, and each runs once. No two checks share a name."""
+    by_name: dict[str, object] = {}
+    for registration in collectors().values():
+        for declared in (*registration.gpu_checks, *registration.node_checks):
+            assert by_name.setdefault(declared.name, declared) is declared, f"two checks named {declared.name}"
+    serving_devices = [r for r in collectors().values() if gpu_metrics.UP in r.lists_gpus]
+    assert sorted(r.name for r in serving_devices) == ["amd", "nvml"]
+    for registration in serving_devices:
+        assert set(gpu_metrics.DEVICE_CHECKS) <= set(registration.gpu_checks)
+        assert set(gpu_metrics.DEVICE_DRILLS) <= set(registration.drills)
+    both = health.check_names([r for r in collectors().values() if r.name in ("amd", "nvml")])[0]
+    assert len(both) == len(set(both)) == len(gpu_metrics.DEVICE_CHECKS) + 1  # and AMD's xgmi
     assert [name for name, r in collectors().items() if r.scan] == ["amd", "fabric", "kernel_log", "nvml"]
 
 
@@ -358,3 +369,27 @@ def test_scan_that_cannot_run_says_why_with_its_own_status(tmp_path, fake_nvml_d
     result = scan(tmp_path, fake_nvml_dir, 1, "", "--config", str(tmp_path / "bad.yml"))
     assert result.returncode == 3
     assert "interval_seconds" in result.stderr
+
+
+def test_a_check_whose_collector_does_not_run_is_absent_not_ok(tmp_path, fake_nvml_dir):
+    """A node with NVIDIA GPUs and only the nvml collector: the served verdicts and the scan judge nvml's checks and
+    nothing else. AMD's xgmi, DCGM's dcgm, the fabric's and the kernel log's checks give no series and no line: a
+    check that did not run would be false assurance as "ok"."""
+    (tmp_path / "nvml.conf").write_text("gpus 2\n")
+    env = exporter_env(fake_nvml_dir, tmp_path / "nvml.conf")
+    served_text = run_once(on_fixtures(tmp_path / "host", "nvml", "health"), env).stdout
+    judged = {
+        labels["check"] for labels, _ in series(served_text, "accelmon_gpu_health_check_state") if labels["gpu"] == "0"
+    }
+    assert judged == set(health.check_names([nvml.REGISTRATION])[0]) == {c.name for c in gpu_metrics.DEVICE_CHECKS}
+    assert not series(served_text, "accelmon_node_health_check_state")  # fabric_manager, kernel_log: not running
+    scanned = subprocess.run(
+        exporter_command("--scan", "--json", *on_fixtures(tmp_path / "host", "nvml")),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    document = json.loads(scanned.stdout)
+    assert [c["name"] for c in document["gpus"][0]["checks"]] == health.check_names([nvml.REGISTRATION])[0]
+    assert document["checks"] == []

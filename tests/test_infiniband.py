@@ -12,7 +12,7 @@ from accelmon.collectors.infiniband import InfinibandCollector
 from accelmon.core import render
 from tests.support.exposition import check_golden, promtool_check
 from tests.support.infiniband_tree import add_device, node_exporter, scrape_node_exporter, standard_tree, write
-from tests.support.processes import exporter_env, run_once
+from tests.support.processes import exporter_env, on_fixtures, run_once
 
 
 def series(text: str, prefix: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -162,8 +162,8 @@ def test_no_infiniband_is_no_data(tmp_path):
 
 
 def test_once_golden_with_promtool(tmp_path):
-    sysfs = standard_tree(tmp_path / "sys")
-    result = run_once(["--no-collector.nvml", f"--path.sysfs={sysfs}"], exporter_env(None, None))
+    standard_tree(tmp_path / "sys")
+    result = run_once(on_fixtures(tmp_path, "infiniband", "health"), exporter_env(None, None))
     assert result.returncode == 0, result.stderr
     assert 'accelmon_collector_success{collector="infiniband"} 1.0\n' in result.stdout
     promtool_check(result.stdout)

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from accelmon import perf_events
-from accelmon.cli import plan
 from accelmon.collectors.job_perf import JobPerfCollector, has_pmu
 from accelmon.config import load
 from accelmon.core import render
 from accelmon.perf_events import Event, PerfError
+from accelmon.scan import plan
 from tests.support.exposition import promtool_check, sample_value
 from tests.support.jobs_tree import job_cgroup_stats, slurm_job_cgroup
 from tests.support.perf_cgroup import can_make_cgroups, job_cgroup

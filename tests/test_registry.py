@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from accelmon.cli import plan
 from accelmon.config import ConfigError, load
 from accelmon.registry import Option, collectors
+from accelmon.scan import plan
 from tests.support.ansible import run_local_play
 from tests.support.paths import ROOT
 
@@ -24,7 +24,7 @@ TOY = '''
 """A toy collector, added by a test without touching any other file."""
 
 from accelmon.core import Catalogue, Collector, Samples
-from accelmon.health import Check, NodeCheck
+from accelmon.checks import Check, NodeCheck
 from accelmon.registry import Option, Registration, register, seconds
 
 CATALOGUE = Catalogue("toy", "Toy widgets", "Counted by hand.")

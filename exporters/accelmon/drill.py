@@ -25,87 +25,31 @@ import json
 import logging
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Optional
 
+from accelmon.checks import ActiveDrill, Drill
 from accelmon.config import load
-from accelmon.health import ActiveDrill, Drill
-from accelmon.validation import ConfigError, Option
+from accelmon.drill_store import DRILL_DIR, read, remove, write
+from accelmon.registry import collectors
+from accelmon.scan import scan_health
+from accelmon.validation import ConfigError
 
 log = logging.getLogger("accelmon.drill")
 
-DRILL_DIR = Option(
-    "drill_dir",
-    "/run/accelmon/drills",
-    "where accelmon-drill keeps the drills in force (root's; the exporter reads them): a drilled GPU is judged as "
-    "if the fault were real",
-)
 DEFAULT_MINUTES = 30
 MAX_MINUTES = 24 * 60
-MAX_DRILL_BYTES = 4096
 
 
 def declared() -> dict[str, Drill]:
     """Every drill the collectors declare, by the check it rehearses."""
-    from accelmon.registry import collectors
-
     return {drill.check: drill for registration in collectors().values() for drill in registration.drills}
-
-
-def file_name(gpu: str, check: str) -> str:
-    return f"gpu{gpu}-{check}.json"
-
-
-def read(drill_dir: str, now: Optional[float] = None) -> list[ActiveDrill]:
-    """The drills in `drill_dir` (expired ones when `now` is None, too), sorted by GPU and check. A file that is not
-    a drill is skipped and logged: a stray file never stops the checks."""
-    try:
-        names = sorted(name for name in os.listdir(drill_dir) if name.endswith(".json"))
-    except OSError:
-        return []
-    found = []
-    for name in names:
-        try:
-            with open(os.path.join(drill_dir, name), "rb") as handle:
-                record = json.loads(handle.read(MAX_DRILL_BYTES))
-            drill = ActiveDrill(
-                gpu=str(record["gpu"]),
-                check=str(record["check"]),
-                started=float(record["started"]),
-                expires=float(record["expires"]),
-                xid=int(record.get("xid", 0)),
-            )
-        except (OSError, ValueError, KeyError, TypeError) as error:
-            log.warning("drill file %s skipped: %s", name, error)
-            continue
-        if now is None or drill.started <= now < drill.expires:
-            found.append(drill)
-    return sorted(found, key=lambda d: (int(d.gpu) if d.gpu.isdigit() else 1 << 30, d.check))
-
-
-def write(drill_dir: str, drill: ActiveDrill) -> str:
-    """Writes the drill atomically (a reader never sees half a file); the directory is made root's, 0755."""
-    os.makedirs(drill_dir, mode=0o755, exist_ok=True)
-    path = os.path.join(drill_dir, file_name(drill.gpu, drill.check))
-    handle, temporary = tempfile.mkstemp(dir=drill_dir, prefix=".drill-")
-    try:
-        with os.fdopen(handle, "w") as out:
-            json.dump(asdict(drill), out)
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
-        raise
-    return path
 
 
 def node_gpus(config: Optional[str]) -> list[str]:
     """The GPU indices this node's checks judge (a health scan's GPUs, as the exporter sees them)."""
-    from accelmon.cli import scan_health
-
     return [gpu.index for gpu in scan_health(load(config)).gpus]
 
 
@@ -161,10 +105,7 @@ def stop(args: argparse.Namespace) -> int:
     drill_dir = drill_dir_of(args.config)
     ended = [d for d in read(drill_dir) if args.gpu in (None, d.gpu) and args.check in (None, d.check)]
     for drill in ended:
-        try:
-            os.unlink(os.path.join(drill_dir, file_name(drill.gpu, drill.check)))
-        except FileNotFoundError:
-            pass
+        remove(drill_dir, drill)
     print(f"{len(ended)} drill(s) ended." + (" A node the drill drained stays drained: resume it" if ended else ""))
     if ended:
         print("  (Slurm: scontrol update NodeName=<node> State=RESUME; OAR: oarnodecheckquery and the log's removal).")

@@ -7,8 +7,8 @@ by the nvml collector's registration (they judge AMD's GPUs through the same nam
 
 from __future__ import annotations
 
+from accelmon.checks import Check, Drill, Gpu, GpuCheck, View
 from accelmon.core import Catalogue
-from accelmon.health import Check, Drill, Gpu, GpuCheck, View
 from accelmon.validation import Option, seconds
 
 GPU = ("gpu", "uuid")
@@ -290,9 +290,41 @@ DEVICE_DRILLS = (
 )
 
 DEVICE_CHECKS = (
-    GpuCheck("gpu_lost", check_lost),
-    GpuCheck("ecc", check_ecc),
-    GpuCheck("memory_repair", check_memory_repair),
-    GpuCheck("slowdown", check_slowdown),
-    GpuCheck("pcie", check_pcie),
+    GpuCheck(
+        "gpu_lost",
+        check_lost,
+        source="`accelmon_gpu_up`; the driver's procfs GPU list",
+        failure="the GPU stopped answering NVML (or amdsmi), or the driver lists a GPU NVML does not (`reboot_node`)",
+    ),
+    GpuCheck(
+        "ecc",
+        check_ecc,
+        source='`accelmon_gpu_ecc_errors_total{type="uncorrected",scope="volatile"}`',
+        failure="any since the driver loaded (`reset_gpu`)",
+    ),
+    GpuCheck(
+        "memory_repair",
+        check_memory_repair,
+        source="remapped rows, retired pages",
+        failure="a row remapping failed (`hardware_service`)",
+        warning="a remapping or retirement waits for a reset (`reset_gpu`)",
+    ),
+    GpuCheck(
+        "slowdown",
+        check_slowdown,
+        source="`accelmon_gpu_clock_event_active`",
+        warning=(
+            "hardware, thermal or power-brake slowdown now; on AMD a thermal limit or PROCHOT "
+            "(`hardware_service`); the alert waits 15 minutes"
+        ),
+    ),
+    GpuCheck(
+        "pcie",
+        check_pcie,
+        source="`accelmon_gpu_pcie_link_{generation,width}` and their `_max`",
+        warning=(
+            "fewer lanes than the GPU and slot allow, or a lower generation while the GPU is not idle "
+            "(`hardware_service`)"
+        ),
+    ),
 )

@@ -17,7 +17,7 @@ import os
 import sys
 from typing import Sequence
 
-from accelmon.cli import failing_scan
+from accelmon.scan import failing_scan
 
 log = logging.getLogger("accelmon.oar_health")
 

@@ -24,7 +24,7 @@ import subprocess
 import sys
 from typing import Any, Callable, Optional, Sequence
 
-from accelmon.cli import failing_scan
+from accelmon.scan import failing_scan
 
 log = logging.getLogger("accelmon.slurm_health")
 

@@ -84,6 +84,16 @@ DCGM_EXPORTER_NAMES = (
 )
 
 
+def series(exposition: str, metric: str) -> list[tuple[dict[str, str], float]]:
+    """Every sample named `metric`: (labels, value)."""
+    return [
+        (sample.labels, sample.value)
+        for family in text_string_to_metric_families(exposition)
+        for sample in family.samples
+        if sample.name == metric
+    ]
+
+
 def promtool_check(exposition: str, allowed: tuple[str, ...] = ()) -> None:
     """`promtool check metrics` passes, but for the findings in `allowed` (each line ending in one of them)."""
     promtool = shutil.which("promtool")

@@ -62,6 +62,22 @@ def exporter_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "accelmon", *args]
 
 
+def on_fixtures(root: Path, *running: str) -> list[str]:
+    """Flags that make a run of the exporter independent of the machine it runs on: the host's filesystems at
+    fixture trees under `root` (empty unless a test fills them, or given by a later --path.* flag, which wins), the
+    collectors `running` left at `auto` (as a user leaves them: on a host like the fixtures, they run) and every other
+    one off (a collector's `auto` reads more of the host than its paths: a DCGM install, a state directory)."""
+    from accelmon.registry import collectors
+
+    for tree in ("sys", "proc", "dev"):
+        (root / tree).mkdir(parents=True, exist_ok=True)
+    paths = [f"--path.sysfs={root / 'sys'}", f"--path.procfs={root / 'proc'}", f"--path.devfs={root / 'dev'}"]
+    unknown = set(running) - set(collectors())
+    assert not unknown, f"no such collector: {unknown}"
+    chosen = [f"--no-collector.{name}" for name in collectors() if name not in running]
+    return [*paths, *chosen]
+
+
 def run_once(args: Sequence[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """Run `accelmon-exporter --once` as a user would, in a fresh process."""
     return subprocess.run(exporter_command("--once", *args), env=env, capture_output=True, text=True, timeout=60)

@@ -18,7 +18,6 @@ requests within PutMetricData's limits), `publisher` (its thread and self-metric
 """
 
 from accelmon.cloudwatch.aggregate import (
-    MAX_REQUEST_BYTES,
     Aggregator,
     Statistics,
     batches,
@@ -28,6 +27,7 @@ from accelmon.cloudwatch.aggregate import (
 )
 from accelmon.cloudwatch.cost import cost_report, monthly_cost
 from accelmon.cloudwatch.identity import instance_identity
+from accelmon.cloudwatch.limits import MAX_REQUEST_BYTES
 from accelmon.cloudwatch.publisher import CATALOGUE, RETRIES, Publisher
 from accelmon.cloudwatch.settings import CloudWatchSettings, MetricChoice, check_boto3, parse_settings
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from accelmon.cloudwatch.aggregate import DEVICE_DIMENSIONS, MAX_DATUMS_PER_REQUEST, MAX_DIMENSIONS
+from accelmon.cloudwatch.limits import DEVICE_DIMENSIONS, MAX_DATUMS_PER_REQUEST, MAX_DIMENSIONS
 from accelmon.core import MetricSpec
 from accelmon.validation import ConfigError, Option, finite
 

@@ -26,9 +26,12 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable
 
+from accelmon.checks import Check, GpuCheck, GpuKey, View
 from accelmon.core import Catalogue, Collector, Samples
 from accelmon.gpu_metrics import (
     CLOCK_EVENT,
+    DEVICE_CHECKS,
+    DEVICE_DRILLS,
     ECC,
     ENERGY,
     INFO,
@@ -52,7 +55,6 @@ from accelmon.gpu_metrics import (
     UP,
     UTILIZATION,
 )
-from accelmon.health import Check, GpuCheck, GpuKey, View
 from accelmon.nvidia import nvidia_driver_loaded
 from accelmon.registry import Paths, Registration, register, seconds
 
@@ -468,7 +470,20 @@ REGISTRATION = register(
         # /dev/kfd (compute) and /dev/dri/* (the render nodes amdsmi opens); the user needs the render and video
         # groups (the role adds them where they exist).
         devices=("char-kfd rw", "char-drm rw"),
-        gpu_checks=(GpuCheck("xgmi", check_xgmi),),
+        # The GPU device checks over the series it shares with nvml (gpu_metrics), then its own.
+        gpu_checks=(
+            *DEVICE_CHECKS,
+            GpuCheck(
+                "xgmi",
+                check_xgmi,
+                source=(
+                    "`accelmon_amd_gpu_xgmi_link_up`, `accelmon_amd_gpu_xgmi_error_state` (AMD GPUs, [amd.md](amd.md))"
+                ),
+                failure="an XGMI link to a peer is down (`reset_gpu`)",
+                warning="XGMI errors since they were last reset (`reset_gpu`)",
+            ),
+        ),
+        drills=DEVICE_DRILLS,
         lists_gpus=(UP,),
         scan=True,
     )

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from accelmon import xid as catalogue
+from accelmon.checks import VERDICTS, Check, GpuCheck, GpuKey, View
 from accelmon.core import Catalogue, Collector, Samples
 from accelmon.dcgm import DCGM_BINDINGS_PATH, DCGM_HOST, dcgm_connect
-from accelmon.health import VERDICTS, Check, GpuCheck, GpuKey, View
 from accelmon.registry import Paths, Registration, register, seconds
 
 log = logging.getLogger("accelmon.dcgm_health")
@@ -224,6 +224,17 @@ REGISTRATION = register(
         enabled_by_default=_bindings_installed,
         # DCGM installed without a running host engine (dcgm-exporter embeds its own) is a choice, not a fault:
         # accelmon_dcgm_health_up says whether it answers.
-        gpu_checks=(GpuCheck("dcgm", check_dcgm),),
+        gpu_checks=(
+            GpuCheck(
+                "dcgm",
+                check_dcgm,
+                source="`accelmon_gpu_dcgm_health_state` (collector `dcgm_health`, where DCGM's host engine runs)",
+                failure=(
+                    "a watched system fails (the system's action: memory, SM, PMU, MCU `reset_gpu`; NVLink, NVSwitch "
+                    "`check_fabric`; PCIe, thermal, power, InfoROM `hardware_service`; driver `reboot_node`)"
+                ),
+                warning="a watched system warns (same actions)",
+            ),
+        ),
     )
 )

@@ -24,8 +24,8 @@ from typing import Any, Optional
 
 import pynvml
 
+from accelmon.checks import Check, Drill, GpuCheck, GpuKey, NodeCheck, View
 from accelmon.core import Catalogue, Samples
-from accelmon.health import Check, Drill, GpuCheck, GpuKey, NodeCheck, View
 from accelmon.nvidia import NVML_DEVICES, OwnSessionCollector, nvidia_driver_loaded, text
 from accelmon.registry import Registration, register, seconds
 
@@ -331,9 +331,34 @@ REGISTRATION = register(
         enabled_by_default=nvidia_driver_loaded,
         hardware_present=nvidia_driver_loaded,
         devices=NVML_DEVICES,
-        gpu_checks=(GpuCheck("nvlink", check_nvlink), GpuCheck("fabric", check_fabric)),
+        gpu_checks=(
+            GpuCheck(
+                "nvlink",
+                check_nvlink,
+                source="`accelmon_gpu_nvlink_link_up`, `accelmon_gpu_nvlink_errors_total`",
+                failure="a link of the GPU is down (`check_fabric`)",
+                warning=(
+                    "a link counted a replay or recovery error since the driver loaded (DCGM's limit is 1) "
+                    "(`check_fabric`)"
+                ),
+            ),
+            GpuCheck(
+                "fabric",
+                check_fabric,
+                source="`accelmon_gpu_fabric_{state,status,bandwidth_degraded}`, `accelmon_fabric_manager_running`",
+                failure="fabric registration not started, or completed with an error (`check_fabric`)",
+                warning="registration in progress, or the fabric reports degraded bandwidth (`check_fabric`)",
+            ),
+        ),
         drills=(Drill("nvlink", drill_nvlink),),
-        node_checks=(NodeCheck("fabric_manager", check_fabric_manager),),
+        node_checks=(
+            NodeCheck(
+                "fabric_manager",
+                check_fabric_manager,
+                source="`accelmon_fabric_manager_running` (served only where a GPU has a fabric)",
+                failure="the Fabric Manager is not running on an NVSwitch system (`check_fabric`)",
+            ),
+        ),
         scan=True,
     )
 )

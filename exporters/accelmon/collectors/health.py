@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from accelmon import drill, health
+from accelmon import drill_store, health
 from accelmon.core import Catalogue, Collector, Sampler, Samples
 from accelmon.registry import Paths, Registration, collectors, register, seconds
 
@@ -54,20 +54,24 @@ class HealthCollector(Collector):
     reads_other_samples = True
 
     def __init__(
-        self, drill_dir: str = str(drill.DRILL_DIR.default), wall_clock: Callable[[], float] = time.time
+        self, drill_dir: str = str(drill_store.DRILL_DIR.default), wall_clock: Callable[[], float] = time.time
     ) -> None:
         self._wall_clock = wall_clock
         self.drill_dir = drill_dir
-        self.registrations = list(collectors().values())  # whose checks run: every collector's, found once
+        self.registrations: list[Registration] = []  # whose checks run: the running collectors' (`watch`)
         self.sources: list[Sampler] = []
 
     def watch(self, samplers: list[Sampler]) -> None:
+        """The collectors running beside it: their latest samples are judged, by their checks only (a check whose
+        collector does not run here is absent, not "ok")."""
         self.sources = [sampler for sampler in samplers if sampler.collector is not self]
+        running = {sampler.name for sampler in self.sources}
+        self.registrations = [registration for name, registration in collectors().items() if name in running]
 
     def sample(self) -> Samples:
         latest = [state.latest for state in (s.state() for s in self.sources) if state.latest is not None]
         now = self._wall_clock()
-        drills = drill.read(self.drill_dir, now)  # a listing of an empty directory when none is in force
+        drills = drill_store.read(self.drill_dir, now)  # a listing of an empty directory when none is in force
         return served(health.evaluate(latest, now, self.registrations, drills))
 
 
@@ -95,7 +99,7 @@ REGISTRATION = register(
         help="health verdicts per GPU and node, from the other collectors' samples",
         build=lambda options, paths: HealthCollector(str(options["drill_dir"])),
         catalogue=C,
-        options=(INTERVAL, drill.DRILL_DIR),
+        options=(INTERVAL, drill_store.DRILL_DIR),
         enabled_by_default=_always,
     )
 )

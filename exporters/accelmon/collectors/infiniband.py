@@ -278,7 +278,7 @@ def _has_class(paths: Paths, options: dict[str, object]) -> bool:
     return os.path.isdir(os.path.join(paths.sysfs, "class", "infiniband"))
 
 
-register(
+REGISTRATION = register(
     Registration(
         name="infiniband",
         help="InfiniBand, RoCE and OmniPath port counters from sysfs (default: on where class/infiniband exists)",

@@ -156,7 +156,7 @@ class JobsCollector(Collector):
             self.nvml.close()
 
 
-register(
+REGISTRATION = register(
     Registration(
         name="jobs",
         help="batch jobs holding GPUs, from Slurm prolog records or OAR's job files (default: on where either is kept)",

@@ -40,9 +40,9 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from accelmon import xid as catalogue
+from accelmon.checks import Check, Drill, GpuCheck, GpuKey, NodeCheck, View, when, worst
 from accelmon.core import Catalogue, Collector, Samples
 from accelmon.gpu_metrics import XID_ERRORS as NVML_XID_ERRORS
-from accelmon.health import Check, Drill, GpuCheck, GpuKey, NodeCheck, View, when, worst
 from accelmon.nvidia import driver_gpus_by_bus, nvidia_driver_loaded
 from accelmon.registry import Paths, Registration, register, seconds
 
@@ -443,9 +443,24 @@ REGISTRATION = register(
         devices=("/dev/kmsg r",),
         # Reading /dev/kmsg where kernel.dmesg_restrict=1 (Debian's and Ubuntu's default) needs CAP_SYSLOG.
         capabilities=("CAP_SYSLOG",),
-        gpu_checks=(GpuCheck("xid", check_xid),),
+        gpu_checks=(
+            GpuCheck(
+                "xid",
+                check_xid,
+                source="the kernel log where it is read, else NVML's XID events",
+                failure="a critical XID since boot, or XID 154 asking for a recovery (the catalogue's action)",
+                warning="a warning-class XID in the last hour (kernel log) or since the exporter started (NVML)",
+            ),
+        ),
         drills=(Drill("xid", drill_xid, takes_xid=True),),
-        node_checks=(NodeCheck("kernel_log", check_kernel_log),),
+        node_checks=(
+            NodeCheck(
+                "kernel_log",
+                check_kernel_log,
+                source="`accelmon_kernel_log_readable`",
+                warning="the kernel log is unreadable: XIDs from NVML only",
+            ),
+        ),
         # A GPU that fell off the bus before the exporter started is named only here.
         lists_gpus=(XID_EVENTS,),
         scan=True,

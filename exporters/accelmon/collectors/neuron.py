@@ -501,7 +501,7 @@ def _has_devices(paths: Paths, options: dict[str, Any]) -> bool:
         return False
 
 
-register(
+REGISTRATION = register(
     Registration(
         name="neuron",
         help="AWS Neuron devices through neuron-monitor, run and supervised by the exporter (default: on where "

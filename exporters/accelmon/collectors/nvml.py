@@ -571,7 +571,7 @@ def _putter(out: Samples, labels: tuple[str, ...]) -> Callable[..., None]:
     return put
 
 
-register(
+REGISTRATION = register(
     Registration(
         name="nvml",
         help="NVIDIA GPU device counters through NVML (default: on; no driver, no data)",

@@ -533,7 +533,7 @@ class ProfilingCollector(Collector):
             self.active = None
 
 
-register(
+REGISTRATION = register(
     Registration(
         name="profiling",
         help="GPU profiling counters from DCGM or NVML GPM (default: off: profiling has a cost)",

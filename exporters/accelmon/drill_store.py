@@ -1,0 +1,79 @@
+"""Where the drills in force are kept (accelmon-drill writes them, the health checks read them): one small JSON
+file per drilled GPU and check in the health collector's `drill_dir` (default /run/accelmon/drills: it survives an
+exporter restart, not a reboot). Root's directory; the exporter only reads it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from dataclasses import asdict
+from typing import Optional
+
+from accelmon.checks import ActiveDrill
+from accelmon.validation import Option
+
+log = logging.getLogger("accelmon.drill")
+
+DRILL_DIR = Option(
+    "drill_dir",
+    "/run/accelmon/drills",
+    "where accelmon-drill keeps the drills in force (root's; the exporter reads them): a drilled GPU is judged as "
+    "if the fault were real",
+)
+MAX_DRILL_BYTES = 4096
+
+
+def file_name(gpu: str, check: str) -> str:
+    return f"gpu{gpu}-{check}.json"
+
+
+def read(drill_dir: str, now: Optional[float] = None) -> list[ActiveDrill]:
+    """The drills in `drill_dir` (expired ones when `now` is None, too), sorted by GPU and check. A file that is not
+    a drill is skipped and logged: a stray file never stops the checks."""
+    try:
+        names = sorted(name for name in os.listdir(drill_dir) if name.endswith(".json"))
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        try:
+            with open(os.path.join(drill_dir, name), "rb") as handle:
+                record = json.loads(handle.read(MAX_DRILL_BYTES))
+            drill = ActiveDrill(
+                gpu=str(record["gpu"]),
+                check=str(record["check"]),
+                started=float(record["started"]),
+                expires=float(record["expires"]),
+                xid=int(record.get("xid", 0)),
+            )
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            log.warning("drill file %s skipped: %s", name, error)
+            continue
+        if now is None or drill.started <= now < drill.expires:
+            found.append(drill)
+    return sorted(found, key=lambda d: (int(d.gpu) if d.gpu.isdigit() else 1 << 30, d.check))
+
+
+def write(drill_dir: str, drill: ActiveDrill) -> str:
+    """Writes the drill atomically (a reader never sees half a file); the directory is made root's, 0755."""
+    os.makedirs(drill_dir, mode=0o755, exist_ok=True)
+    path = os.path.join(drill_dir, file_name(drill.gpu, drill.check))
+    handle, temporary = tempfile.mkstemp(dir=drill_dir, prefix=".drill-")
+    try:
+        with os.fdopen(handle, "w") as out:
+            json.dump(asdict(drill), out)
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+    return path
+
+
+def remove(drill_dir: str, drill: ActiveDrill) -> None:
+    try:
+        os.unlink(os.path.join(drill_dir, file_name(drill.gpu, drill.check)))
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,104 @@
+"""The node's collectors built from its settings, and the health scan over them: what `accelmon-exporter` runs, what
+`--check-config --json` plans, and the one-shot scan that `--scan`, accelmon-drill and the Slurm and OAR hooks share.
+
+A check belongs to the collector whose series it judges, and is judged only where that collector runs: on a node
+with NVIDIA GPUs only, AMD's xgmi check gives no verdict at all (absent, "no data"), never a false "ok".
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+from accelmon import drill_store, health
+from accelmon.config import ConfigError, Settings, load
+from accelmon.core import Exporter, Sampler
+from accelmon.registry import Registration, collectors
+
+SCAN_FAILED = 3  # the scan's own exit status when it could not run: 0, 1 and 2 are the verdicts
+
+
+def runs_here(registration: Registration, settings: Settings) -> bool:
+    chosen = settings.collector(registration.name)
+    if chosen.enabled is not None:
+        return chosen.enabled
+    return registration.enabled_by_default(settings.paths, {**registration.defaults, **chosen.options})
+
+
+def build_samplers(settings: Settings) -> list[Sampler]:
+    samplers = []
+    for name, registration in collectors().items():
+        if not runs_here(registration, settings):
+            continue
+        chosen = settings.collector(name)
+        options = {**registration.defaults, **chosen.options}
+        expected = chosen.enabled is True or registration.hardware_present(settings.paths, options)
+        collector = registration.build(options, settings.paths)
+        samplers.append(Sampler(collector, float(options["interval_seconds"]), hardware_expected=expected))
+    samplers.sort(key=lambda sampler: sampler.collector.reads_other_samples)  # stable: by name otherwise
+    for sampler in samplers:
+        sampler.collector.watch(samplers)
+    return samplers
+
+
+def plan(settings: Settings) -> dict[str, object]:
+    """What --check-config --json prints: the settings resolved, for the Ansible role and for operators.
+
+    `device_allow` holds the device nodes of every collector that may run, `auto` ones included: the unit must
+    let a collector reach hardware that appears after the deploy (a driver installed later); `capabilities` the
+    Linux capabilities they need (the unit's only ones).
+    """
+    described: dict[str, dict[str, object]] = {}
+    devices: set[str] = set()
+    capabilities: set[str] = set()
+    for name, registration in collectors().items():
+        chosen = settings.collector(name)
+        described[name] = {
+            "enabled": "auto" if chosen.enabled is None else chosen.enabled,
+            "runs_on_this_host": runs_here(registration, settings),
+            "options": {**registration.defaults, **chosen.options},
+            "devices": list(registration.devices),
+        }
+        if registration.may_run(chosen.enabled):
+            devices.update(registration.devices)
+            capabilities.update(registration.capabilities)
+    return {
+        "listen_address": settings.listen_address,
+        "collectors": described,
+        "device_allow": sorted(devices),
+        "capabilities": sorted(capabilities),
+    }
+
+
+def scan_health(settings: Settings) -> health.NodeHealth:
+    """The collectors that declare `scan` (those the checks read that answer in one sample) and run on this node,
+    sampled once; their checks over them. The others (profiling's window, neuron-monitor's start) would only slow
+    it down, and their checks are not judged here."""
+    drill_dir = str(settings.collector("health").options.get("drill_dir", drill_store.DRILL_DIR.default))
+    registered = collectors()
+    for name, registration in registered.items():
+        if not registration.scan:
+            settings.collector(name).enabled = False
+    samplers = build_samplers(settings)
+    exporter = Exporter(samplers)
+    exporter.collect_once()
+    exporter.stop()
+    latest = [state.latest for state in (sampler.state() for sampler in samplers) if state.latest is not None]
+    sampled = {sampler.name for sampler in samplers}
+    running = [registration for name, registration in registered.items() if name in sampled]
+    now = time.time()
+    return health.evaluate(latest, now, running, drills=drill_store.read(drill_dir, now))
+
+
+def failing_scan(config: str | None, log: logging.Logger, untouched: str) -> health.NodeHealth | None:
+    """A scheduler hook's scan (Slurm's health check, OAR's node check): the verdicts printed; the node's health when
+    it fails, else None. Bad settings are logged, never raised: a fault of the monitoring must not take a node out."""
+    try:
+        settings = load(config)
+    except ConfigError as error:
+        log.error("%s: no health check run, %s", error, untouched)
+        return None
+    verdict = scan_health(settings)
+    sys.stdout.write(verdict.table())
+    return verdict if verdict.verdict == "failure" else None
