@@ -13,10 +13,9 @@ import pytest
 from accelmon import health
 from accelmon.collectors import amd
 from accelmon.collectors.amd import AmdCollector, amd_only, load_amdsmi
-from accelmon.core import render
 from accelmon.registry import Paths
 from tests.support.clock import ManualClock
-from tests.support.exposition import promtool_check, sample_value
+from tests.support.exposition import promtool_check, sample_value, text_of
 from tests.support.fakeamdsmi import build_fake_amdsmi
 from tests.support.processes import exporter_command, exporter_env, run_once
 
@@ -41,7 +40,7 @@ def make(fake_amdsmi, started):
 
 
 def read(collector: AmdCollector) -> str:
-    text = render(collector.sample()).decode()
+    text = text_of(collector)
     promtool_check(text)
     return text
 
@@ -90,7 +89,7 @@ def test_ras_errors_per_block_add_up_to_the_ecc_total_and_fail_the_health_check(
     # GPU 1's UMC (HBM) counted 5 corrected, 2 uncorrected and 1 deferred error; its GFX block 3 corrected.
     collector, _ = make("gpus 2\necc 1 1 5 2 1\necc 1 4 3 0 0\n")
     samples = collector.sample()
-    text = render(samples).decode()
+    text = text_of(samples)
     gpu1 = {"gpu": "1", "uuid": UUID1}
     assert sample_value(text, "accelmon_amd_gpu_ras_errors_total", block="umc", type="uncorrected", **gpu1) == 2
     assert sample_value(text, "accelmon_amd_gpu_ras_errors_total", block="gfx", type="corrected", **gpu1) == 3
@@ -125,7 +124,7 @@ def test_throttle_reasons_judge_slowdown_like_nvidias(make):
     # is a slowdown, as NVIDIA's power cap is not one.
     collector, _ = make(f"gpus 2\nthrottle 0 {1 << 33}\nthrottle 1 1\n")
     samples = collector.sample()
-    text = render(samples).decode()
+    text = text_of(samples)
     assert sample_value(text, "accelmon_gpu_clock_event_active", gpu="0", reason="thermal_limit") == 1
     assert sample_value(text, "accelmon_gpu_clock_event_active", gpu="1", reason="power_limit") == 1
     assert sample_value(text, "accelmon_gpu_clock_event_active", gpu="1", reason="thermal_limit") == 0
@@ -138,7 +137,7 @@ def test_throttle_reasons_judge_slowdown_like_nvidias(make):
 def test_a_degraded_pcie_link_and_a_downed_xgmi_link_are_judged(make):
     collector, _ = make("gpus 2\npcie 0 32000 8\nxgmi_down 1 3\nxgmi_error 1 2\n")
     samples = collector.sample()
-    text = render(samples).decode()
+    text = text_of(samples)
     assert sample_value(text, "accelmon_amd_gpu_xgmi_link_up", gpu="1", link="3") == 0
     assert sample_value(text, "accelmon_amd_gpu_xgmi_error_state", gpu="1") == 2
     node = health.evaluate([samples], now=0, registrations=CHECKED)

@@ -23,6 +23,7 @@ from tests.support.exposition import promtool_check, sample_value
 from tests.support.neuron_reports import line, report
 from tests.support.paths import FAKE_NEURON_MONITOR, ROOT
 from tests.support.processes import exporter_env, free_port, start_exporter, wait_until_serving
+from tests.support.waiting import wait_until
 
 boto3 = pytest.importorskip("boto3")
 moto_server = pytest.importorskip("moto.server")
@@ -343,13 +344,16 @@ def test_exporter_publishes_gpu_and_neuron_metrics_with_instance_dimensions(moto
     )
     try:
         wait_until_serving(port)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+
+        def published() -> str | None:
             text, _ = scrape(port)
-            if (sample_value(text, "accelmon_cloudwatch_requests_total", outcome="success") or 0) >= 4:
-                break
-            time.sleep(0.5)
-        assert (sample_value(text, "accelmon_cloudwatch_requests_total", outcome="success") or 0) >= 4, text
+            return (
+                text
+                if (sample_value(text, "accelmon_cloudwatch_requests_total", outcome="success") or 0) >= 4
+                else None
+            )
+
+        text = wait_until(published, timeout=30, every=0.5, what="four successful PutMetricData requests")
         assert sample_value(text, "accelmon_cloudwatch_instance_identity_known") == 1
         assert sample_value(text, "accelmon_cloudwatch_last_success_timestamp_seconds") > time.time() - 30
         promtool_check(text)

@@ -6,6 +6,7 @@ import threading
 import time
 
 from accelmon.core import Catalogue, Collector, Exporter, Sampler, Samples
+from tests.support.waiting import returns_while_blocked, wait_until
 
 CATALOGUE = Catalogue("test", "test")
 VALUE = CATALOGUE.gauge("test_value", "A value.", ["source"])
@@ -56,29 +57,26 @@ class BrokenStart(Steady):
         raise OSError("no device")
 
 
-def wait_for(predicate, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
-
-
 def test_a_blocked_collector_does_not_block_others_or_the_scrape():
     steady, blocking = Steady(), Blocking()
     samplers = [Sampler(steady, 0.05), Sampler(blocking, 0.05)]
     exporter = Exporter(samplers, stale_after_intervals=2, drop_after_seconds=1.5)
     exporter.start()
     try:
-        wait_for(lambda: blocking.calls >= 2)
+        wait_until(lambda: blocking.calls >= 2, what="the blocking collector's second call")
         count_then = steady.count
-        wait_for(lambda: steady.count > count_then + 5)  # the steady one keeps sampling
-        time.sleep(1.2)  # the blocked one is now overdue (> interval + 1 s)
-        started = time.monotonic()
-        text = exporter.exposition().decode()
-        assert time.monotonic() - started < 0.2
+        wait_until(lambda: steady.count > count_then + 5, what="the steady collector sampling on")
+        # The blocked one becomes overdue (> interval + 1 s): the scrape says so, and answers while it is blocked.
+        wait_until(
+            lambda: 'accelmon_collector_success{collector="blocking"} 0.0\n' in exporter.exposition().decode(),
+            what="the blocked collector reported as failing",
+        )
+        text = returns_while_blocked(lambda: exporter.exposition().decode())
         assert 'accelmon_collector_success{collector="steady"} 1.0\n' in text
-        assert 'accelmon_collector_success{collector="blocking"} 0.0\n' in text
-        wait_for(lambda: 'test_value{source="blocking"}' not in exporter.exposition().decode(), timeout=3)
+        wait_until(
+            lambda: 'test_value{source="blocking"}' not in exporter.exposition().decode(),
+            what="the blocked collector's series dropped",
+        )
         assert 'test_value{source="steady"}' in exporter.exposition().decode()
     finally:
         blocking.release.set()

@@ -14,11 +14,12 @@ from accelmon.collectors.dcgm_compat import FIELDS, DcgmCompatCollector
 from accelmon.collectors.kernel_log import KernelLogCollector
 from accelmon.collectors.nvml import NvmlCollector
 from accelmon.core import Sampler, render
-from tests.support.exposition import DCGM_EXPORTER_NAMES, promtool_check, sample_value
+from tests.support.exposition import DCGM_EXPORTER_NAMES, promtool_check, sample_value, text_of
 from tests.support.jobs_tree import MINORS, bus_id, nvidia_procfs, uuid
 from tests.support.kernel_log_lines import BOOT, record, xid_line
 from tests.support.processes import exporter_env, run_once
 from tests.support.simulated_node import get
+from tests.support.waiting import wait_until
 
 MIB = 2**20
 
@@ -35,13 +36,14 @@ def samplers(fake_nvml, tmp_path):
         + record(2, 9.0, xid_line(bus_id(2).rsplit(".", 1)[0], 45))  # the latest of GPU 2
     )
     made = [Sampler(NvmlCollector(), 1.0), Sampler(KernelLogCollector(kmsg=str(kmsg), procfs=str(procfs)), 1.0)]
-    deadline = time.monotonic() + 5
     for sampler in made:
         sampler.sample_once()
-    while not any(s.name == "accelmon_gpu_xid_errors_total" for s in made[0].state().latest.rows):
-        assert time.monotonic() < deadline, "the NVML XID event never arrived"
-        time.sleep(0.05)
+
+    def arrived() -> bool:
         made[0].sample_once()
+        return any(s.name == "accelmon_gpu_xid_errors_total" for s in made[0].state().latest.rows)
+
+    wait_until(arrived, what="the NVML XID event")
     yield made, procfs
     fake_nvml.release()
     for sampler in made:
@@ -52,7 +54,7 @@ def compat_text(samplers) -> str:
     made, procfs = samplers
     compat = DcgmCompatCollector(procfs=str(procfs), hostname=lambda: "gpu-07")
     compat.watch(made)
-    text = render(compat.sample()).decode()
+    text = text_of(compat)
     promtool_check(text, allowed=DCGM_EXPORTER_NAMES)
     return text
 
@@ -145,7 +147,7 @@ def test_amd_gpus_get_no_dcgm_names(fake_amdsmi):
     amd.sample_once()
     compat = DcgmCompatCollector(procfs="/nonexistent")
     compat.watch([amd])
-    assert "accelmon_gpu_power_watts" in render(amd.state().latest).decode()
+    assert "accelmon_gpu_power_watts" in text_of(amd.state().latest)
     assert render(compat.sample()) == b""
     amd.collector.stop()
 

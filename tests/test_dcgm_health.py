@@ -10,9 +10,9 @@ import pytest
 from accelmon import health
 from accelmon.collectors import dcgm_health, nvml
 from accelmon.collectors.dcgm_health import STATE, DcgmHealthCollector
-from accelmon.core import Samples, render
+from accelmon.core import Samples
 from tests.support.clock import ManualClock
-from tests.support.exposition import promtool_check, sample_value
+from tests.support.exposition import promtool_check, sample_value, text_of
 from tests.support.paths import FAKE_DCGM_BINDINGS
 
 # The collectors whose checks these tests judge (a check runs only where its collector does).
@@ -36,7 +36,7 @@ def collector(clock: ManualClock) -> DcgmHealthCollector:
 
 
 def read(made: DcgmHealthCollector) -> str:
-    return render(made.sample()).decode()
+    return text_of(made)
 
 
 def test_incidents_per_gpu_and_system_are_held_then_dropped(dcgm, caplog):

@@ -25,6 +25,7 @@ from tests.support.processes import (
     stop,
     wait_until_serving,
 )
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="accelmon-drill start and stop need root")
 
@@ -163,12 +164,13 @@ def health_series(port: int) -> str:
 
 
 def wait_for_line(port: int, line: str, present: bool = True, timeout: float = 20.0) -> str:
-    deadline = time.monotonic() + timeout
-    while True:
+    """The exposition once `line` is in it (or, `present` False, once it is not)."""
+
+    def served() -> str | None:
         text = health_series(port)
-        if (line in text) == present or time.monotonic() > deadline:
-            return text
-        time.sleep(0.2)
+        return text if (line in text) == present else None
+
+    return wait_until(served, timeout, f"{line!r} {'served' if present else 'gone'}", every=0.2)
 
 
 def test_the_served_verdict_follows_a_drill_across_an_exporter_restart(node):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -10,8 +9,9 @@ import pytest
 
 from accelmon.collectors.fabric import FabricCollector, fabric_manager_running
 from accelmon.collectors.nvml import NvmlCollector
-from accelmon.core import Exporter, Sampler, render
-from tests.support.exposition import sample_value
+from accelmon.core import Exporter, Sampler
+from tests.support.exposition import sample_value, text_of
+from tests.support.waiting import returns_while_blocked, wait_until
 
 UUID0 = "GPU-00000000-0000-4000-8000-000000000000"
 
@@ -35,7 +35,7 @@ def make_collector(fake_nvml, procfs, started) -> Iterator[Callable[[str], Fabri
 
 
 def read(collector: FabricCollector) -> str:
-    return render(collector.sample()).decode()
+    return text_of(collector)
 
 
 def test_gpus_without_nvlink_or_fabric_have_no_series_and_are_asked_once(make_collector, fake_nvml):
@@ -127,11 +127,8 @@ def test_a_hung_link_call_stops_only_this_collector(fake_nvml, procfs):
     exporter = Exporter([fabric, devices], stale_after_intervals=3)
     exporter.start()
     try:
-        deadline = time.monotonic() + 5
-        while devices.state().samples < 5 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        text = exporter.exposition().decode()
-        assert devices.state().samples >= 5
+        wait_until(lambda: devices.state().samples >= 5, what="five NVML samples beside the stuck fabric call")
+        text = returns_while_blocked(lambda: exporter.exposition().decode())
         assert fabric.state().samples == 0  # stuck in its first sample
         assert 'accelmon_collector_success{collector="nvml"} 1.0' in text
         assert sample_value(text, "accelmon_gpu_up", gpu="0") == 1

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from accelmon.collectors.gpu_processes import GpuProcessesCollector
-from accelmon.core import render
 from accelmon.job_sources import JobOfProcess
-from tests.support.exposition import promtool_check, sample_value
+from tests.support.exposition import promtool_check, sample_value, text_of
 from tests.support.jobs_tree import slurm_job_cgroup
 
 MIB = 2**20
@@ -29,7 +28,7 @@ def make(fake_nvml, tmp_path, started):
 
 
 def read(collector: GpuProcessesCollector) -> str:
-    text = render(collector.sample()).decode()
+    text = text_of(collector)
     promtool_check(text)
     return text
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 
 import pytest
 
@@ -18,11 +17,12 @@ from accelmon.collectors.kernel_log import KernelLogCollector
 from accelmon.collectors.nvml import NvmlCollector
 from accelmon.core import Samples
 from accelmon.registry import collectors
-from tests.support.exposition import promtool_check, sample_value, series
+from tests.support.exposition import promtool_check, sample_value, series, text_of
 from tests.support.jobs_tree import nvidia_procfs, uuid
 from tests.support.kernel_log_lines import BOOT, HISTORY, record, xid_line
 from tests.support.paths import ROOT
 from tests.support.processes import exporter_command, exporter_env, on_fixtures, run_once
+from tests.support.waiting import wait_until
 
 # The collectors whose checks these tests judge (a check runs only where its collector does).
 CHECKED = [fabric.REGISTRATION, kernel_log.REGISTRATION, nvml.REGISTRATION]
@@ -45,13 +45,12 @@ def nvml_samples(fake_nvml):
     collector = NvmlCollector()
     collector.start()
     fake_nvml.queue_xid(2, 79)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:  # the event thread counts it within a few waits
+
+    def counted() -> Samples | None:  # the event thread counts it within a few waits
         sample = collector.sample()
-        if any(spec.name == "accelmon_gpu_xid_errors_total" for spec in sample.rows):
-            break
-        time.sleep(0.05)
-    yield sample
+        return sample if any(spec.name == "accelmon_gpu_xid_errors_total" for spec in sample.rows) else None
+
+    yield wait_until(counted, what="the XID event counted")
     fake_nvml.release()
     collector.stop()
 
@@ -258,9 +257,8 @@ def test_lost_gpu_and_served_states(tmp_path, procfs):
         ("2", "failure"),
         ("3", "failure"),
     ]
-    from accelmon.core import render
 
-    text = render(served(node)).decode()
+    text = text_of(served(node))
     promtool_check(text)
     assert sample_value(text, "accelmon_gpu_health_verdict", gpu="1", uuid=uuid(1)) == 2
     assert sample_value(text, "accelmon_gpu_health_check_state", gpu="0", check="gpu_lost", action="none") == 0

@@ -9,8 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from accelmon.collectors.infiniband import InfinibandCollector
-from accelmon.core import render
-from tests.support.exposition import check_golden, promtool_check
+from tests.support.exposition import check_golden, promtool_check, text_of
 from tests.support.infiniband_tree import add_device, node_exporter, scrape_node_exporter, standard_tree, write
 from tests.support.processes import exporter_env, on_fixtures, run_once
 
@@ -30,7 +29,7 @@ def node_exporter_output(sysfs: Path) -> str:
 
 
 def ours(sysfs: Path) -> str:
-    return render(InfinibandCollector(str(sysfs)).sample()).decode()
+    return text_of(InfinibandCollector(str(sysfs)))
 
 
 def legacy_and_omnipath_tree(root: Path) -> Path:
@@ -127,7 +126,7 @@ def test_a_device_is_listed_again_when_it_changes_and_every_layout_period(tmp_pa
     new_counter = ("hw_events_total", (("counter", "new_counter"), *mlx5_0))
 
     def read() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        return series(render(collector.sample()).decode(), "accelmon_infiniband_")
+        return series(text_of(collector), "accelmon_infiniband_")
 
     first = read()
     port = sysfs / "devices" / "pci0000:00" / "0000:17:00.0" / "infiniband" / "mlx5_0" / "ports" / "1"

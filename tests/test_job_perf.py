@@ -14,10 +14,9 @@ import pytest
 from accelmon import perf_events
 from accelmon.collectors.job_perf import JobPerfCollector, has_pmu
 from accelmon.config import load
-from accelmon.core import render
 from accelmon.perf_events import Event, PerfError
 from accelmon.scan import plan
-from tests.support.exposition import promtool_check, sample_value
+from tests.support.exposition import promtool_check, sample_value, text_of
 from tests.support.jobs_tree import job_cgroup_stats, slurm_job_cgroup
 from tests.support.perf_cgroup import can_make_cgroups, job_cgroup
 
@@ -99,7 +98,7 @@ def collector(root: Path, counters, max_counters: int = 8192) -> JobPerfCollecto
 
 
 def sample(made: JobPerfCollector) -> str:
-    text = render(made.sample()).decode()
+    text = text_of(made)
     promtool_check(text)
     return text
 

@@ -7,8 +7,7 @@ import yaml
 
 from accelmon.collectors import job_resources
 from accelmon.collectors.job_resources import JobResourcesCollector, cpu_count
-from accelmon.core import render
-from tests.support.exposition import promtool_check, sample_value
+from tests.support.exposition import promtool_check, sample_value, text_of
 from tests.support.jobs_tree import (
     JOB_LIMIT,
     JOB_MEMORY,
@@ -39,7 +38,7 @@ def node(tmp_path):
 
 
 def read(state, cgroup) -> str:
-    text = render(JobResourcesCollector(str(state), str(cgroup)).sample()).decode()
+    text = text_of(JobResourcesCollector(str(state), str(cgroup)))
     promtool_check(text)
     return text
 

@@ -10,9 +10,8 @@ import pytest
 from accelmon import job_sources
 from accelmon.collectors import jobs
 from accelmon.collectors.job_resources import JobResourcesCollector
-from accelmon.core import render
 from accelmon.registry import Paths, collectors
-from tests.support.exposition import promtool_check, sample_value
+from tests.support.exposition import promtool_check, sample_value, text_of
 from tests.support.jobs_tree import (
     JOB_USER_SECONDS,
     MINORS,
@@ -106,7 +105,7 @@ def test_an_oar_jobs_cgroup_and_its_processes(node, tmp_path):
     oar_job_cgroup(cgroup, 42, "alice", (4101, 4102))
     job_cgroup_stats(cgroup, 42, version=1, oar_user="alice")
     oar_job_cgroup(cgroup, 43, "bob", (4200,))  # a job whose files are gone (ended): not read
-    text = render(JobResourcesCollector(str(tmp_path / "no-state-dir"), str(cgroup), str(runtime)).sample()).decode()
+    text = text_of(JobResourcesCollector(str(tmp_path / "no-state-dir"), str(cgroup), str(runtime)))
     promtool_check(text)
     assert sample_value(text, "accelmon_job_cpu_seconds_total", job_id="42", mode="user") == pytest.approx(
         JOB_USER_SECONDS, rel=0.01

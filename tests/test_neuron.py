@@ -9,13 +9,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from accelmon.collectors.neuron import NeuronCollector
-from accelmon.core import render
 from accelmon.registry import Paths, collectors
-from tests.support.exposition import check_golden, promtool_check
+from tests.support.exposition import check_golden, promtool_check, text_of
 from tests.support.exposition import sample_value as value
 from tests.support.jobs_tree import slurm_job_cgroup
 from tests.support.neuron_reports import line, report, runtime
 from tests.support.paths import ROOT
+from tests.support.waiting import wait_until
 
 FAKE_MONITOR = str(ROOT / "tests" / "fakeneuron" / "neuron-monitor")
 
@@ -26,7 +26,7 @@ def feed(collector: NeuronCollector, *lines: str) -> None:
 
 
 def sample(collector: NeuronCollector) -> str:
-    return render(collector.sample()).decode()
+    return text_of(collector)
 
 
 def test_report_to_metrics_golden():
@@ -138,19 +138,10 @@ def run_with_fake(tmp_path: Path, monkeypatch, lines: list[str], then: str, **op
     return collector
 
 
-def wait_for(predicate, timeout: float = 15.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_runs_neuron_monitor_with_its_config_and_reads_reports(tmp_path, monkeypatch):
     collector = run_with_fake(tmp_path, monkeypatch, [line(report(1)), line(report(2))], "hang", period_seconds=1)
     try:
-        assert wait_for(lambda: collector.state.reports == 2)
+        wait_until(lambda: collector.state.reports == 2)
         text = sample(collector)
         assert value(text, "accelmon_neuron_monitor_up") == 1
         config = (tmp_path / "starts").read_text().split()[0]
@@ -162,12 +153,18 @@ def test_runs_neuron_monitor_with_its_config_and_reads_reports(tmp_path, monkeyp
 
 def test_exiting_monitor_is_restarted_with_backoff_never_spinning(tmp_path, monkeypatch):
     collector = run_with_fake(tmp_path, monkeypatch, [line(report(1)), "trunc{"], "exit", max_backoff_seconds=60)
+
+    def starts() -> list[float]:  # when each start began, on the system's monotonic clock (the fake writes it)
+        written = tmp_path / "starts"
+        return [float(line.split()[1]) for line in written.read_text().splitlines()] if written.exists() else []
+
     try:
-        time.sleep(4.5)  # backoff 2 s then 4 s: at most 3 starts in this time, not hundreds
-        starts = len((tmp_path / "starts").read_text().split())
-        assert 2 <= starts <= 3
+        # Three starts, each after a longer wait than the one before (2 s, then 4 s): a lower bound, which a busy
+        # machine only lengthens; a crash loop without backoff would start it hundreds of times.
+        began = wait_until(lambda: len(starts()) >= 3 and starts(), timeout=30, what="three starts")
+        assert began[1] - began[0] >= 2.0 - 0.05 and began[2] - began[1] >= 4.0 - 0.05
         text = sample(collector)
-        assert value(text, "accelmon_neuron_monitor_restarts_total") == starts - 1
+        assert value(text, "accelmon_neuron_monitor_restarts_total") in (len(began) - 1, len(starts()) - 1)
         assert value(text, "accelmon_neuron_monitor_malformed_lines_total") >= 1
     finally:
         collector.stop()
@@ -176,8 +173,8 @@ def test_exiting_monitor_is_restarted_with_backoff_never_spinning(tmp_path, monk
 def test_a_silent_monitor_is_restarted_and_its_data_not_served(tmp_path, monkeypatch):
     collector = run_with_fake(tmp_path, monkeypatch, [line(report(1))], "hang", stall_seconds=1.0)
     try:
-        assert wait_for(lambda: collector.state.restarts >= 1)
-        assert wait_for(lambda: value(sample(collector), "accelmon_neuroncore_utilization_ratio") is None, 5)
+        wait_until(lambda: collector.state.restarts >= 1)
+        wait_until(lambda: value(sample(collector), "accelmon_neuroncore_utilization_ratio") is None, 5)
     finally:
         collector.stop()
 
@@ -213,7 +210,7 @@ def test_an_over_long_line_is_one_malformed_line_and_reading_goes_on(tmp_path, m
     huge = "x" * (5 << 20)  # five times the limit
     collector = run_with_fake(tmp_path, monkeypatch, [huge, line(report(1))], "hang", period_seconds=1)
     try:
-        assert wait_for(lambda: collector.state.reports == 1)
+        wait_until(lambda: collector.state.reports == 1)
         assert collector.state.malformed == 1
     finally:
         collector.stop()
@@ -223,7 +220,7 @@ def test_a_monitor_that_never_ends_a_line_is_restarted(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_NEURON_DELAY", "0.05")
     collector = run_with_fake(tmp_path, monkeypatch, [line(report(1))], "dribble", stall_seconds=1.0)
     try:
-        assert wait_for(lambda: collector.state.restarts >= 1, 10)
+        wait_until(lambda: collector.state.restarts >= 1, 10)
     finally:
         collector.stop()
 
@@ -232,7 +229,7 @@ def test_a_restart_leaves_no_child_of_the_monitor_behind(tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_NEURON_CHILD", str(tmp_path / "child.pid"))
     collector = run_with_fake(tmp_path, monkeypatch, [line(report(1))], "hang", period_seconds=1)
     try:
-        assert wait_for(lambda: (tmp_path / "child.pid").exists() and collector.state.reports == 1)
+        wait_until(lambda: (tmp_path / "child.pid").exists() and collector.state.reports == 1)
         child = int((tmp_path / "child.pid").read_text())
     finally:
         collector.stop()
@@ -244,4 +241,4 @@ def test_a_restart_leaves_no_child_of_the_monitor_behind(tmp_path, monkeypatch):
             return True
         return state == "Z"  # killed, waiting for its parent (here: whoever reaps orphans) to reap it
 
-    assert wait_for(gone, 5), "the monitor's child outlived it, holding the pipe"
+    wait_until(gone, 5), "the monitor's child outlived it, holding the pipe"

@@ -10,8 +10,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from accelmon.collectors.nvml import NvmlCollector
-from accelmon.core import Exporter, Sampler, render
+from accelmon.core import Exporter, Sampler
 from tests.support.clock import ManualClock
+from tests.support.exposition import text_of
+from tests.support.waiting import returns_while_blocked, wait_until
 
 UUID0 = "GPU-00000000-0000-4000-8000-000000000000"
 UUID1 = "GPU-00000001-0000-4000-8000-000000000000"
@@ -31,7 +33,7 @@ class Reading:
     """One sample of a collector, queried like a registry."""
 
     def __init__(self, collector: NvmlCollector) -> None:
-        self.text = render(collector.sample()).decode()
+        self.text = text_of(collector)
         self.families = list(text_string_to_metric_families(self.text))
 
     def value(self, metric: str, /, **labels: str) -> float | None:
@@ -143,14 +145,13 @@ def test_xid_events_are_counted(make_collector, fake_nvml):
     fake_nvml.queue_xid(1, 79)
     fake_nvml.queue_xid(1, 79)
     fake_nvml.queue_xid(0, 48)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
+
+    def counted() -> Reading | None:
         reading = Reading(collector)
-        if reading.value("accelmon_gpu_xid_events_total", gpu="1") == 2 and reading.value(
-            "accelmon_gpu_xid_events_total", gpu="0"
-        ):
-            break
-        time.sleep(0.05)
+        both = reading.value("accelmon_gpu_xid_events_total", gpu="1") == 2
+        return reading if both and reading.value("accelmon_gpu_xid_events_total", gpu="0") else None
+
+    reading = wait_until(counted, what="the three XID events counted")
     assert reading.value("accelmon_gpu_xid_errors_total", gpu="1", uuid=UUID1, xid="79") == 2
     assert reading.value("accelmon_gpu_xid_errors_total", gpu="0", uuid=UUID0, xid="48") == 1
     assert reading.value("accelmon_gpu_xid_events_total", gpu="1") == 2
@@ -172,26 +173,24 @@ def test_hung_nvml_makes_only_its_own_data_stale(make_collector, fake_nvml):
     sampler = Sampler(collector, interval=0.1)
     exporter = Exporter([sampler], stale_after_intervals=3)
     sampler.start()
-    deadline = time.monotonic() + 5
-    while sampler.state().samples < 2 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(lambda: sampler.state().samples >= 2, what="two samples")
     fake_nvml.configure("gpus 1\nhang nvmlDeviceGetPowerUsage\n")
     # The hang directive is read at init, so re-init through the library to arm it.
     import pynvml
 
     pynvml.nvmlInit()
-    time.sleep(1.5)  # > 3 intervals and > interval + 1 s: the sampler is now stuck inside nvmlDeviceGetPowerUsage
-    started = time.monotonic()
-    text = exporter.exposition().decode()
-    assert time.monotonic() - started < 0.5
-    assert 'accelmon_collector_success{collector="nvml"} 0.0\n' in text
-    assert "accelmon_gpu_up" in text  # last good data still served until it is dropped
+    # Stuck inside nvmlDeviceGetPowerUsage, the sampler is overdue after 3 intervals and interval + 1 s; the scrape
+    # says so, answering while the call hangs, with the last good data until it is dropped.
+    stuck = 'accelmon_collector_success{collector="nvml"} 0.0\n'
+    wait_until(lambda: stuck in exporter.exposition().decode(), what="the hung collector reported as failing")
+    text = returns_while_blocked(lambda: exporter.exposition().decode())
+    assert stuck in text and "accelmon_gpu_up" in text
     fake_nvml.release()
     pynvml.nvmlShutdown()
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and 'success{collector="nvml"} 1.0\n' not in exporter.exposition().decode():
-        time.sleep(0.05)
-    assert 'accelmon_collector_success{collector="nvml"} 1.0\n' in exporter.exposition().decode()
+    wait_until(
+        lambda: 'accelmon_collector_success{collector="nvml"} 1.0\n' in exporter.exposition().decode(),
+        what="the collector back once the call returns",
+    )
     sampler.stop()
 
 

@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 
 from accelmon.collectors.profiling import ProfilingCollector
-from accelmon.core import render
 from tests.support.clock import ManualClock
-from tests.support.exposition import check_golden, promtool_check
+from tests.support.exposition import check_golden, promtool_check, text_of
 from tests.support.exposition import sample_value as value
 from tests.support.paths import FAKE_DCGM_BINDINGS
 from tests.support.processes import exporter_env, run_once
@@ -27,7 +26,7 @@ def make(clock=None, **options) -> ProfilingCollector:
 
 
 def sample(collector: ProfilingCollector) -> str:
-    return render(collector.sample()).decode()
+    return text_of(collector)
 
 
 def test_dcgm_values_units_and_blanks(fake_dcgm, fake_nvml):

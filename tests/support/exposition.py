@@ -9,6 +9,7 @@ from typing import Optional
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from accelmon.core import Collector, Samples, render
 from tests.support.paths import GOLDEN
 
 # Self-metrics whose values change from run to run; left out of golden comparisons.
@@ -82,6 +83,11 @@ DCGM_EXPORTER_NAMES = (
     "label names should be written in 'snake_case' not 'camelCase'",
     "DCGM_FI_DEV_PCIE_REPLAY_COUNTER metric name should not include type 'counter'",
 )
+
+
+def text_of(source: Collector | Samples) -> str:
+    """The text exposition of a collector's sample taken now, or of `Samples`: what its part of a scrape says."""
+    return render(source.sample() if isinstance(source, Collector) else source).decode()
 
 
 def series(exposition: str, metric: str) -> list[tuple[dict[str, str], float]]:

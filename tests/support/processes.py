@@ -7,12 +7,12 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from typing import Optional, Sequence
 
 from tests.support.paths import ROOT
+from tests.support.waiting import wait_until
 
 
 def free_port() -> int:
@@ -90,15 +90,15 @@ def start_exporter(args: Sequence[str], env: dict[str, str], **popen: object) ->
 
 def wait_until_serving(port: int, timeout: float = 30.0, path: str = "/metrics") -> None:
     """Until a server started in another process answers `path` on the loopback port (bounded by `timeout`)."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def answers() -> bool:
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2).read()
-            return
+            return True
         except OSError:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"nothing answered on 127.0.0.1:{port}{path} within {timeout:.0f} s") from None
-            time.sleep(0.2)
+            return False
+
+    wait_until(answers, timeout=timeout, every=0.2, what=f"an answer on 127.0.0.1:{port}{path}")
 
 
 def stop(process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:

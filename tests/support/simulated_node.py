@@ -22,6 +22,7 @@ from tests.support.neuron_reports import line, report
 from tests.support.paths import FAKE_NEURON_MONITOR, ROOT
 from tests.support.processes import exporter_env, free_port, stop
 from tests.support.processes import start_exporter as start_accelmon
+from tests.support.waiting import wait_until
 
 
 def start_exporter(work: Path, port: int, fake_nvml_dir: Path) -> subprocess.Popen[bytes]:
@@ -156,15 +157,18 @@ def simulated_prometheus(work: Path, fake_nvml_dir: Path) -> Iterator[str]:
     ]
     base = f"http://127.0.0.1:{ports['prometheus']}"
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # bounded: the rules need two evaluations over scraped data
+
+        def recorded() -> bool:  # the rules need two evaluations over scraped data
             try:
-                ready = get(f"{base}/api/v1/query?query=cluster:accelmon_neuroncore_utilization_ratio:avg")
-                if ready["data"]["result"]:
-                    break
+                return bool(
+                    get(f"{base}/api/v1/query?query=cluster:accelmon_neuroncore_utilization_ratio:avg")["data"][
+                        "result"
+                    ]
+                )
             except OSError:
-                pass
-            time.sleep(1)
+                return False
+
+        wait_until(recorded, timeout=60, every=1, what="the recording rules over scraped data")
         time.sleep(4)  # rate() and increase() want a few samples
         yield base
     finally:
