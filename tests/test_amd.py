@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import subprocess
 import sys
 
@@ -13,7 +14,9 @@ import pytest
 from accelmon import health
 from accelmon.collectors import amd
 from accelmon.collectors.amd import AmdCollector, amd_only, load_amdsmi
+from accelmon.config import load
 from accelmon.registry import Paths
+from accelmon.scan import plan
 from tests.support.clock import ManualClock
 from tests.support.exposition import promtool_check, sample_value, text_of
 from tests.support.fakeamdsmi import build_fake_amdsmi
@@ -253,3 +256,19 @@ def test_on_by_default_only_on_an_amd_host_without_nvidias_driver(tmp_path):
 def test_load_reports_the_bindings_when_they_load(fake_amdsmi):
     module, why = load_amdsmi()
     assert module is not None and why == ""
+
+
+def test_the_plan_names_the_paths_the_detection_reads(tmp_path):
+    """--check-config --json gives the role the amd collector's hardware markers, resolved against the configured
+    paths: the role looks for exactly what the collector's own detection reads, and both agree on a fixture host."""
+    settings = tmp_path / "accelmon.yml"
+    settings.write_text(f"paths:\n  sysfs: {tmp_path / 'sys'}\n  devfs: {tmp_path / 'dev'}\n")
+    markers = plan(load(str(settings)))["collectors"]["amd"]["hardware_markers"]
+    assert markers == [str(tmp_path / "sys" / "module" / "amdgpu"), str(tmp_path / "dev" / "kfd")]
+    paths = Paths(sysfs=str(tmp_path / "sys"), devfs=str(tmp_path / "dev"))
+    assert not amd.amd_driver_loaded(paths, {})
+    (tmp_path / "sys" / "module" / "amdgpu").mkdir(parents=True)
+    assert not amd.amd_driver_loaded(paths, {})  # the driver without its compute device: not yet
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "kfd").touch()
+    assert amd.amd_driver_loaded(paths, {}) and all(os.path.exists(marker) for marker in markers)

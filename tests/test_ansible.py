@@ -115,6 +115,10 @@ WORKER_CASES = [
         "cloudwatch.metrics[0].unit",
     ),
     ("accelmon_exporter_aws_access_key_id=AKIAIOSFODNN7EXAMPLE", "go together"),
+    # node_exporter's own checks (its role's preflight), in the same play.
+    ("accelmon_node_exporter_listen_address=9100", "must be HOST:PORT or :PORT"),
+    ('{"accelmon_node_exporter_extra_args": ["--web.listen-address=:9101"]}', "without --web.listen-address"),
+    ('{"accelmon_node_exporter_disabled_collectors": ["InfiniBand; rm"]}', "names collectors"),
 ]
 MASTER_CASES = [
     ('{"accelmon_master_remote_write": [{"url": "vm:8428/api/v1/write"}]}', "url must be http:// or https://"),

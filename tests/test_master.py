@@ -105,24 +105,68 @@ def test_the_live_job_rules_follow_the_roles_variables(tmp_path):
         assert "SM clock under 0.85 of it" in " ".join(rule["annotations"]["description"].split())
         assert "for 30s" in rule["annotations"]["description"]
     assert {r["for"] for r in rules if r.get("alert") == "AccelmonJobGpuIdle"} == {"2m"}
-    hung = [r for r in rules if r.get("alert") == "AccelmonJobHung"]
-    assert len(hung) == 2 and all(
-        "< 0.25" in r["expr"] and "under 25 %" in r["annotations"]["description"] for r in hung
-    )
+    hung = {r["labels"]["signals"]: r for r in rules if r.get("alert") == "AccelmonJobHung"}
+    assert sorted(hung) == ["utilization_power", "utilization_power_sm_active", "utilization_sm_active"]
+    for signals in ("utilization_power", "utilization_power_sm_active"):  # those that read the power
+        assert "< 0.25" in hung[signals]["expr"] and "under 25 %" in hung[signals]["annotations"]["description"]
+    assert "power_watts" not in hung["utilization_sm_active"]["expr"]
 
 
-def test_the_reports_stragglers_use_the_live_rules_ratios():
-    """The report judges a finished job's stragglers by the ratios the live rules used during it (the role's
-    defaults: an operator who changes them passes the same to accelmon-report)."""
-    from accelmon.report import analysis
+def test_the_reports_default_thresholds_are_the_roles():
+    """Where Prometheus has no live rules to read, the report judges at the master role's defaults."""
+    from accelmon.report.thresholds import Thresholds
 
     defaults = yaml.safe_load((ROOT / "ansible" / "roles" / "accelmon_master" / "defaults" / "main.yml").read_text())
-    assert analysis.DEFAULT_THRESHOLDS == {
-        "sm_clock_hertz": defaults["accelmon_master_live_jobs_straggler_sm_clock_ratio"],
-        "power_watts": defaults["accelmon_master_live_jobs_straggler_power_ratio"],
-        "busy_utilization": defaults["accelmon_master_live_jobs_busy_utilization"],
-        "active_utilization": defaults["accelmon_master_live_jobs_active_utilization"],
+    role = {
+        name: defaults[f"accelmon_master_live_jobs_{name}"]
+        for name in Thresholds().as_dict()
+        if not name.endswith("_seconds")
     }
+    assert {k: v for k, v in Thresholds().as_dict().items() if not k.endswith("_seconds")} == role
+    assert Thresholds().straggler_for_seconds == duration(defaults["accelmon_master_live_jobs_straggler_for"])
+
+
+def test_the_report_reads_the_thresholds_the_rules_were_rendered_with(tmp_path):
+    """Every threshold the report applies is read back from rules rendered at values other than the defaults, in
+    the form Prometheus's rules API gives them (each expression re-printed by promtool's parser, `for` in seconds)."""
+    from accelmon.report.thresholds import Thresholds, from_rules
+
+    chosen = {
+        "straggler_sm_clock_ratio": 0.85,
+        "straggler_power_ratio": 0.7,
+        "busy_utilization": 0.4,
+        "active_utilization": 0.1,
+        "idle_utilization": 0.02,
+        "input_gpu_utilization": 0.25,
+        "input_cpu_ratio": 0.8,
+        "memory_ratio": 0.9,
+    }
+    variables = {f"accelmon_master_live_jobs_{name}": value for name, value in chosen.items()}
+    variables["accelmon_master_live_jobs_straggler_for"] = "90s"
+    rendered = tmp_path / "accelmon-live-jobs.yml"
+    render_role_template("accelmon_master", "accelmon-live-jobs.yml.j2", rendered, variables)
+    groups = [
+        {
+            "name": group["name"],
+            "rules": [
+                {
+                    "name": rule.get("record") or rule["alert"],
+                    "query": " ".join(rule["expr"].split()),
+                    "duration": duration(rule.get("for", "0s")),
+                }
+                for rule in group["rules"]
+            ],
+        }
+        for group in yaml.safe_load(rendered.read_text())["groups"]
+    ]
+    thresholds, read = from_rules(groups)
+    assert thresholds == Thresholds(**chosen, straggler_for_seconds=90.0)
+    assert read == sorted(Thresholds().as_dict())
+    assert from_rules([]) == (Thresholds(), [])
+
+
+def duration(text: str) -> float:
+    return float(text[:-1]) * {"s": 1, "m": 60, "h": 3600}[text[-1]]
 
 
 @pytest.mark.parametrize("alertmanager", [False, True])

@@ -85,6 +85,17 @@ def test_each_nodes_hardware_is_in_the_summary_and_the_html(job_100):
     assert "<h2>Hosts</h2>" in (out / "report.html").read_text()
 
 
+def test_the_report_judges_at_the_thresholds_of_the_deployed_rules(job_100):
+    """The thresholds come from the rules this Prometheus evaluates (its rules API), every one of them found in
+    the expressions as Prometheus prints them back; here they are the master role's defaults."""
+    from accelmon.report.thresholds import Thresholds
+
+    out, summary, _ = job_100
+    assert summary["thresholds_source"] == "the deployed rules"
+    assert summary["thresholds"] == Thresholds().as_dict()
+    assert "Judged at the thresholds of the deployed rules" in (out / "report.html").read_text()
+
+
 def test_a_healthy_job_has_no_straggler_and_no_live_alert(job_100):
     """GPUs 1 and 3 draw 110.5 and 131.5 W at SM clocks 1740 and 1710 MHz: a few percent from the job's median,
     which AccelmonJobStraggler never judges a straggler, nor does the report. The fleet's Prometheus evaluates the

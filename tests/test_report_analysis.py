@@ -14,6 +14,7 @@ from accelmon import report  # noqa: E402 (after the extra is known to be there)
 from accelmon.report import MAX_POINTS, step_for  # noqa: E402
 from accelmon.report.cli import without_float_noise  # noqa: E402
 from accelmon.report.render import energy_line, owner  # noqa: E402
+from accelmon.report.thresholds import Thresholds  # noqa: E402
 
 
 def frame_of(rows: list[dict]) -> object:
@@ -47,6 +48,7 @@ def _minimal_summary() -> dict:
         "gpu_hours_idle": 0.0, "node_summary": [], "stragglers": [], "cpu_efficiency": None,
         "cpu_energy_joules": None, "total_energy_joules": None, "findings": [],
         "verdicts": {"gpu_utilization": "no data", "gpu_memory": "no data", "sm_active": "no data"},
+        "thresholds": Thresholds().as_dict(),
     }  # fmt: skip
 
 
@@ -168,6 +170,11 @@ def test_a_straggler_is_what_the_live_rule_names():
     power[("n1", "GPU-2")] = [300.0] * 5 + [200.0] * 9 + [300.0] * 6
     rows = gpu_rows(busy) + gpu_rows(power, "power_watts") + gpu_rows(clock, "sm_clock_hertz")
     assert report.summarize(job, frame_of(rows))["stragglers"] == []
+    # A site whose rule waits 2 minutes (and calls power under 0.7 of the median a straggler) had the alert fire:
+    # judged at the deployed rules' thresholds, the report names the GPU too, in those terms.
+    site = Thresholds(straggler_for_seconds=120.0, straggler_power_ratio=0.7)
+    (entry,) = report.summarize(job, frame_of(rows), site)["stragglers"]
+    assert entry["gpu"] == "2" and entry["below_median_ratio"]["power_watts"] == 0.7
     # Nor while the job is not busy (median utilization under 0.3), nor on a GPU that does not work (under 0.05).
     for utilization in ({k: [0.2] * 20 for k in busy}, {**busy, ("n1", "GPU-2"): [0.01] * 20}):
         power[("n1", "GPU-2")] = [200.0] * 20

@@ -10,6 +10,7 @@ collector, or a check, is adding to its module.
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -35,6 +36,11 @@ def never(paths: Paths, options: dict[str, Any]) -> bool:
     return False
 
 
+def markers_present(markers: tuple[str, ...], paths: Paths) -> bool:
+    """Whether every one of a collector's `hardware_markers` exists on this host (none declared: False)."""
+    return bool(markers) and all(os.path.exists(marker.format(**vars(paths))) for marker in markers)
+
+
 @dataclass(frozen=True)
 class Registration:
     """Everything the exporter, its config, its docs and its Ansible role need to know about one collector."""
@@ -49,6 +55,10 @@ class Registration:
     # Whether the host shows this collector's hardware (a loaded driver, a device class): if so, hardware that
     # does not answer is a fault (accelmon_collector_hardware_expected).
     hardware_present: Callable[[Paths, dict[str, Any]], bool] = never
+    # Host paths that together show this collector's hardware, as templates of the `Paths` ("{sysfs}/module/amdgpu"):
+    # its detection reads them (`markers_present`), and --check-config --json names them resolved, so the Ansible
+    # role looks for the same paths on a host before anything is installed there.
+    hardware_markers: tuple[str, ...] = ()
     # systemd DeviceAllow= entries the collector needs unless it is disabled (device classes where possible, so a
     # driver installed after the deploy needs no new unit).
     devices: tuple[str, ...] = ()
@@ -79,6 +89,9 @@ class Registration:
         """Whether the collector may run on some host with this setting (None: auto, which can turn it on
         unless its default is never)."""
         return enabled is True or (enabled is None and self.enabled_by_default is not never)
+
+    def markers(self, paths: Paths) -> list[str]:
+        return [marker.format(**vars(paths)) for marker in self.hardware_markers]
 
     def option(self, name: str) -> Option:
         return next(option for option in self.options if option.name == name)

@@ -45,9 +45,10 @@ def build_samplers(settings: Settings) -> list[Sampler]:
 def plan(settings: Settings) -> dict[str, object]:
     """What --check-config --json prints: the settings resolved, for the Ansible role and for operators.
 
-    `device_allow` holds the device nodes of every collector that may run, `auto` ones included: the unit must
-    let a collector reach hardware that appears after the deploy (a driver installed later); `capabilities` the
-    Linux capabilities they need (the unit's only ones).
+    Each collector's `hardware_markers` are the host paths whose presence shows its hardware (the role looks for
+    them on a host before it installs a collector's bindings). `device_allow` holds the device nodes of every
+    collector that may run, `auto` ones included: the unit must let a collector reach hardware that appears after
+    the deploy (a driver installed later); `capabilities` the Linux capabilities they need (the unit's only ones).
     """
     described: dict[str, dict[str, object]] = {}
     devices: set[str] = set()
@@ -59,6 +60,7 @@ def plan(settings: Settings) -> dict[str, object]:
             "runs_on_this_host": runs_here(registration, settings),
             "options": {**registration.defaults, **chosen.options},
             "devices": list(registration.devices),
+            "hardware_markers": registration.markers(settings.paths),
         }
         if registration.may_run(chosen.enabled):
             devices.update(registration.devices)

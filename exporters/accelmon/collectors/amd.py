@@ -20,7 +20,6 @@ import contextlib
 import ctypes
 import io
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -56,7 +55,7 @@ from accelmon.gpu_metrics import (
     UTILIZATION,
 )
 from accelmon.nvidia import nvidia_driver_loaded
-from accelmon.registry import Paths, Registration, register, seconds
+from accelmon.registry import Paths, Registration, markers_present, register, seconds
 
 log = logging.getLogger("accelmon.amd")
 
@@ -426,11 +425,13 @@ def _gpu_metrics(handle: Any, amdsmi: Any) -> Any:
     return metrics
 
 
+# The amdgpu kernel module is loaded and the compute device (/dev/kfd) is there: an AMD GPU host. The role looks for
+# the same paths (--check-config --json's hardware_markers) to decide whether a host gets amdsmi.
+HARDWARE_MARKERS = ("{sysfs}/module/amdgpu", "{devfs}/kfd")
+
+
 def amd_driver_loaded(paths: Paths, options: dict[str, Any]) -> bool:
-    """The amdgpu kernel module is loaded and the compute device (/dev/kfd) is there: an AMD GPU host."""
-    return os.path.isdir(os.path.join(paths.sysfs, "module", "amdgpu")) and os.path.exists(
-        os.path.join(paths.devfs, "kfd")
-    )
+    return markers_present(HARDWARE_MARKERS, paths)
 
 
 def amd_only(paths: Paths, options: dict[str, Any]) -> bool:
@@ -467,6 +468,7 @@ REGISTRATION = register(
         options=(INTERVAL, SLOW_INTERVAL),
         enabled_by_default=amd_only,
         hardware_present=amd_driver_loaded,
+        hardware_markers=HARDWARE_MARKERS,
         # /dev/kfd (compute) and /dev/dri/* (the render nodes amdsmi opens); the user needs the render and video
         # groups (the role adds them where they exist).
         devices=("char-kfd rw", "char-drm rw"),

@@ -8,16 +8,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from accelmon.report.query import Job
+from accelmon.report.thresholds import DEFAULTS, Thresholds
 
-IDLE_BELOW = 0.05  # utilization under which a held GPU counts as idle
-# The live rule AccelmonJobStraggler's definition at the master role's defaults (accelmon_master_live_jobs_*, a test
-# keeps them equal): a GPU's SM clock or power under these shares of its job's median at the same moment, while the
-# job's median utilization is at least busy_utilization and the GPU's own at least active_utilization...
-DEFAULT_THRESHOLDS = {"sm_clock_hertz": 0.9, "power_watts": 0.8, "busy_utilization": 0.3, "active_utilization": 0.05}
-STRAGGLER_FOR_SECONDS = 300.0  # ...for this long without a break (the rule's `for`)
-INPUT_BOUND_GPU = 0.3  # GPUs under this mean utilization...
-INPUT_BOUND_CPU = 0.9  # ...while the job's cores are this busy: the CPUs hold the GPUs back
-MEMORY_NEAR_LIMIT = 0.95
+# The live judgements' thresholds (idle, straggler, input-bound, memory) are the deployed rules' own:
+# accelmon.report.thresholds reads them, the defaults are the master role's.
 LOW_IPC = 0.7  # instructions per cycle under this on busy cores: the CPU code waits on memory
 CACHE_LINE_BYTES = 64  # the memory traffic estimate: one line per last-level miss (x86; docs/jobs.md)
 
@@ -45,8 +39,9 @@ def verdict(value: float | None, low: float, good: float, words: tuple[str, str,
     return words[0] if value < low else words[1] if value < good else words[2]
 
 
-def summarize(job: Job, frame: Any) -> dict[str, Any]:
-    """The summary's figures: per GPU, per node and for the job, energy, idle GPU-hours, stragglers."""
+def summarize(job: Job, frame: Any, thresholds: Thresholds = DEFAULTS) -> dict[str, Any]:
+    """The summary's figures: per GPU, per node and for the job, energy, idle GPU-hours, stragglers, judged at
+    `thresholds` (the live rules')."""
 
     def series(name: str) -> Any:
         return frame[frame.metric == name]
@@ -72,7 +67,7 @@ def summarize(job: Job, frame: Any) -> dict[str, Any]:
         joules = counter_increase(energy) if len(energy) >= 2 else None
         energy_total += joules or 0.0
         busy = of_gpu("utilization", node, uuid)
-        idle = float((busy < IDLE_BELOW).sum()) * job.step
+        idle = float((busy < thresholds.idle_utilization).sum()) * job.step
         idle_seconds += idle
         memory_peak = max_of("memory_used_bytes", node, uuid)
         memory_total = max_of("memory_total_bytes", node, uuid)
@@ -169,13 +164,14 @@ def summarize(job: Job, frame: Any) -> dict[str, Any]:
         "cpu_efficiency": ratio_of_sums(nodes, "job_cpu_cores_used_mean", "job_cpus_allocated"),
         "cpu_energy_joules": cpu_energy,
         "total_energy_joules": energy_total + cpu_energy if cpu_energy is not None else None,
-        "findings": findings(job_utilization, nodes),
+        "findings": findings(job_utilization, nodes, thresholds),
         "verdicts": {
             "gpu_utilization": verdict(job_utilization, 0.2, 0.5, ("very low", "low", "good")),
             "gpu_memory": verdict(job_memory, 0.1, 0.5, ("mostly unused", "under half used", "well used")),
             "sm_active": verdict(job_sm, 0.2, 0.5, ("very low", "low", "good")),
         },
-        "stragglers": stragglers(job, frame),
+        "stragglers": stragglers(job, frame, thresholds),
+        "thresholds": thresholds.as_dict(),
     }
 
 
@@ -184,23 +180,25 @@ def ratio_of_sums(rows: list[dict[str, Any]], numerator: str, denominator: str) 
     return sum(p[0] for p in pairs) / sum(p[1] for p in pairs) if pairs else None
 
 
-def findings(gpu_utilization: float | None, nodes: list[dict[str, Any]]) -> list[str]:
+def findings(
+    gpu_utilization: float | None, nodes: list[dict[str, Any]], thresholds: Thresholds = DEFAULTS
+) -> list[str]:
     """What a user can act on, from the CPU side next to the GPUs."""
     found = []
     for node in nodes:
         efficiency, ratio = node["job_cpu_efficiency"], node["job_memory_peak_ratio"]
         if (
             gpu_utilization is not None
-            and gpu_utilization < INPUT_BOUND_GPU
+            and gpu_utilization < thresholds.input_gpu_utilization
             and efficiency
-            and efficiency >= INPUT_BOUND_CPU
+            and efficiency >= thresholds.input_cpu_ratio
         ):
             found.append(
                 f"{node['node']}: GPUs mostly idle ({100 * gpu_utilization:.0f} %) while the job's "
                 f"{node['job_cpus_allocated']:g} CPUs were saturated ({100 * efficiency:.0f} %): input-bound; "
                 "more data-loader workers or CPUs per GPU"
             )
-        if ratio is not None and ratio >= MEMORY_NEAR_LIMIT:
+        if ratio is not None and ratio >= thresholds.memory_ratio:
             found.append(
                 f"{node['node']}: memory peaked at {100 * ratio:.0f} % of the job's limit: close to being killed"
             )
@@ -218,12 +216,11 @@ def findings(gpu_utilization: float | None, nodes: list[dict[str, Any]]) -> list
 def stragglers(
     job: Job,
     frame: Any,
-    thresholds: dict[str, float] = DEFAULT_THRESHOLDS,
-    sustained_seconds: float = STRAGGLER_FOR_SECONDS,
+    thresholds: Thresholds = DEFAULTS,
 ) -> list[dict[str, Any]]:
     """The live rule AccelmonJobStraggler over the whole run, so the report names the GPUs the rule named while the
     job ran: a GPU of a job of 2+ GPUs under its job's median (SM clock or power, at `thresholds`' ratios) while
-    the job is busy and the GPU works, for `sustained_seconds` without a break. Each entry says what was measured:
+    the job is busy and the GPU works, for the rule's `for` without a break. Each entry says what was measured:
     the longest such stretch, and per signal the share of the job's busy time the GPU spent under its ratio."""
     if len(job.gpus) < 2:
         return []
@@ -236,13 +233,14 @@ def stragglers(
     utilization = wide("utilization")
     if utilization.shape[1] < 2:
         return []
-    busy = utilization.median(axis=1) >= thresholds["busy_utilization"]
-    judged = (utilization >= thresholds["active_utilization"]) & busy.to_numpy()[:, None]
+    busy = utilization.median(axis=1) >= thresholds.busy_utilization
+    judged = (utilization >= thresholds.active_utilization) & busy.to_numpy()[:, None]
+    ratios = {"sm_clock_hertz": thresholds.straggler_sm_clock_ratio, "power_watts": thresholds.straggler_power_ratio}
     under: dict[str, Any] = {}
     for name in ("sm_clock_hertz", "power_watts"):
         values = wide(name)
         if values.shape[1] >= 2:
-            below = values.lt(values.median(axis=1) * thresholds[name], axis=0)
+            below = values.lt(values.median(axis=1) * ratios[name], axis=0)
             under[name] = below.reindex(index=utilization.index, columns=utilization.columns, fill_value=False)
     if not under:
         return []
@@ -254,14 +252,14 @@ def stragglers(
     found: dict[str, dict[str, Any]] = {}
     for key in utilization.columns:
         longest = longest_stretch(list(lagging[key].items()), job.step)
-        if longest < sustained_seconds:
+        if longest < thresholds.straggler_for_seconds:
             continue
         node, uuid = str(key).split("\t", 1)
         found[str(key)] = {
             "node": node,
             "uuid": uuid,
             "longest_seconds": longest,
-            "below_median_ratio": {name: thresholds[name] for name in under},
+            "below_median_ratio": {name: ratios[name] for name in under},
             "below_median_share": {
                 name: round(float((below[key] & judged[key]).sum()) / busy_samples, 3) for name, below in under.items()
             },

@@ -22,6 +22,7 @@ from accelmon.report.query import (
     live_alerts,
 )
 from accelmon.report.render import html, pdf, plots
+from accelmon.report.thresholds import deployed
 
 
 def without_float_noise(value: Any) -> Any:
@@ -39,7 +40,9 @@ def without_float_noise(value: Any) -> Any:
 def write_report(prometheus: Prometheus, job_id: str, out: Path, lookback: float, now: float | None = None) -> dict:
     job = find_job(prometheus, job_id, lookback, time.time() if now is None else now)
     frame = collect(prometheus, job)
-    summary = summarize(job, frame)
+    thresholds, source = deployed(prometheus)
+    summary = summarize(job, frame, thresholds)
+    summary["thresholds_source"] = source
     summary["hosts"] = hardware(prometheus, job)
     summary["live_alerts"] = live_alerts(prometheus, job)
     images = plots(job, frame)

@@ -161,6 +161,7 @@ def pdf(summary: dict[str, Any], images: list[tuple[str, bytes]], path: Path) ->
             or "none"
         ),
         "Live judgements while it ran: " + ("; ".join(map(live_line, summary.get("live_alerts", []))) or "none"),
+        f"Thresholds: {summary.get('thresholds_source', 'the master role' + chr(39) + 's defaults')}",
         "",
         *(
             f"{h['node']}: {h.get('cpu_model', '?')}, {h.get('cpus', '?')} CPUs, "
