@@ -60,6 +60,7 @@ from tests.support.dashboards import concrete, panel_queries  # noqa: E402
 from tests.support.fakenvml import build_fake_nvml  # noqa: E402
 from tests.support.infiniband_tree import add_device  # noqa: E402
 from tests.support.processes import cpu_seconds, free_port  # noqa: E402
+from tests.support.rules import load_renderer  # noqa: E402
 
 GPUS_PER_NODE = 8
 FLEET_GPUS = 10_000
@@ -420,7 +421,8 @@ def main() -> None:
         )
         text = config.read_text().replace("/etc/prometheus/targets/", f"{targets}/")
         port = free_port()
-        text = text.replace("/etc/prometheus/rules/", f"{ROOT}/master/prometheus/rules/")
+        rules = load_renderer().write_rules(work / "master-rules")  # the shipped rules and the live job rules rendered
+        text = text.replace("/etc/prometheus/rules/", f"{rules}/")
         config.write_text(text.replace("localhost:9090", f"127.0.0.1:{port}"))  # its self-scrape
         process = subprocess.Popen(
             [prometheus_binary, f"--config.file={config}", f"--storage.tsdb.path={work / 'tsdb'}",

@@ -25,13 +25,12 @@ import yaml
 
 from tests.support.ansible import exec_start, render_role_template
 from tests.support.dashboards import METRIC, concrete, panel_params
-from tests.support.paths import ROOT
 from tests.support.processes import free_port
+from tests.support.rules import master_rules
 from tests.support.simulated_node import rapl_sysfs, start_exporter, start_node_exporter
 
 pytestmark = pytest.mark.e2e
 
-RULES = ROOT / "master" / "prometheus" / "rules"
 SHARDS, REPLICAS = 2, 2
 STORE_USER, STORE_PASSWORD = "fleet", "store-test-password-1"  # test credentials
 STORE_NAME = "store.test"  # the name in the store's certificate (besides 127.0.0.1)
@@ -152,8 +151,9 @@ def fleet(tmp_path_factory, fake_nvml_dir):
     for template in ("accelmon-store.service", "accelmon-store-vmalert.service", "auth.env"):
         render_role_template("accelmon_store", f"{template}.j2", work / template, store_vars)
     # What systemd does: the environment file's flags; the role's paths are this test's files.
+    rules = master_rules() / "rules"
     on_host = {"/var/lib/accelmon-store": str(work / "store-data"), "/etc/accelmon-store/tls/": f"{pki}/",
-               "/etc/accelmon-store/rules/*.yml": str(RULES / "accelmon-fleet-*.yml")}  # fmt: skip
+               "/etc/accelmon-store/rules/*.yml": str(rules / "accelmon-fleet-*.yml")}  # fmt: skip
 
     def command(unit: str, binary: str) -> list[str]:
         arguments = exec_start(work / unit)
@@ -193,7 +193,7 @@ def fleet(tmp_path_factory, fake_nvml_dir):
     # What the role copies to a sharded master: every rule file but the fleet-wide ones.
     local_rules = work / "rules"
     local_rules.mkdir()
-    for path in RULES.glob("*.yml"):
+    for path in rules.glob("*.yml"):
         if not path.name.startswith("accelmon-fleet-"):
             shutil.copy(path, local_rules)
     master_vars = {

@@ -1,25 +1,32 @@
-"""Writes rules/accelmon-live-jobs.yml: the master role's template of the live job judgements, rendered by Ansible
-with the role's defaults (the copy promtool's tests, the store's tests and the demo read; the role renders its own
-from the operator's variables on every master). `--check` fails where the copy differs from the template.
+"""The master's rule files as a Prometheus reads them: master/prometheus/rules/ (shipped as they are) and the live
+job judgements, which the master role renders from its template and accelmon_master_live_jobs_* variables on every
+master (ansible/roles/accelmon_master/templates/accelmon-live-jobs.yml.j2). No rendered copy is kept in the
+repository: what needs the rules (promtool's tests, the tests' Prometheus, the capacity bench) renders them here,
+by Ansible itself, at the role's defaults or at the variables given.
 
-    .venv/bin/python master/prometheus/render_live_jobs.py [--check]
+    .venv/bin/python master/prometheus/render_live_jobs.py OUT_DIR     writes OUT_DIR/rules/*.yml and OUT_DIR/tests/
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any, Optional
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "ansible" / "roles" / "accelmon_master"
-RULES = ROOT / "master" / "prometheus" / "rules" / "accelmon-live-jobs.yml"
+SHIPPED = ROOT / "master" / "prometheus" / "rules"
+TESTS = ROOT / "master" / "prometheus" / "tests"
+LIVE_JOBS = "accelmon-live-jobs.yml"
 
 
-def render() -> str:
+def render(variables: Optional[dict[str, Any]] = None) -> str:
+    """The live job rules at the role's defaults, or at `variables` over them."""
     with tempfile.TemporaryDirectory() as work:
         dest = Path(work) / "rules.yml"
         play = [
@@ -27,10 +34,11 @@ def render() -> str:
                 "hosts": "localhost",
                 "gather_facts": False,
                 "vars_files": [str(ROLE / "defaults" / "main.yml")],
+                "vars": variables or {},
                 "tasks": [
                     {
                         "ansible.builtin.template": {
-                            "src": str(ROLE / "templates" / "accelmon-live-jobs.yml.j2"),
+                            "src": str(ROLE / "templates" / f"{LIVE_JOBS}.j2"),
                             "dest": str(dest),
                             "mode": "0644",
                         }
@@ -53,20 +61,31 @@ def render() -> str:
             check=False,
         )
         if result.returncode != 0:
-            raise SystemExit(result.stdout[-3000:] + result.stderr[-3000:])
+            raise RuntimeError(result.stdout[-3000:] + result.stderr[-3000:])
         return dest.read_text()
 
 
-def main() -> int:
-    text = render()
-    if "--check" in sys.argv[1:]:
-        if RULES.read_text() != text:
-            print(f"{RULES.relative_to(ROOT)} differs from the role's template: run {Path(__file__).name}")
-            return 1
-        return 0
-    RULES.write_text(text)
+def write_rules(out: Path, variables: Optional[dict[str, Any]] = None) -> Path:
+    """`out`/rules/ holding every rule file a master evaluates (the live job rules rendered), and `out`/tests/ the
+    promtool tests beside them (their rule_files name ../rules/): returns `out`/rules."""
+    rules, tests = out / "rules", out / "tests"
+    rules.mkdir(parents=True, exist_ok=True)
+    tests.mkdir(parents=True, exist_ok=True)
+    for path in SHIPPED.glob("*.yml"):
+        shutil.copy(path, rules)
+    (rules / LIVE_JOBS).write_text(render(variables))
+    for path in TESTS.glob("*.yml"):
+        shutil.copy(path, tests)
+    return rules
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print(__doc__, file=sys.stderr)
+        return 2
+    print(write_rules(Path(argv[0])))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

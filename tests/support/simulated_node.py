@@ -19,9 +19,10 @@ from tests.support.infiniband_tree import standard_tree
 from tests.support.jobs_tree import bus_id, fabric_manager_process, job_cgroup_stats, nvidia_procfs, slurm_job_cgroup
 from tests.support.kernel_log_lines import BOOT, record, xid_line
 from tests.support.neuron_reports import line, report
-from tests.support.paths import FAKE_NEURON_MONITOR, ROOT
+from tests.support.paths import FAKE_NEURON_MONITOR
 from tests.support.processes import exporter_env, free_port, stop
 from tests.support.processes import start_exporter as start_accelmon
+from tests.support.rules import rule_files
 from tests.support.waiting import wait_until
 
 
@@ -108,9 +109,6 @@ def start_node_exporter(binary: str, port: int, sysfs: Path) -> subprocess.Popen
     return subprocess.Popen(command, stderr=subprocess.DEVNULL)
 
 
-RULES = sorted((ROOT / "master" / "prometheus" / "rules").glob("*.yml"))
-
-
 def get(url: str) -> dict:
     """A Prometheus API answer as data."""
     with urllib.request.urlopen(url, timeout=10) as response:
@@ -128,7 +126,7 @@ def simulated_prometheus(work: Path, fake_nvml_dir: Path) -> Iterator[str]:
         yaml.safe_dump(
             {
                 "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                "rule_files": [str(r) for r in RULES],
+                "rule_files": [str(r) for r in rule_files()],
                 "scrape_configs": [
                     {
                         "job_name": job,

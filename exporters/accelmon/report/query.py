@@ -322,7 +322,7 @@ def hardware(prometheus: Prometheus, job: Job) -> list[dict[str, Any]]:
 
 
 def live_alerts(prometheus: Prometheus, job: Job) -> list[dict[str, Any]]:
-    """The live judgements that fired on the job while it ran (master/prometheus/rules/accelmon-live-jobs.yml, at
+    """The live judgements that fired on the job while it ran (the master role's accelmon-live-jobs.yml, at
     whatever thresholds the master role set): each alert's name, its reason or signals, the node and GPU it named,
     and when it first and last fired. Empty where the Prometheus asked evaluates no alerts."""
     query = (

@@ -14,7 +14,7 @@ def per_job_gpu(metric: str) -> str:
 
 def against_job_median(metric: str) -> str:
     """Each GPU's `metric` over its job's median at the same moment: what AccelmonJobStraggler judges (1 = with its
-    peers; a straggler sits under 0.9 for clocks, 0.8 for power: master/prometheus/rules/accelmon-live-jobs.yml).
+    peers; a straggler sits under 0.9 for clocks, 0.8 for power: the master role's accelmon-live-jobs.yml).
     """
     return f"({per_job_gpu(metric)}) / on (job_id) group_left quantile by (job_id) (0.5, {per_job_gpu(metric)})"
 
