@@ -41,7 +41,8 @@ def node(tmp_path, fake_nvml_dir):
     config = tmp_path / "exporter.yml"
     config.write_text(
         f"paths: {{procfs: {procfs}, kmsg: {tmp_path / 'kmsg'}}}\n"
-        f"collectors: {{health: {{drill_dir: {tmp_path / 'drills'}, interval_seconds: 0.2}}}}\n"
+        f"collectors: {{health: {{drill_dir: {tmp_path / 'drills'}, interval_seconds: 0.2,"
+        f" remediation_journal: {tmp_path / 'remediation.jsonl'}}}}}\n"
     )
     return config, exporter_env(fake_nvml_dir, tmp_path / "nvml.conf")
 

@@ -37,7 +37,8 @@ def node(tmp_path: Path, fake_nvml_dir: Path):
     (tmp_path / "nvml.conf").write_text("gpus 4\n")
     config = tmp_path / "exporter.yml"
     paths = {"procfs": str(procfs), "kmsg": str(tmp_path / "kmsg")}
-    config.write_text(yaml.safe_dump({"paths": paths}))
+    journal = str(tmp_path / "remediation.jsonl")
+    config.write_text(yaml.safe_dump({"paths": paths, "collectors": {"health": {"remediation_journal": journal}}}))
 
     def check(
         kmsg: str, state: str = "IDLE", *extra: str, **env: str
@@ -61,6 +62,7 @@ def test_a_failing_gpu_drains_the_node_with_a_reason_naming_it(node):
     assert result.returncode == 0, result.stderr
     assert calls == [
         "show node gpu-7 --oneliner",
+        "show nodes --oneliner",  # the circuit breaker's count: this one node, none out
         "update NodeName=gpu-7 State=DRAIN Reason=accelmon: GPU 2 xid: reboot_node",
     ]
     assert "drained node gpu-7: accelmon: GPU 2 xid: reboot_node" in result.stderr
@@ -100,7 +102,9 @@ def test_faults_of_slurm_or_settings_never_fail_the_health_check(node, tmp_path)
 
 def test_dry_run_changes_nothing(node):
     result, calls = node(XID_79_ON_GPU_2, "IDLE", "--dry-run")
-    assert calls == [] and "would drain gpu-7: accelmon: GPU 2 xid: reboot_node" in result.stderr
+    # It reads Slurm (the node, the breaker's count) and changes nothing.
+    assert calls == ["show node gpu-7 --oneliner", "show nodes --oneliner"]
+    assert "would drain gpu-7: accelmon: GPU 2 xid: reboot_node" in result.stderr
 
 
 DCGMI = """#!/bin/sh

@@ -90,7 +90,10 @@ class View:
     dictionaries only when a check first asks for it, grouped by GPU index, so each read looks at its GPU's rows
     alone (scanning every row of 144 NVLink series for each GPU and check cost most of a health sample)."""
 
-    def __init__(self, samples: Iterable[Samples]) -> None:
+    def __init__(self, samples: Iterable[Samples], resets: Optional[dict[str, float]] = None) -> None:
+        # GPU uuid -> when the GPU was last reset by the repair loop (accelmon.remediation's journal): what a reset
+        # clears is judged from then on (the xid check).
+        self.resets = resets or {}
         self._sampled: dict[str, list[tuple[tuple[str, ...], list[tuple[tuple[str, ...], float]]]]] = {}
         for sample in samples:
             for spec, rows in sample.rows.items():
@@ -155,6 +158,13 @@ class View:
         ]
         rows.append(({**{name: "" for name in spec.labels}, "gpu": index, "uuid": uuid, **labels}, value))
         self._by_index.pop(spec.name, None)
+
+    def reset_at(self, gpu: Gpu) -> Optional[float]:
+        return self.resets.get(gpu[1]) if gpu[1] else None
+
+    def label(self, spec: MetricSpec, gpu: Gpu, name: str) -> str:
+        """Label `name` of the GPU's first series of `spec` ("" where it has none)."""
+        return next((labels.get(name, "") for labels, _ in self.of(spec, gpu)), "")
 
     def value(self, spec: MetricSpec, gpu: Gpu, **match: str) -> Optional[float]:
         for labels, value in self.of(spec, gpu):

@@ -22,6 +22,7 @@ from typing import Optional, TypeVar
 from accelmon import xid as catalogue
 from accelmon.checks import VERDICTS, ActiveDrill, Check, Gpu, GpuCheck, NodeCheck, View, worst
 from accelmon.core import Samples
+from accelmon.gpu_metrics import INFO
 from accelmon.registry import Registration
 
 Checked = TypeVar("Checked", GpuCheck, NodeCheck)
@@ -32,6 +33,7 @@ class GpuHealth:
     index: str
     uuid: str
     checks: list[Check] = field(default_factory=list)
+    serial: str = ""  # the board's serial (NVML, amdsmi): the repair journal's key, "" where not reported
 
     @property
     def verdict(self) -> str:
@@ -66,7 +68,14 @@ class NodeHealth:
             "verdict": self.verdict,
             "checks": checks(self.checks),
             "gpus": [
-                {"index": g.index, "uuid": g.uuid, "verdict": g.verdict, "action": g.action, "checks": checks(g.checks)}
+                {
+                    "index": g.index,
+                    "uuid": g.uuid,
+                    "serial": g.serial,
+                    "verdict": g.verdict,
+                    "action": g.action,
+                    "checks": checks(g.checks),
+                }
                 for g in self.gpus
             ],
         }
@@ -107,11 +116,13 @@ def evaluate(
     now: float,
     registrations: Iterable[Registration],
     drills: Iterable[ActiveDrill] = (),
+    resets: Optional[dict[str, float]] = None,
 ) -> NodeHealth:
     """The checks the `registrations` declare (the collectors running on this node), over their latest `samples`,
-    with the `drills` in force written into them first."""
+    with the `drills` in force written into them first; `resets`: GPU uuid -> the time of its last GPU reset by the
+    repair loop."""
     chosen = list(registrations)
-    view = View(samples)
+    view = View(samples, resets)
     gpu_checks = unique(check for registration in chosen for check in registration.gpu_checks)
     listing = [spec for registration in chosen for spec in registration.lists_gpus]
     listed = view.gpus(listing)
@@ -124,6 +135,7 @@ def evaluate(
                 drilled_check(check.judge(view, (index, uuid), now), drilled.get((index, check.name)))
                 for check in gpu_checks
             ],
+            view.label(INFO, (index, uuid), "serial"),
         )
         for index, uuid in listed
     ]

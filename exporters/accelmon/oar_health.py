@@ -17,7 +17,7 @@ import os
 import sys
 from typing import Sequence
 
-from accelmon.scan import failing_scan
+from accelmon.scan import hook_scan
 
 log = logging.getLogger("accelmon.oar_health")
 
@@ -32,9 +32,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="accelmon-oar-health: %(message)s")
     log.setLevel(logging.INFO)
-    verdict = failing_scan(args.config, log, "no check log left")
-    if verdict is None:
+    scanned = hook_scan(args.config, log, "no check log left")
+    if scanned is None or scanned[1].verdict != "failure":
         return 0
+    verdict = scanned[1]
     reason = verdict.drain_reason()
     checklog = os.environ.get("CHECKLOGFILE")
     if not checklog:  # run by hand, not by oarnodecheckrun: say it

@@ -15,6 +15,7 @@ from accelmon import drill_store, health
 from accelmon.config import ConfigError, Settings, load
 from accelmon.core import Exporter, Sampler
 from accelmon.registry import Registration, collectors
+from accelmon.remediation import JOURNAL, Journal
 
 SCAN_FAILED = 3  # the scan's own exit status when it could not run: 0, 1 and 2 are the verdicts
 
@@ -73,11 +74,14 @@ def plan(settings: Settings) -> dict[str, object]:
     }
 
 
-def scan_health(settings: Settings) -> health.NodeHealth:
+def scan_health(settings: Settings, resets: dict[str, float] | None = None) -> health.NodeHealth:
     """The collectors that declare `scan` (those the checks read that answer in one sample) and run on this node,
     sampled once; their checks over them. The others (profiling's window, neuron-monitor's start) would only slow
-    it down, and their checks are not judged here."""
-    drill_dir = str(settings.collector("health").options.get("drill_dir", drill_store.DRILL_DIR.default))
+    it down, and their checks are not judged here. GPU resets are those of the repair journal unless `resets` says."""
+    options = settings.collector("health").options
+    drill_dir = str(options.get("drill_dir", drill_store.DRILL_DIR.default))
+    if resets is None:
+        resets = Journal.read(str(options.get("remediation_journal", JOURNAL.default))).resets()
     registered = collectors()
     for name, registration in registered.items():
         if not registration.scan:
@@ -90,17 +94,18 @@ def scan_health(settings: Settings) -> health.NodeHealth:
     sampled = {sampler.name for sampler in samplers}
     running = [registration for name, registration in registered.items() if name in sampled]
     now = time.time()
-    return health.evaluate(latest, now, running, drills=drill_store.read(drill_dir, now))
+    return health.evaluate(latest, now, running, drills=drill_store.read(drill_dir, now), resets=resets)
 
 
-def failing_scan(config: str | None, log: logging.Logger, untouched: str) -> health.NodeHealth | None:
-    """A scheduler hook's scan (Slurm's health check, OAR's node check): the verdicts printed; the node's health when
-    it fails, else None. Bad settings are logged, never raised: a fault of the monitoring must not take a node out."""
+def hook_scan(config: str | None, log: logging.Logger, untouched: str) -> tuple[Settings, health.NodeHealth] | None:
+    """A scheduler hook's scan (Slurm's health check, OAR's node check): the verdicts printed; the settings and the
+    node's health, or None where the settings are bad (logged, never raised: a fault of the monitoring must not take
+    a node out)."""
     try:
         settings = load(config)
     except ConfigError as error:
         log.error("%s: no health check run, %s", error, untouched)
         return None
-    verdict = scan_health(settings)
+    verdict = scan_health(load(config))  # a fresh copy: the scan turns the other collectors off in its own
     sys.stdout.write(verdict.table())
-    return verdict if verdict.verdict == "failure" else None
+    return settings, verdict

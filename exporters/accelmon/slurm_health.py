@@ -15,16 +15,17 @@ unreachable DCGM only logs (it never blocks a job).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import re
 import socket
 import subprocess
 import sys
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
-from accelmon.scan import failing_scan
+from accelmon.config import load
+from accelmon.scan import hook_scan, scan_health
+from accelmon.slurm_repair import Options, SlurmRepair, diagnose, holding_lock, in_background
 
 log = logging.getLogger("accelmon.slurm_health")
 
@@ -44,45 +45,6 @@ def node_name() -> str:
 def run(command: list[str]) -> subprocess.CompletedProcess[str]:
     timeout = DIAG_TIMEOUT_SECONDS if "diag" in command else SCONTROL_TIMEOUT_SECONDS
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
-
-
-def failed_tests(report: Any) -> list[str]:
-    """The names of the tests that failed in `dcgmi diag -j`'s report: every object with a `name` and `results`
-    whose result status is Fail (DCGM 3 and 4 nest them differently; both keep these keys)."""
-    failed: list[str] = []
-    if isinstance(report, dict):
-        results = report.get("results")
-        if isinstance(report.get("name"), str) and isinstance(results, list):
-            statuses = [str(r.get("status", "")).lower() for r in results if isinstance(r, dict)]
-            if "fail" in statuses:
-                failed.append(report["name"])
-        for value in report.values():
-            failed += failed_tests(value)
-    elif isinstance(report, list):
-        for value in report:
-            failed += failed_tests(value)
-    return failed
-
-
-def diagnose(dcgmi: str, runner: Run) -> Optional[list[str]]:
-    """The tests `dcgmi diag -r 1` failed ([] when all passed), or None when the diagnostic could not run."""
-    try:
-        result = runner([dcgmi, "diag", "-r", "1", "-j"])
-    except (OSError, subprocess.TimeoutExpired) as error:
-        log.info("dcgmi diag could not run: %s", error)
-        return None
-    try:
-        report = json.loads(result.stdout)
-    except ValueError:
-        log.info(
-            "dcgmi diag gave no report (status %d): %s", result.returncode, (result.stderr or result.stdout)[-300:]
-        )
-        return None
-    failed = sorted(set(failed_tests(report)))
-    if result.returncode != 0 and not failed:
-        log.info("dcgmi diag ended with status %d and no failed test: not judged", result.returncode)
-        return None
-    return failed
 
 
 def node_state(scontrol: str, node: str, runner: Run) -> Optional[str]:
@@ -118,6 +80,12 @@ def parser() -> argparse.ArgumentParser:
         "--diag", action="store_true", help="as a prolog: run `dcgmi diag -r 1`; failed tests drain and fail it"
     )
     parser.add_argument("--dcgmi", default="dcgmi", help="the dcgmi command (default: dcgmi on PATH)")
+    parser.add_argument(
+        "--foreground",
+        action="store_true",
+        help="carry a repair out in this process (the health check starts one in the background, since slurmd "
+        "kills a health check after 60 s; tests and a person at the console use this)",
+    )
     return parser
 
 
@@ -129,9 +97,26 @@ def main(argv: Sequence[str] | None = None, runner: Run = run) -> int:
     node = args.node or node_name()
     if args.diag:
         return prolog_diag(args, node, runner)
-    verdict = failing_scan(args.config, log, "nothing drained")
-    if verdict is not None:
-        drain_unless_dry_run(args, node, verdict.drain_reason(), runner)
+    scanned = hook_scan(args.config, log, "nothing drained")
+    if scanned is None:
+        return 0
+    settings, verdict = scanned
+    options = Options.of(settings)
+    lock = None
+    if args.foreground:  # the repair started in the background: one at a time
+        lock = holding_lock(options.journal + ".lock")
+        if lock is None:
+            log.info("another repair is running: nothing done")
+            return 0
+    detach = None
+    if not args.foreground and options.mode == "act":
+        # Relayed as given: a foreground run is this same check, carrying the repair out itself.
+        relayed = list(argv if argv is not None else sys.argv[1:])
+        detach = lambda: in_background(relayed, options.journal + ".lock")  # noqa: E731
+    loop = SlurmRepair(options, node, args.scontrol, runner, args.dry_run, dcgmi=args.dcgmi, detach=detach)
+    loop.run(verdict, lambda resets: scan_health(load(args.config), resets))
+    if lock is not None:
+        os.close(lock)
     return 0
 
 

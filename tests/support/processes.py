@@ -3,6 +3,7 @@ process costs (CPU seconds, resident and peak memory, read from procfs)."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -72,6 +73,11 @@ def on_fixtures(root: Path, *running: str) -> list[str]:
     for tree in ("sys", "proc", "dev"):
         (root / tree).mkdir(parents=True, exist_ok=True)
     paths = [f"--path.sysfs={root / 'sys'}", f"--path.procfs={root / 'proc'}", f"--path.devfs={root / 'dev'}"]
+    # The health collector's files too (the drills in force, the repair journal): none, unless the test adds them.
+    settings = root / "accelmon.yml"
+    health = {"drill_dir": str(root / "drills"), "remediation_journal": str(root / "remediation.jsonl")}
+    settings.write_text(json.dumps({"collectors": {"health": health}}))
+    paths.append(f"--config={settings}")
     unknown = set(running) - set(collectors())
     assert not unknown, f"no such collector: {unknown}"
     chosen = [f"--no-collector.{name}" for name in collectors() if name not in running]

@@ -26,6 +26,24 @@ from tests.support.rules import rule_files
 from tests.support.waiting import wait_until
 
 
+def repair_history(path: Path) -> Path:
+    """A repair journal as the Slurm health check leaves it (accelmon.remediation): GPU 2 drained for an ECC error
+    two days ago, reset and resumed, then failing again: drained for hardware_service, a repeat offender."""
+    from accelmon.remediation import Journal, Record
+
+    gpu = ({"index": "2", "uuid": "GPU-00000002-0000-4000-8000-000000000000", "serial": "1650000000002"},)
+    now = time.time()
+    journal = Journal(str(path))
+    for when, event, action, outcome in (
+        (now - 2 * 86400, "drained", "reset_gpu", "none"),
+        (now - 2 * 86400 + 1800, "repair", "reset_gpu", "resolved"),
+        (now - 2 * 86400 + 1810, "resumed", "reset_gpu", "resolved"),
+        (now - 3600, "escalated", "hardware_service", "none"),
+    ):
+        assert journal.append(Record(when, "gpu-node-1", event, action, outcome, gpu, "simulated")) is None
+    return path
+
+
 def start_exporter(work: Path, port: int, fake_nvml_dir: Path) -> subprocess.Popen[bytes]:
     """Starts the exporter on 127.0.0.1:`port`, its fixtures under `work` (which must exist); the caller stops it."""
     nvml = work / "fake-nvml.conf"
@@ -54,6 +72,7 @@ def start_exporter(work: Path, port: int, fake_nvml_dir: Path) -> subprocess.Pop
     (procfs / "stat").write_text(f"btime {BOOT}\n")
     reports = work / "reports.jsonl"
     reports.write_text("\n".join(line(report(i)) for i in range(1, 4)) + "\n")
+    journal = repair_history(work / "remediation.jsonl")
     settings = work / "accelmon.yml"
     settings.write_text(
         yaml.safe_dump(
@@ -74,6 +93,7 @@ def start_exporter(work: Path, port: int, fake_nvml_dir: Path) -> subprocess.Pop
                     "job_resources": {"interval_seconds": 1, "state_dir": str(jobs)},
                     # dcgm-exporter's names beside ours: its dashboard's and alerts' queries are run against both.
                     "dcgm_compat": {"enabled": True},
+                    "health": {"drill_dir": str(work / "drills"), "remediation_journal": str(journal)},
                 },
             }
         )

@@ -12,12 +12,14 @@ carries what to do; it changes only with the check's state.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 
-from accelmon import drill_store, health
+from accelmon import drill_store, health, remediation
 from accelmon.core import Catalogue, Collector, Sampler, Samples
 from accelmon.registry import Paths, Registration, collectors, register, seconds
+from accelmon.remediation import Journal
 
 C = Catalogue(
     "health",
@@ -46,6 +48,47 @@ DRILL_ACTIVE = C.gauge(
     "1 while a drill (accelmon-drill) rehearses this check's failure on the GPU: its verdict is no real fault.",
     ["gpu", "uuid", "check"],
 )
+# From verdict to repair (accelmon.remediation): what the Slurm health check decided and did, from its journal.
+MODE = C.gauge(
+    "accelmon_remediation_mode_info",
+    "The repair loop's mode (observe: say, act: do), from the health options.",
+    ["mode"],
+)
+JOURNAL_USABLE = C.gauge(
+    "accelmon_remediation_journal_usable",
+    "1 if the repair journal can be read and holds only records (missing: nothing journalled yet, 1); 0 stops "
+    "every repair until it is fixed or moved away.",
+)
+JOURNAL_MALFORMED = C.gauge(
+    "accelmon_remediation_journal_malformed_lines", "Lines of the repair journal that are not records (skipped)."
+)
+REPAIRS = C.counter(
+    "accelmon_gpu_remediation_repairs_total",
+    "Repairs the Slurm health check carried out on the GPU (by serial: a swapped GPU is another), by action "
+    "(reboot_node, reset_gpu) and outcome (requested, resolved, failed).",
+    ["gpu", "uuid", "serial", "action", "outcome"],
+)
+EVENTS = C.counter(
+    "accelmon_node_remediation_events_total",
+    "Decisions of the Slurm health check on this node, by event (drained, breaker_held, repair, would_repair, "
+    "left_for_person, escalated, resumed) and the action they were for.",
+    ["event", "action"],
+)
+DRAINED_SECONDS = C.counter(
+    "accelmon_node_remediation_drained_seconds_total",
+    "Seconds this node spent drained by accelmon until it was resumed (closed drains only): over the resumes, the "
+    "mean time to repair.",
+)
+DRAIN_HELD = C.gauge(
+    "accelmon_node_drain_held_by_breaker",
+    "1 while the node fails its health checks and the circuit breaker held its drain back (it keeps taking jobs), "
+    "else 0.",
+)
+BREAKER_NODES = C.gauge(
+    "accelmon_node_drain_breaker_nodes",
+    "The circuit breaker's counts when it held this node's drain back: nodes out by accelmon, nodes listed, limit.",
+    ["count"],
+)
 INTERVAL = seconds("interval_seconds", 5.0, "how often the checks run over the latest samples")
 
 
@@ -54,10 +97,16 @@ class HealthCollector(Collector):
     reads_other_samples = True
 
     def __init__(
-        self, drill_dir: str = str(drill_store.DRILL_DIR.default), wall_clock: Callable[[], float] = time.time
+        self,
+        drill_dir: str = str(drill_store.DRILL_DIR.default),
+        wall_clock: Callable[[], float] = time.time,
+        journal: str = str(remediation.JOURNAL.default),
+        mode: str = str(remediation.REMEDIATION.default),
     ) -> None:
         self._wall_clock = wall_clock
         self.drill_dir = drill_dir
+        self.journal_path, self.mode = journal, mode
+        self._journal: tuple[tuple[int, int] | None, Journal] = (None, Journal(journal, missing=True))
         self.registrations: list[Registration] = []  # whose checks run: the running collectors' (`watch`)
         self.sources: list[Sampler] = []
 
@@ -72,7 +121,42 @@ class HealthCollector(Collector):
         latest = [state.latest for state in (s.state() for s in self.sources) if state.latest is not None]
         now = self._wall_clock()
         drills = drill_store.read(self.drill_dir, now)  # a listing of an empty directory when none is in force
-        return served(health.evaluate(latest, now, self.registrations, drills))
+        journal = self.journal()
+        node = health.evaluate(latest, now, self.registrations, drills, journal.resets())
+        out = served(node)
+        serve_journal(out, journal, node.verdict == "failure", self.mode, now)
+        return out
+
+    def journal(self) -> Journal:
+        """The repair journal, read again only when it changed (a stat a sample)."""
+        try:
+            status = os.stat(self.journal_path)
+            stamp: tuple[int, int] | None = (status.st_mtime_ns, status.st_size)
+        except OSError:
+            stamp = None
+        if stamp is None or stamp != self._journal[0]:
+            self._journal = (stamp, Journal.read(self.journal_path))
+        return self._journal[1]
+
+
+def serve_journal(out: Samples, journal: Journal, failing: bool, mode: str, now: float) -> None:
+    out.add(MODE, [mode], 1)
+    out.add(JOURNAL_USABLE, [], 0 if journal.problem else 1)
+    out.add(JOURNAL_MALFORMED, [], journal.malformed)
+    summary = remediation.summary_of(journal.records)
+    for (index, uuid, serial, action, outcome), count in sorted(summary["repairs"].items()):
+        out.add(REPAIRS, [index, uuid, serial, action, outcome], count)
+    for (event, action), count in sorted(summary["events"].items()):
+        out.add(EVENTS, [event, action], count)
+    out.add(DRAINED_SECONDS, [], remediation.drained_seconds(journal.records))
+    latest = next(
+        (r for r in reversed(journal.records) if r.event in ("drained", "escalated", "resumed", "breaker_held")), None
+    )
+    held = failing and latest is not None and latest.event == "breaker_held"
+    out.add(DRAIN_HELD, [], 1 if held else 0)
+    if held and latest is not None:
+        for name, count in zip(("out", "listed", "limit"), latest.breaker):
+            out.add(BREAKER_NODES, [name], count)
 
 
 def served(node: health.NodeHealth) -> Samples:
@@ -97,9 +181,15 @@ REGISTRATION = register(
     Registration(
         name="health",
         help="health verdicts per GPU and node, from the other collectors' samples",
-        build=lambda options, paths: HealthCollector(str(options["drill_dir"])),
+        build=lambda options, paths: HealthCollector(
+            str(options["drill_dir"]),
+            journal=str(options["remediation_journal"]),
+            mode=str(options["remediation"]),
+        ),
         catalogue=C,
-        options=(INTERVAL, drill_store.DRILL_DIR),
+        # The repair loop's options are the Slurm health check's (it reads the exporter's config); the collector
+        # serves what its journal says.
+        options=(INTERVAL, drill_store.DRILL_DIR, *remediation.OPTIONS),
         enabled_by_default=_always,
     )
 )

@@ -375,13 +375,17 @@ class KernelLogCollector(Collector):
 
 
 def check_xid(view: View, gpu: GpuKey, now: float) -> Check:
-    """Critical XIDs fail until the node reboots (the kernel log holds them since boot); the others warn for an
-    hour. From the kernel log where it is read, else from NVML's events since the exporter started: each XID is
-    counted from one source only."""
+    """Critical XIDs fail until the node reboots (the kernel log holds them since boot), or, for those whose action
+    is reset_gpu, until the repair loop resets the GPU (accelmon.remediation); the others warn for an hour. From the
+    kernel log where it is read, else from NVML's events since the exporter started: each XID is counted from one
+    source only."""
     findings: list[tuple[str, str, str]] = []  # (verdict, detail, action)
     if _kernel_log_readable(view):
+        reset = view.reset_at(gpu)
         for labels, last in view.of(XID_LAST, gpu):
             info = catalogue.xid(int(labels["xid"]))
+            if reset is not None and last <= reset and info.action == "reset_gpu":
+                continue  # what a GPU reset clears, logged before the repair loop's reset: acted on
             if info.severity == "critical":
                 findings.append(("failure", f"XID {info.code} {info.name} at {when(last)}", info.action))
             elif info.severity == "warning" and now - last < XID_WARNING_WINDOW_SECONDS:

@@ -118,6 +118,76 @@ DASHBOARD = Dashboard(
             width=12,
             description="1 not started, 2 in progress, 3 completed; NVSwitch systems only.",
         ),
+        # From verdict to repair (docs/health.md): what the Slurm health check's breaker and repair loop did.
+        Panel(
+            "Nodes held by the circuit breaker",
+            "none",
+            [("count(accelmon_node_drain_held_by_breaker == 1) or vector(0)", "nodes")],
+            "stat",
+            6,
+            4,
+            description="Failing nodes the breaker did not drain: they keep taking jobs (AccelmonDrainBreakerHolding).",
+        ),
+        Panel(
+            "Repairs by action and outcome",
+            "short",
+            [
+                (
+                    f"sum by (action, outcome) (accelmon_gpu_remediation_repairs_total{{{N}}})",
+                    "{{action}} {{outcome}}",
+                )
+            ],
+            "table",
+            9,
+            8,
+            description="Repairs the repair loop carried out (remediation: act), from each node's journal.",
+        ),
+        Panel(
+            "Repeat offenders: left for hardware service",
+            "short",
+            [
+                (
+                    f'sum by (node) (accelmon_node_remediation_events_total{{{N},event="escalated"}}) > 0',
+                    "{{node}}",
+                )
+            ],
+            "table",
+            9,
+            8,
+            description="Nodes whose GPU failed again within repeat_window_days of a repair, or whose reset did not "
+            "repair it: drained for hardware_service.",
+        ),
+        Panel(
+            "Mean time to repair per node",
+            "s",
+            [
+                (
+                    f"sum by (node) (accelmon_node_remediation_drained_seconds_total{{{N}}})"
+                    f' / sum by (node) (accelmon_node_remediation_events_total{{{N},event="resumed"}})',
+                    "{{node}}",
+                )
+            ],
+            "table",
+            12,
+            8,
+            description="Seconds drained by accelmon over the drains that ended in a resume (the journal's).",
+        ),
+        Panel(
+            "Failures per GPU-month",
+            "short",
+            [
+                (
+                    f'sum(increase(accelmon_node_remediation_events_total{{{N},event=~"drained|escalated"}}[30d]))'
+                    f" / count(accelmon_gpu_up{{{N}}})",
+                    "failures per GPU over 30 days",
+                )
+            ],
+            "stat",
+            12,
+            8,
+            description="accelmon's drains over the last 30 days per GPU: 1 / this is the mean time between failures "
+            "in GPU-months.",
+        ),
     ],
     gpu_vars(),
 )

@@ -1,0 +1,397 @@
+"""From verdict to repair, safely: the circuit breaker on draining, the repair decision for a node accelmon drained,
+and the journal of what was decided and done (docs/health.md, "From verdict to repair").
+
+The Slurm health check (accelmon.slurm_health) acts through Slurm's own primitives; this module holds what it
+decides with, free of Slurm's command line so that each rule is tested on its own:
+
+- `breaker`: a node is drained only while the nodes drained, draining or down with a reason accelmon wrote are
+  fewer than max(breaker_min_nodes, ceil(breaker_fraction x the nodes Slurm lists)). A mass event (a bad driver, a
+  kernel log replayed at boot, a threshold set wrong) then takes out a few nodes, not the fleet.
+- `plan_repair`: what a node that accelmon drained, and that runs no job, gets: Slurm's reboot for `reboot_node`, a
+  GPU reset then a fresh scan for `reset_gpu`, a resume once the check passes for `restart_app`; never anything for
+  `hardware_service`, `check_fabric` or an action it does not know, nor for a GPU that failed again within
+  `repeat_window_days` of a repair (that one is left for hardware service), nor for a drill (which says what it
+  would have done). In `observe` mode (the default) every decision is said and journalled, nothing is done.
+- `Journal`: one JSON record a line in `remediation_journal` on the node (root's, readable by the exporter, kept
+  across reboots), keyed by GPU serial: a re-seated or swapped GPU is another GPU. A line that is not a record is
+  skipped and counted; a journal that cannot be read or written stops every repair (it could not say whether a GPU
+  is a repeat offender), never the health check.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional
+
+from accelmon.validation import Option
+
+log = logging.getLogger("accelmon.remediation")
+
+MODES = ("observe", "act")
+# What the repair loop may do, by the action a failing check asks for; anything else stays with a person.
+REPAIRS = ("reboot_node", "reset_gpu", "restart_app")
+REASON_PREFIX = "accelmon"  # every drain reason accelmon writes starts with it: the breaker counts only those
+MAX_RECORDS = 5000  # the journal keeps the newest records (years of repairs on one node); older ones are dropped
+
+REMEDIATION = Option(
+    "remediation",
+    "observe",
+    "what the Slurm health check does with a node it drained that runs no job: observe (say and journal what it "
+    "would do: reboot, reset a GPU, resume) or act (do it through Slurm's reboot and resume)",
+    choices=MODES,
+)
+JOURNAL = Option(
+    "remediation_journal",
+    "/var/lib/accelmon/remediation.jsonl",
+    "the node's journal of drains and repairs, by GPU serial (root's; the exporter reads it and serves its counts)",
+)
+REPEAT_WINDOW_DAYS = Option(
+    "repeat_window_days",
+    7.0,
+    "a GPU that fails again within this many days of a repair is not repaired again: it is left for hardware service",
+    minimum=0.01,
+    maximum=3650,
+)
+BREAKER_MIN_NODES = Option(
+    "breaker_min_nodes",
+    3.0,
+    "the circuit breaker lets accelmon's drains through while fewer nodes than max(this, breaker_fraction x the "
+    "nodes Slurm lists) are drained, draining or down with a reason accelmon wrote",
+    minimum=1,
+    maximum=1_000_000,
+    whole=True,
+)
+BREAKER_FRACTION = Option(
+    "breaker_fraction",
+    0.1,
+    "the circuit breaker's share of the nodes Slurm lists (see breaker_min_nodes)",
+    maximum=1.0,
+)
+GPU_RESET_COMMAND = Option(
+    "gpu_reset_command",
+    "nvidia-smi --gpu-reset -i {index}",
+    "the command that resets one GPU ({index}: its index), run by the Slurm health check in act mode",
+)
+OPTIONS = (REMEDIATION, JOURNAL, REPEAT_WINDOW_DAYS, BREAKER_MIN_NODES, BREAKER_FRACTION, GPU_RESET_COMMAND)
+
+# The journal's events, bounded (they become label values).
+EVENTS = ("drained", "breaker_held", "repair", "would_repair", "left_for_person", "escalated", "resumed")
+OUTCOMES = ("requested", "resolved", "failed", "observed", "drill", "none")
+
+
+@dataclass(frozen=True)
+class FailingGpu:
+    index: str
+    uuid: str
+    serial: str
+    action: str  # the most disruptive action of its failing checks
+    checks: tuple[str, ...]  # the names of its failing checks
+    drill: bool = False
+
+
+@dataclass(frozen=True)
+class Record:
+    time: float
+    node: str
+    event: str  # one of EVENTS
+    action: str = "none"
+    outcome: str = "none"  # one of OUTCOMES
+    gpus: tuple[dict[str, str], ...] = ()  # {index, uuid, serial}
+    detail: str = ""  # for people
+    breaker: tuple[int, int, int] = (0, 0, 0)  # breaker_held: (nodes out by accelmon, nodes listed, limit)
+
+    def as_json(self) -> str:
+        return json.dumps(
+            {
+                "time": self.time,
+                "node": self.node,
+                "event": self.event,
+                "action": self.action,
+                "outcome": self.outcome,
+                "gpus": list(self.gpus),
+                "detail": self.detail,
+                "breaker": list(self.breaker),
+            },
+            sort_keys=True,
+        )
+
+
+def record_of(line: str) -> Record:
+    """A journal line as a record; ValueError (or KeyError, TypeError) when it is not one."""
+    raw = json.loads(line)
+    event = str(raw["event"])
+    if event not in EVENTS:
+        raise ValueError(f"unknown event {event!r}")
+    gpus = tuple(
+        {"index": str(g.get("index", "")), "uuid": str(g.get("uuid", "")), "serial": str(g.get("serial", ""))}
+        for g in raw.get("gpus", ())
+    )
+    when = float(raw["time"])
+    if not math.isfinite(when):
+        raise ValueError("time is not a number")
+    outcome = str(raw.get("outcome", "none"))
+    counts = [int(n) for n in raw.get("breaker", (0, 0, 0))]
+    if len(counts) != 3:
+        raise ValueError("breaker: expected three counts")
+    return Record(
+        when, str(raw["node"]), event, str(raw.get("action", "none")), outcome if outcome in OUTCOMES else "none",
+        gpus, str(raw.get("detail", "")), (counts[0], counts[1], counts[2]),
+    )  # fmt: skip
+
+
+@dataclass
+class Journal:
+    """The node's journal. `records` holds what could be read; `malformed` counts the lines that were not records;
+    `problem` says why the journal cannot be trusted (unreadable, or a line that is not a record), None if it can."""
+
+    path: str
+    records: list[Record] = field(default_factory=list)
+    malformed: int = 0
+    problem: Optional[str] = None
+    missing: bool = False
+
+    @classmethod
+    def read(cls, path: str) -> Journal:
+        journal = cls(path)
+        try:
+            with open(path, encoding="utf-8", errors="replace") as stream:
+                lines = stream.read().splitlines()
+        except FileNotFoundError:
+            journal.missing = True
+            return journal
+        except OSError as error:
+            journal.problem = f"the journal {path} cannot be read: {error.strerror or error}"
+            return journal
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                journal.records.append(record_of(line))
+            except (ValueError, KeyError, TypeError, AttributeError) as error:
+                journal.malformed += 1
+                if journal.problem is None:
+                    journal.problem = f"the journal {path} has a line that is not a record (line {number}: {error})"
+        return journal
+
+    def append(self, record: Record) -> Optional[str]:
+        """Adds `record` (atomically: a reader never sees half a line; the newest MAX_RECORDS are kept); why it
+        could not be written, or None."""
+        self.records.append(record)
+        kept = self.records[-MAX_RECORDS:]
+        directory = os.path.dirname(self.path) or "."
+        try:
+            os.makedirs(directory, mode=0o755, exist_ok=True)
+            handle, temporary = tempfile.mkstemp(dir=directory, prefix=".remediation-")
+            try:
+                with os.fdopen(handle, "w", encoding="utf-8") as out:
+                    out.write("".join(r.as_json() + "\n" for r in kept))
+                os.chmod(temporary, 0o644)  # the exporter (another user) reads it; no secret in it
+                os.replace(temporary, self.path)
+            except BaseException:
+                os.unlink(temporary)
+                raise
+        except OSError as error:
+            return f"the journal {self.path} cannot be written: {error.strerror or error}"
+        self.missing = False
+        return None
+
+    def last_repair_of(self, serial: str, since: float) -> Optional[Record]:
+        """The newest repair (carried out, not observed) of the GPU with this serial since `since`."""
+        for record in reversed(self.records):
+            if record.time < since:
+                break
+            if record.event == "repair" and any(g.get("serial") == serial for g in record.gpus):
+                return record
+        return None
+
+    def last_event(self, node: str, events: Iterable[str]) -> Optional[Record]:
+        wanted = set(events)
+        for record in reversed(self.records):
+            if record.node == node and record.event in wanted:
+                return record
+        return None
+
+    def resets(self) -> dict[str, float]:
+        """GPU uuid -> the time of its latest GPU reset that the journal records (for the xid check: a critical XID
+        whose action is reset_gpu, logged before the reset, has been acted on)."""
+        found: dict[str, float] = {}
+        for record in self.records:
+            if record.event == "repair" and record.action == "reset_gpu" and record.outcome != "failed":
+                for gpu in record.gpus:
+                    if gpu.get("uuid"):
+                        found[gpu["uuid"]] = max(found.get(gpu["uuid"], 0.0), record.time)
+        return found
+
+
+# Slurm's view of a node, from `scontrol show node(s) --oneliner`.
+@dataclass(frozen=True)
+class SlurmNode:
+    name: str
+    state: str  # as scontrol prints it, e.g. IDLE+DRAIN, MIXED+DRAIN, DOWN*+DRAIN, IDLE+DRAIN+REBOOT_REQUESTED
+    reason: str  # the reason text, without Slurm's [user@time] stamp
+
+    @property
+    def flags(self) -> set[str]:
+        return set(re.split(r"[+]", self.state.upper().replace("*", "")))
+
+    @property
+    def takes_jobs(self) -> bool:
+        return not self.flags & {"DRAIN", "DRAINING", "DRAINED", "DOWN", "FAIL", "FAILING", "MAINT"}
+
+    @property
+    def out(self) -> bool:
+        """Drained, draining or down: what the breaker counts (when accelmon wrote the reason)."""
+        return bool(self.flags & {"DRAIN", "DRAINING", "DRAINED", "DOWN", "FAIL", "FAILING"})
+
+    @property
+    def drained_idle(self) -> bool:
+        """Drained and running no job (Slurm's DRAINED, not DRAINING): what the repair loop may touch."""
+        flags = self.flags
+        busy = flags & {"ALLOCATED", "ALLOC", "MIXED", "COMPLETING"}
+        return bool(flags & {"DRAIN", "DRAINED"}) and not busy
+
+    @property
+    def reboot_pending(self) -> bool:
+        return bool(self.flags & {"REBOOT_REQUESTED", "REBOOT_ISSUED", "REBOOT"})
+
+    @property
+    def accelmons(self) -> bool:
+        return self.reason.startswith(REASON_PREFIX)
+
+
+def parse_nodes(text: str) -> list[SlurmNode]:
+    """Every node in `scontrol show node(s) --oneliner`'s output (one line a node)."""
+    nodes = []
+    for line in text.splitlines():
+        name = re.search(r"(?:^|\s)NodeName=(\S+)", line)
+        state = re.search(r"\sState=(\S+)", line)
+        if not name or not state:
+            continue
+        reason = re.search(r"\sReason=(.*?)(?:\s+\[[^\]]*@[^\]]*\])?\s*$", line)
+        nodes.append(SlurmNode(name.group(1), state.group(1), reason.group(1).strip() if reason else ""))
+    return nodes
+
+
+@dataclass(frozen=True)
+class BreakerCount:
+    out: int  # nodes drained, draining or down with a reason accelmon wrote
+    listed: int  # every node Slurm lists
+    limit: int  # drains go through while `out` is under it
+
+    @property
+    def allows(self) -> bool:
+        return self.out < self.limit
+
+    def words(self) -> str:
+        return f"{self.out} node(s) out by accelmon of {self.listed}, limit {self.limit}"
+
+
+def breaker(nodes: list[SlurmNode], min_nodes: float, fraction: float) -> BreakerCount:
+    limit = max(int(min_nodes), math.ceil(fraction * len(nodes)))
+    return BreakerCount(sum(1 for n in nodes if n.out and n.accelmons), len(nodes), limit)
+
+
+@dataclass(frozen=True)
+class RepairPlan:
+    """What to do with a drained, idle node: `step` one of reboot, reset, resume, escalate, leave, wait, none."""
+
+    step: str
+    action: str = "none"
+    gpus: tuple[FailingGpu, ...] = ()
+    why: str = ""
+    drill: bool = False
+
+
+def plan_repair(
+    failing: list[FailingGpu], node_failing: list[tuple[str, str]], journal: Journal, node: SlurmNode,
+    repeat_window_seconds: float, now: float,
+) -> RepairPlan:  # fmt: skip
+    """What a node accelmon drained, now running no job, gets (the mode decides whether it is done).
+
+    `failing`: its failing GPUs (empty when every check passes now); `node_failing`: its failing node checks as
+    (name, action)."""
+    if node.reboot_pending:
+        return RepairPlan("wait", why="a reboot is already under way")
+    if not failing and not node_failing:
+        drained = journal.last_event(node.name, ("drained", "escalated"))
+        asked = drained.action if drained else "none"
+        if drained is not None and drained.event == "drained" and asked in REPAIRS:
+            return RepairPlan("resume", asked, why=f"every check passes now (drained for {asked})")
+        return RepairPlan("leave", asked, why="drained for a person to look at: accelmon resumes only what it repaired")
+    if node_failing:
+        name, action = node_failing[0]
+        return RepairPlan("leave", action, why=f"the node check {name} fails: {action} is a person's")
+    drill = any(gpu.drill for gpu in failing)
+    for gpu in failing:
+        earlier = journal.last_repair_of(gpu.serial, now - repeat_window_seconds) if gpu.serial else None
+        if earlier is not None and not drill:
+            when = time.strftime("%Y-%m-%d", time.gmtime(earlier.time))
+            return RepairPlan(
+                "escalate", "hardware_service", (gpu,),
+                f"GPU {gpu.index} (serial {gpu.serial}) failed again after {earlier.action} on {when}",
+            )  # fmt: skip
+    worst = max((gpu.action for gpu in failing), key=disruption)
+    chosen = tuple(gpu for gpu in failing if gpu.action == worst)
+    if worst not in REPAIRS:
+        return RepairPlan("leave", worst, chosen, f"{worst} is a person's", drill)
+    if any(not gpu.serial for gpu in chosen) and worst == "reset_gpu":
+        return RepairPlan("leave", worst, chosen, "a GPU without a serial cannot be told from its replacement", drill)
+    step = {"reboot_node": "reboot", "reset_gpu": "reset", "restart_app": "resume"}[worst]
+    if step == "resume":
+        return RepairPlan("wait", worst, chosen, "restart_app: the job was the problem; resumed once the check passes")
+    return RepairPlan(step, worst, chosen, f"{worst} for GPU {', '.join(g.index for g in chosen)}", drill)
+
+
+# From the least to the most disruptive, as the catalogue orders them (accelmon.xid.ACTIONS, hardware last).
+ACTION_ORDER = ("none", "restart_app", "check_fabric", "reset_gpu", "reboot_node", "hardware_service")
+
+
+def disruption(action: str) -> int:
+    """How disruptive an action is; one the catalogue does not know counts as the most (a person decides)."""
+    return ACTION_ORDER.index(action) if action in ACTION_ORDER else len(ACTION_ORDER)
+
+
+def gpus_of(failing: Iterable[FailingGpu]) -> tuple[dict[str, str], ...]:
+    return tuple({"index": g.index, "uuid": g.uuid, "serial": g.serial} for g in failing)
+
+
+def would(plan: RepairPlan) -> str:
+    """The decision in a few words, as observe mode says it ("would reset GPU 2")."""
+    indices = ", ".join(g.index for g in plan.gpus)
+    return {
+        "reboot": "would reboot the node",
+        "reset": f"would reset GPU {indices}",
+        "resume": "would resume the node",
+        "escalate": "would leave it drained for hardware_service",
+    }.get(plan.step, f"would {plan.step}")
+
+
+def drained_seconds(records: list[Record]) -> float:
+    """Seconds each node spent drained by accelmon, from its drain to its resume (closed drains only)."""
+    total, since = 0.0, {}  # node -> when its open drain began
+    for record in records:
+        if record.event in ("drained", "escalated") and record.node not in since:
+            since[record.node] = record.time
+        elif record.event == "resumed" and record.node in since:
+            total += max(0.0, record.time - since.pop(record.node))
+    return total
+
+
+def summary_of(records: list[Record]) -> dict[str, Any]:
+    """What the exporter serves from the journal: repairs per GPU, action and outcome; events per kind."""
+    repairs: dict[tuple[str, str, str, str, str], int] = {}
+    events: dict[tuple[str, str], int] = {}
+    for record in records:
+        events[(record.event, record.action)] = events.get((record.event, record.action), 0) + 1
+        if record.event == "repair":
+            for gpu in record.gpus:
+                key = (gpu.get("index", ""), gpu.get("uuid", ""), gpu.get("serial", ""), record.action, record.outcome)
+                repairs[key] = repairs.get(key, 0) + 1
+    return {"repairs": repairs, "events": events}

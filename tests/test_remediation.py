@@ -1,0 +1,418 @@
+"""From verdict to repair (accelmon.remediation, accelmon.slurm_repair): the circuit breaker, the repair loop in
+observe and act modes, the journal and its repeat offenders, over a stateful stand-in for scontrol
+(tests/support/fake_scontrol.py) that answers and changes the cluster as Slurm would."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from accelmon import health, remediation
+from accelmon.checks import Check
+from accelmon.remediation import Journal, Record
+from accelmon.slurm_repair import Options, SlurmRepair
+from tests.support.exposition import sample_value, series, text_of
+from tests.support.fake_scontrol import Cluster
+from tests.support.jobs_tree import bus_id, nvidia_procfs
+from tests.support.kernel_log_lines import BOOT, record, xid_line
+from tests.support.processes import exporter_env
+
+NODE = "gpu-7"
+DAY = 86400.0
+
+
+def run(command: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+
+
+def failing(action: str, check: str = "xid", index: str = "2", drill: bool = False) -> health.NodeHealth:
+    """A node whose GPU `index` fails `check`, asking for `action`; its other GPU passes."""
+    bad = Check(check, "failure", f"{check} failed", action, drill=drill)
+    return health.NodeHealth(
+        [
+            health.GpuHealth("0", "GPU-0", [Check(check, "ok", "fine")], "S0"),
+            health.GpuHealth(index, f"GPU-{index}", [bad], f"S{index}"),
+        ],
+        [],
+    )
+
+
+def healthy() -> health.NodeHealth:
+    return health.NodeHealth([health.GpuHealth("2", "GPU-2", [Check("xid", "ok", "fine")], "S2")], [])
+
+
+@pytest.fixture
+def site(tmp_path: Path):
+    """(cluster, make): a cluster of 20 nodes, gpu-7 among them taking jobs, and `make(mode, **options)` the loop."""
+    others = {f"gpu-{n}": "IDLE" for n in range(20) if n != 7}
+    cluster = Cluster(tmp_path, {NODE: "IDLE", **others})
+    resets = tmp_path / "resets"
+    script = tmp_path / "reset-gpu"
+    script.write_text(f'#!/bin/sh\necho "$1" >> "{resets}"\nexit "${{RESET_STATUS:-0}}"\n')
+    script.chmod(0o755)
+
+    def make(mode: str = "act", now: float | None = None, **chosen: float) -> SlurmRepair:
+        options = Options(
+            mode=mode,
+            journal=str(tmp_path / "remediation.jsonl"),
+            repeat_window_seconds=chosen.get("repeat_window_days", 7.0) * DAY,
+            breaker_min_nodes=chosen.get("breaker_min_nodes", 3),
+            breaker_fraction=chosen.get("breaker_fraction", 0.1),
+            reset_command=f"{script} {{index}}",
+        )
+        return SlurmRepair(options, NODE, str(cluster.command), run, now=now)
+
+    return cluster, make, resets
+
+
+def out_by(reason: str, count: int) -> dict[str, str]:
+    """`count` of the other nodes drained with `reason`."""
+    others = [f"gpu-{n}" for n in range(20) if f"gpu-{n}" != NODE]
+    return {name: f"IDLE+DRAIN|{reason}" for name in others[:count]}
+
+
+def nodes_with(*outs: dict[str, str]) -> dict[str, str]:
+    nodes = {f"gpu-{n}": "IDLE" for n in range(20)}
+    for out in outs:
+        nodes.update(out)
+    return nodes
+
+
+# --- the circuit breaker ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("others", "drains"),
+    [
+        (out_by("accelmon: GPU 0 xid: reboot_node", 2), True),  # 2 of 20 out: under max(3, 2): drains
+        (out_by("accelmon: GPU 0 xid: reboot_node", 3), False),  # 3 of 20: holds back
+        (out_by("maintenance: new PSU", 5), True),  # an administrator's drains do not count
+    ],
+    ids=["2-of-20-drains", "3-of-20-holds", "5-by-an-administrator-drains"],
+)
+def test_the_breaker_at_its_edges(site, capsys, others, drains):
+    cluster, make, _ = site
+    cluster.set(nodes_with(others))
+    loop = make()
+    loop.run(failing("reboot_node"), lambda resets: healthy())
+    node = cluster.node(NODE)
+    assert ("DRAIN" in node["state"]) is drains
+    said = capsys.readouterr().out
+    if drains:
+        assert node["reason"] == "accelmon: GPU 2 xid: reboot_node"
+        assert loop.journal.records[-1].event == "drained"
+    else:
+        assert node == {"state": "IDLE", "reason": ""}  # keeps taking jobs
+        assert "circuit breaker: 3 node(s) out by accelmon of 20, limit 3: node gpu-7 not drained" in said
+        held = loop.journal.records[-1]
+        assert (held.event, held.breaker, held.gpus[0]["serial"]) == ("breaker_held", (3, 20, 3), "S2")
+
+
+def test_the_breakers_limit_grows_with_the_fleet(site):
+    cluster, make, _ = site
+    cluster.set(nodes_with(out_by("accelmon: x", 3)))
+    make(breaker_fraction=0.2).run(failing("reboot_node"), lambda resets: healthy())  # limit ceil(0.2 x 20) = 4
+    assert "DRAIN" in cluster.node(NODE)["state"]
+
+
+def test_a_drain_that_cannot_count_drains_and_says_so(site, caplog):
+    cluster, make, _ = site
+    cluster.set(nodes_with(out_by("accelmon: x", 10)))
+    # `show nodes` fails (a controller that answers one node but not the listing): drains as before, and says so.
+    loop = make()
+    loop.runner = lambda argv: run(argv) if argv[1:3] != ["show", "nodes"] else run(["false"])
+    with caplog.at_level("ERROR", logger="accelmon.slurm_health"):
+        loop.run(failing("reboot_node"), lambda resets: healthy())
+    assert "DRAIN" in cluster.node(NODE)["state"]
+    assert "cannot count the drained nodes" in caplog.text
+
+
+def test_the_fleet_sees_a_held_drain_and_its_counts(site, tmp_path):
+    """The exporter serves the hold while the node fails (one series a node: the alert counts them)."""
+    cluster, make, _ = site
+    cluster.set(nodes_with(out_by("accelmon: x", 3)))
+    make().run(failing("reboot_node"), lambda resets: healthy())
+    journal = Journal.read(str(tmp_path / "remediation.jsonl"))
+    out = health_samples(journal, failing=True)
+    assert sample_value(out, "accelmon_node_drain_held_by_breaker") == 1
+    assert sample_value(out, "accelmon_node_drain_breaker_nodes", count="limit") == 3
+    assert sample_value(health_samples(journal, failing=False), "accelmon_node_drain_held_by_breaker") == 0
+
+
+def health_samples(journal: Journal, failing: bool, mode: str = "act") -> str:
+    from accelmon.collectors.health import serve_journal
+    from accelmon.core import Samples
+
+    out = Samples()
+    serve_journal(out, journal, failing, mode, time.time())
+    return text_of(out)
+
+
+# --- the repair loop ------------------------------------------------------------------------------------------------
+def drained_by_accelmon(cluster: Cluster, make, action: str, check: str = "xid") -> None:
+    """The node drained by the loop itself for a failing GPU 2, now running no job."""
+    make().run(failing(action, check), lambda resets: healthy())
+    assert "DRAIN" in cluster.node(NODE)["state"]
+
+
+def test_observe_says_what_it_would_do_and_does_nothing(site, capsys):
+    cluster, make, resets = site
+    drained_by_accelmon(cluster, make, "reset_gpu", "ecc")
+    before = cluster.calls()
+    loop = make("observe")
+    loop.run(failing("reset_gpu", "ecc"), lambda r: healthy())
+    assert "remediation (observe): would reset GPU 2 (reset_gpu for GPU 2)" in capsys.readouterr().out
+    assert [c for c in cluster.calls()[len(before) :] if not c.startswith("show")] == []
+    assert not resets.exists() and "DRAIN" in cluster.node(NODE)["state"]
+    # Journalled once, not at every health check.
+    make("observe").run(failing("reset_gpu", "ecc"), lambda r: healthy())
+    would = [r for r in Journal.read(loop.options.journal).records if r.event == "would_repair"]
+    assert [(r.action, r.outcome) for r in would] == [("reset_gpu", "observed")]
+
+
+def test_act_resets_the_gpu_rescans_and_resumes(site, capsys):
+    cluster, make, resets = site
+    drained_by_accelmon(cluster, make, "reset_gpu", "ecc")
+    seen: list[dict[str, float]] = []
+    loop = make()
+    loop.run(failing("reset_gpu", "ecc"), lambda given: seen.append(given) or healthy())
+    assert resets.read_text() == "2\n"  # the reset command, for GPU 2 only
+    assert list(seen[0]) == ["GPU-2"]  # the rescan applies the reset (the xid check clears what it fixed)
+    assert cluster.node(NODE) == {"state": "IDLE", "reason": ""}
+    assert cluster.calls()[-1] == f"update NodeName={NODE} State=RESUME"
+    events = [(r.event, r.action, r.outcome) for r in Journal.read(loop.options.journal).records]
+    assert events[-2:] == [("repair", "reset_gpu", "resolved"), ("resumed", "reset_gpu", "resolved")]
+    assert "every check passes: resumed" in capsys.readouterr().out
+
+
+def test_a_reset_that_does_not_repair_leaves_the_node_for_hardware_service(site):
+    cluster, make, _ = site
+    drained_by_accelmon(cluster, make, "reset_gpu", "ecc")
+    make().run(failing("reset_gpu", "ecc"), lambda given: failing("reset_gpu", "ecc"))  # still failing after it
+    node = cluster.node(NODE)
+    assert "DRAIN" in node["state"]
+    assert node["reason"].startswith("accelmon: GPU 2 hardware_service: reset_gpu did not clear it (GPU 2 ecc still")
+
+
+def test_reboot_node_goes_through_slurms_reboot(site):
+    cluster, make, _ = site
+    drained_by_accelmon(cluster, make, "reboot_node")
+    make().run(failing("reboot_node"), lambda r: healthy())
+    assert cluster.calls()[-1] == (f"reboot ASAP nextstate=RESUME reason=accelmon: reboot_node for GPU 2 {NODE}")
+    # While the reboot is pending, nothing more is asked of Slurm but its state.
+    before = len(cluster.calls())
+    make().run(failing("reboot_node"), lambda r: healthy())
+    assert cluster.calls()[before:] == [f"show node {NODE} --oneliner"]
+
+
+def test_restart_app_resumes_once_the_check_passes(site):
+    cluster, make, _ = site
+    drained_by_accelmon(cluster, make, "restart_app")
+    make().run(failing("restart_app"), lambda r: healthy())
+    assert "DRAIN" in cluster.node(NODE)["state"]  # still failing: waits
+    make().run(healthy(), lambda r: healthy())
+    assert cluster.node(NODE) == {"state": "IDLE", "reason": ""}
+
+
+@pytest.mark.parametrize("action", ["hardware_service", "check_fabric", "none"])
+def test_what_needs_a_person_is_never_acted_on(site, action, capsys):
+    cluster, make, resets = site
+    drained_by_accelmon(cluster, make, action)
+    before = len(cluster.calls())
+    make().run(failing(action), lambda r: healthy())
+    make().run(healthy(), lambda r: healthy())  # not even once the checks pass: a person looks first
+    assert all(call.startswith("show node ") for call in cluster.calls()[before:])
+    assert not resets.exists() and "DRAIN" in cluster.node(NODE)["state"]
+    assert f"left drained: {action} is a person's" in capsys.readouterr().out
+
+
+def test_a_drill_in_act_mode_says_drill_and_repairs_nothing(site, capsys):
+    cluster, make, resets = site
+    make().run(failing("reset_gpu", "ecc", drill=True), lambda r: healthy())  # the drill drains, as a fault does
+    make().run(failing("reset_gpu", "ecc", drill=True), lambda r: healthy())
+    assert "remediation: DRILL, nothing done: would reset GPU 2" in capsys.readouterr().out
+    assert not resets.exists() and "DRAIN" in cluster.node(NODE)["state"]
+
+
+def test_a_node_drained_by_someone_else_is_left_alone(site):
+    cluster, make, resets = site
+    cluster.set(nodes_with({NODE: "IDLE+DRAIN|rack 4 maintenance"}))
+    make().run(failing("reset_gpu", "ecc"), lambda r: healthy())
+    assert cluster.node(NODE)["reason"] == "rack 4 maintenance" and not resets.exists()
+
+
+def test_a_busy_drained_node_is_not_repaired_until_its_jobs_end(site):
+    cluster, make, resets = site
+    drained_by_accelmon(cluster, make, "reset_gpu", "ecc")
+    data = json.loads(cluster.state.read_text())
+    data["nodes"][NODE]["state"] = "MIXED+DRAIN"  # DRAINING: a job still runs
+    cluster.state.write_text(json.dumps(data))
+    make().run(failing("reset_gpu", "ecc"), lambda r: healthy())
+    assert not resets.exists()
+
+
+# --- repeat offenders ----------------------------------------------------------------------------------------------
+def test_a_repeat_within_the_window_is_drained_for_hardware_service(site):
+    cluster, make, resets = site
+    start = time.time()
+    drained_by_accelmon(cluster, make, "reset_gpu", "ecc")
+    make(now=start).run(failing("reset_gpu", "ecc"), lambda r: healthy())  # repaired and resumed
+    assert cluster.node(NODE)["state"] == "IDLE"
+    # The same GPU (serial S2) fails again 3 days later: drained for hardware_service, naming the repair.
+    make(now=start + 3 * DAY).run(failing("reset_gpu", "ecc"), lambda r: healthy())
+    node = cluster.node(NODE)
+    day = time.strftime("%Y-%m-%d", time.gmtime(start))
+    assert node["reason"] == f"accelmon: GPU 2 ecc: hardware_service (failed again after reset_gpu on {day})"
+    make(now=start + 3 * DAY).run(failing("reset_gpu", "ecc"), lambda r: healthy())
+    assert resets.read_text() == "2\n"  # one reset, never a second
+
+
+def test_a_repeat_after_the_window_is_repaired_again(site):
+    cluster, make, resets = site
+    start = time.time() - 10 * DAY
+    make(now=start).run(failing("reset_gpu", "ecc"), lambda r: healthy())
+    make(now=start).run(failing("reset_gpu", "ecc"), lambda r: healthy())
+    later = time.time()
+    make(now=later).run(failing("reset_gpu", "ecc"), lambda r: healthy())
+    assert cluster.node(NODE)["reason"] == "accelmon: GPU 2 ecc: reset_gpu"  # a plain drain
+    make(now=later).run(failing("reset_gpu", "ecc"), lambda r: healthy())
+    assert resets.read_text() == "2\n2\n" and cluster.node(NODE)["state"] == "IDLE"
+
+
+def test_a_swapped_gpu_is_another_gpu(site):
+    """The journal is keyed by serial: the board in slot 2 replaced (a new serial) is repaired as new."""
+    cluster, make, _ = site
+    drained_by_accelmon(cluster, make, "reset_gpu", "ecc")
+    make().run(failing("reset_gpu", "ecc"), lambda r: healthy())
+    swapped = failing("reset_gpu", "ecc")
+    swapped.gpus[1].serial = "S2-new"
+    make().run(swapped, lambda r: healthy())
+    assert cluster.node(NODE)["reason"] == "accelmon: GPU 2 ecc: reset_gpu"
+
+
+# --- the journal ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["missing", "empty", "corrupt", "a directory"])
+def test_a_journal_that_cannot_be_trusted_repairs_nothing_and_says_why(site, tmp_path, capsys, kind):
+    cluster, make, resets = site
+    drained_by_accelmon(cluster, make, "reset_gpu", "ecc")
+    journal = tmp_path / "remediation.jsonl"
+    if kind == "missing":
+        journal.unlink()
+    elif kind == "empty":
+        journal.write_text("")
+    elif kind == "corrupt":
+        journal.write_text(journal.read_text() + '{"event": "drained", "time": "yesterday"\n\x00\x01garbage\n')
+    else:
+        journal.unlink()
+        journal.mkdir()
+    make().run(failing("reset_gpu", "ecc"), lambda r: healthy())
+    said = capsys.readouterr().out
+    assert not resets.exists() and "DRAIN" in cluster.node(NODE)["state"]
+    assert "remediation: no repair: the journal" in said
+    if kind == "empty":  # it holds no drain of accelmon's: nothing says what the node was drained for
+        assert "holds no open drain of gpu-7" in said
+    read = Journal.read(str(journal))
+    if kind == "corrupt":
+        assert read.malformed == 2 and "not a record" in (read.problem or "")
+        assert sample_value(health_samples(read, failing=True), "accelmon_remediation_journal_usable") == 0
+        assert sample_value(health_samples(read, failing=True), "accelmon_remediation_journal_malformed_lines") == 2
+
+
+def test_the_journal_keeps_its_newest_records(tmp_path, monkeypatch):
+    monkeypatch.setattr(remediation, "MAX_RECORDS", 3)
+    journal = Journal.read(str(tmp_path / "j.jsonl"))
+    for n in range(5):
+        assert journal.append(Record(float(n), NODE, "drained")) is None
+    assert [r.time for r in Journal.read(str(tmp_path / "j.jsonl")).records] == [2.0, 3.0, 4.0]
+    assert oct((tmp_path / "j.jsonl").stat().st_mode & 0o777) == "0o644"
+
+
+def test_repairs_are_served_per_gpu_action_and_outcome(site, tmp_path):
+    cluster, make, _ = site
+    start = time.time()
+    drained_by_accelmon(cluster, make, "reset_gpu", "ecc")
+    make(now=start + 60).run(failing("reset_gpu", "ecc"), lambda r: healthy())
+    text = health_samples(Journal.read(str(tmp_path / "remediation.jsonl")), failing=False)
+    labels = dict(gpu="2", uuid="GPU-2", serial="S2", action="reset_gpu", outcome="resolved")
+    assert sample_value(text, "accelmon_gpu_remediation_repairs_total", **labels) == 1
+    assert sample_value(text, "accelmon_node_remediation_events_total", event="drained", action="reset_gpu") == 1
+    assert sample_value(text, "accelmon_node_remediation_events_total", event="resumed", action="reset_gpu") == 1
+    drained_for = sample_value(text, "accelmon_node_remediation_drained_seconds_total")
+    assert drained_for is not None and 59 < drained_for < 120
+    assert sample_value(text, "accelmon_remediation_mode_info", mode="act") == 1
+    assert {labels["event"] for labels, _ in series(text, "accelmon_node_remediation_events_total")} <= set(
+        remediation.EVENTS
+    )
+
+
+def test_the_breaker_counts_only_accelmons_reasons_from_scontrols_lines():
+    stamp = "[root@2026-11-27T03:00:00]"
+    text = "\n".join(
+        [
+            f"NodeName=a Arch=x86_64 State=IDLE+DRAIN ThreadsPerCore=1 Reason=accelmon: GPU 1 xid: reboot_node {stamp}",
+            f"NodeName=b Arch=x86_64 State=DOWN*+DRAIN ThreadsPerCore=1 Reason=accelmon DRILL, no fault: x {stamp}",
+            f"NodeName=c Arch=x86_64 State=MIXED+DRAIN ThreadsPerCore=1 Reason=Kill task failed {stamp}",
+            "NodeName=d Arch=x86_64 State=ALLOCATED ThreadsPerCore=1",
+            "garbage",
+        ]
+    )
+    nodes = remediation.parse_nodes(text)
+    assert [(n.name, n.accelmons, n.out, n.drained_idle) for n in nodes] == [
+        ("a", True, True, True),
+        ("b", True, True, True),
+        ("c", False, True, False),
+        ("d", False, False, False),
+    ]
+    assert remediation.breaker(nodes, 1, 0.5) == remediation.BreakerCount(out=2, listed=4, limit=2)
+
+
+# --- the health check as slurmd runs it ---------------------------------------------------------------------------
+def test_the_health_check_resets_a_gpu_whose_xid_a_reset_clears(tmp_path, fake_nvml_dir):
+    """accelmon-slurm-health in a process, over the fake driver and a kernel log with XID 48 (a double-bit ECC
+    error: critical, reset_gpu) on GPU 2. observe: drains, then says "would reset GPU 2"; act: resets it (the
+    reset command runs), the rescan judges the XID acted on, and the node is resumed. The same XID again after the
+    reset is a repeat offender: drained for hardware_service."""
+    procfs = nvidia_procfs(tmp_path / "proc", gpus=4)
+    (procfs / "stat").write_text(f"btime {BOOT}\n")
+    (tmp_path / "nvml.conf").write_text("gpus 4\n")
+    bus = bus_id(2).rsplit(".", 1)[0]
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text(record(1, 5.0, xid_line(bus, 48, "DBE (double bit error) ECC error.")))
+    script = tmp_path / "reset-gpu"
+    script.write_text(f'#!/bin/sh\necho "$1" >> "{tmp_path / "resets"}"\n')
+    script.chmod(0o755)
+    cluster = Cluster(tmp_path, {NODE: "IDLE", "gpu-8": "IDLE"})
+
+    def check(mode: str) -> subprocess.CompletedProcess[str]:
+        options = {"remediation": mode, "remediation_journal": str(tmp_path / "journal.jsonl"),
+                   "gpu_reset_command": f"{script} {{index}}"}  # fmt: skip
+        config = tmp_path / "exporter.yml"
+        config.write_text(yaml.safe_dump({"paths": {"procfs": str(procfs), "kmsg": str(kmsg)},
+                                          "collectors": {"health": options}}))  # fmt: skip
+        env = {**exporter_env(fake_nvml_dir, tmp_path / "nvml.conf"), "SLURMD_NODENAME": NODE}
+        command = [sys.executable, "-m", "accelmon.slurm_health", "--config", str(config)]
+        command += ["--scontrol", str(cluster.command), "--foreground", "--dcgmi", str(tmp_path / "no-dcgmi")]
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        return result
+
+    check("observe")
+    assert cluster.node(NODE)["reason"] == "accelmon: GPU 2 xid: reset_gpu"
+    said = check("observe").stdout
+    assert "remediation (observe): would reset GPU 2" in said
+    assert not (tmp_path / "resets").exists()
+    said = check("act").stdout
+    assert (tmp_path / "resets").read_text() == "2\n"
+    assert cluster.node(NODE) == {"state": "IDLE", "reason": ""}, said
+    after = check("act").stdout
+    assert "failure" not in after and "xid" not in after  # the XID before the reset is judged acted on
+    # The GPU logs it again, after the reset (seconds since boot, now): within the window.
+    again = time.time() - BOOT + 5
+    kmsg.write_text(kmsg.read_text() + record(2, again, xid_line(bus, 48, "DBE (double bit error) ECC error.")))
+    check("act")
+    assert "hardware_service (failed again after reset_gpu" in cluster.node(NODE)["reason"]
+    assert (tmp_path / "resets").read_text() == "2\n"
