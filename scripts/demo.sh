@@ -88,15 +88,26 @@ deployed and checked in $(( $(date +%s) - started )) s:
   job report   $report_dir/report.html (and .pdf, data.csv, data.parquet, summary.json) of Slurm job $job
   Slurm        podman exec accelmon-demo-worker-1 su alice -c 'sbatch --chdir=/tmp -N2 --gres=gpu:2 --wrap "srun sleep 60"'
   Alertmanager http://127.0.0.1:9093   (the alerts Prometheus sends; this demo sends them nowhere else)
+  Straggler    watch a live straggler (docs/jobs.md, "Live judgements"): a job on both workers, one GPU slowed
+    1 job      podman exec accelmon-demo-worker-1 su alice -c 'sbatch --chdir=/tmp -N2 --gres=gpu:2 --wrap "srun sleep 120"'
+    2 slow     podman exec accelmon-demo-worker-2 sh -c 'echo 3 > /opt/fake-nvml/slow'   (NVML's GPU 3 there is
+               Slurm's GPU 1, held by the job: its SM clock and power drop to 60 %, its power cap is on)
+    3 alert    within a minute: AccelmonJobStraggler (reason power_cap) naming the job, worker-2 and GPU 3 at
+               http://127.0.0.1:9090/alerts (the demo's straggler window is 10 s), and the Job dashboard's ratios
+    4 end      podman exec accelmon-demo-worker-2 rm /opt/fake-nvml/slow; accelmon-report JOB --prometheus
+               http://127.0.0.1:9090 names the straggler too (at the thresholds of the deployed rules)
   Game day     rehearse a GPU failure end to end (docs/health.md, "Game day"); nothing else on the node is fooled:
-    1 start    podman exec accelmon-demo-worker-2 accelmon-drill start --gpu 2 --xid 79
+    1 start    podman exec accelmon-demo-worker-2 accelmon-drill start --gpu 2 --check ecc
     2 verdict  podman exec accelmon-demo-worker-2 accelmon-slurm-health-check --dry-run   (the exporter's --scan:
-               GPU 2 fails its xid check, DRILL in the detail; at once)
+               GPU 2 fails its ecc check, DRILL in the detail; at once)
     3 drained  podman exec accelmon-demo-worker-1 sinfo -R   (the reason says DRILL; within 10 s)
-    4 alert    http://127.0.0.1:9090/alerts and http://127.0.0.1:9093: AccelmonGpuHealthFailure, drill="true"
+    4 repair   podman exec accelmon-demo-worker-2 accelmon-slurm-health-check   (the node is drained and runs no
+               job: the repair loop says "DRILL, nothing done: would reset GPU 2"; in observe mode, the default, a
+               real fault says "remediation (observe): would reset GPU 2"; docs/health.md, "From verdict to repair")
+    5 alert    http://127.0.0.1:9090/alerts and http://127.0.0.1:9093: AccelmonGpuHealthFailure, drill="true"
                (after its 1 minute), with its runbook: docs/runbooks/AccelmonGpuHealthFailure.md
-    5 end      podman exec accelmon-demo-worker-2 accelmon-drill stop   (or it ends by itself in 30 minutes), then
-               resume the node, as after a real repair (accelmon never does):
+    6 end      podman exec accelmon-demo-worker-2 accelmon-drill stop   (or it ends by itself in 30 minutes), then
+               resume the node (accelmon resumes only what its repair loop repaired, in act mode):
                podman exec accelmon-demo-worker-1 scontrol update NodeName=accelmon-demo-worker-2 State=RESUME
   Grafana      not started here: Grafana runs on a real master (deploy.yaml, port 3000). This machine reaches no
                container registry that ships Grafana's image, and Debian does not package Grafana, so the

@@ -323,7 +323,8 @@ def test_a_failing_gpu_drains_its_node_until_the_operator_resumes_it(host):
 def test_a_drill_drains_its_node_saying_so_until_stopped_and_resumed(host):
     """Game day (docs/health.md): `accelmon-drill start` on worker-1 (the role installed it) rehearses an
     uncorrectable ECC error on GPU 3. The real Slurm's health check drains worker-1 with a reason naming the drill,
-    a new job runs on worker-2, and AccelmonGpuHealthFailure is raised labelled drill="true", its summary saying DRILL.
+    a new job runs on worker-2, the repair loop says what it would do (never doing it for a drill), and
+    AccelmonGpuHealthFailure is raised labelled drill="true", its summary saying DRILL.
     After `accelmon-drill stop` and the documented resume, the node takes jobs again. Nothing else was fooled: the
     worker's served ECC counters stay at the fake driver's."""
     name = f"{CLUSTER}-worker-1"
@@ -337,6 +338,17 @@ def test_a_drill_drains_its_node_saying_so_until_stopped_and_resumed(host):
             assert drained, node_line(controller, name)
             assert "Reason=accelmon DRILL, no fault: GPU 3 ecc: reset_gpu" in node_line(controller, name)
             assert runs_on(controller, "") == f"{CLUSTER}-worker-2"
+            # The repair loop (docs/health.md, "From verdict to repair") on the drained node, which runs no job: a
+            # drill is never repaired, and says what a real fault would get.
+            said = wait_for(
+                lambda: (
+                    "DRILL, nothing done: would reset GPU 3"
+                    in (out := drilled.check_output("/usr/local/sbin/accelmon-slurm-health-check"))
+                    and out
+                ),
+                timeout=30,
+            )
+            assert said, drilled.run("/usr/local/sbin/accelmon-slurm-health-check").stdout
 
             # The alert as Prometheus holds it from its first evaluation (pending for its `for: 1m`, then firing,
             # as the test above saw for a real XID): labelled and worded as a drill.
