@@ -12,8 +12,9 @@ import sys
 import pytest
 
 from accelmon import health
+from accelmon.amdsmi_library import load_amdsmi
 from accelmon.collectors import amd
-from accelmon.collectors.amd import AmdCollector, amd_only, load_amdsmi
+from accelmon.collectors.amd import AmdCollector, amd_only
 from accelmon.config import load
 from accelmon.registry import Paths
 from accelmon.scan import plan
@@ -190,7 +191,7 @@ def test_without_the_package_the_collector_says_why_and_serves_nothing(monkeypat
     assert "the amdsmi package is not installed" in caplog.text
 
 
-LOAD = "from accelmon.collectors.amd import load_amdsmi; module, why = load_amdsmi(); print(why)"
+LOAD = "from accelmon.amdsmi_library import load_amdsmi; module, why = load_amdsmi(); print(why)"
 
 
 def load_in_a_fresh_process(rocm: str) -> subprocess.CompletedProcess[str]:

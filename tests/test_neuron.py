@@ -204,9 +204,9 @@ def test_malformed_lines_are_counted_but_logged_once_a_minute(caplog):
 
 def test_an_over_long_line_is_one_malformed_line_and_reading_goes_on(tmp_path, monkeypatch):
     """A 100 MB line took 14.8 s of CPU in quadratic copying and counted as 4 malformed lines."""
-    from accelmon.collectors import neuron
+    from accelmon import neuron_monitor
 
-    monkeypatch.setattr(neuron, "MAX_LINE_BYTES", 1 << 20)
+    monkeypatch.setattr(neuron_monitor, "MAX_LINE_BYTES", 1 << 20)
     huge = "x" * (5 << 20)  # five times the limit
     collector = run_with_fake(tmp_path, monkeypatch, [huge, line(report(1))], "hang", period_seconds=1)
     try:

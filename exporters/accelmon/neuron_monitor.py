@@ -9,10 +9,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import selectors
 import shutil
+import signal
+import subprocess
+import tempfile
 import threading
+import time
 from collections import defaultdict
-from typing import Any
+from typing import Any, Callable
 
 log = logging.getLogger("accelmon.neuron")
 
@@ -174,3 +179,144 @@ class NeuronState:
 def runtime_tag(runtime: dict[str, Any]) -> str:
     tag = runtime.get("neuron_runtime_tag")
     return str(tag) if tag not in (None, "") else str(runtime.get("pid", ""))
+
+
+class MonitorSupervisor:
+    """Runs `neuron-monitor -c CONFIG` (a config with every metric group and the report `period_seconds`) and keeps it
+    running: a monitor that exits, or ends no line for `stall_seconds`, is restarted with exponential backoff (never
+    in a busy loop), in a process group of its own that is killed whole. Each line goes to `state` (NeuronState)."""
+
+    def __init__(
+        self, monitor: str, period_seconds: float, stall_seconds: float, max_backoff_seconds: float,
+        state: NeuronState, clock: Callable[[], float] = time.monotonic,
+    ) -> None:  # fmt: skip
+        self.monitor = monitor
+        self.period_seconds = period_seconds
+        self.stall_seconds = stall_seconds
+        self.max_backoff_seconds = max_backoff_seconds
+        self.state = state
+        self._clock = clock
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._workdir: str | None = None
+        self.running = False  # a monitor process is running now
+
+    def start(self) -> None:
+        self._workdir = tempfile.mkdtemp(prefix="accelmon-neuron-")  # mode 0700
+        config = os.path.join(self._workdir, "monitor.json")
+        with open(config, "w", encoding="utf-8") as stream:
+            json.dump({"period": f"{self.period_seconds:g}s", **ALL_GROUPS_CONFIG}, stream)
+        self._thread = threading.Thread(target=self._supervise, args=(config,), name="neuron-monitor", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._kill()
+        if self._thread is not None:
+            self._thread.join(5)
+        if self._workdir:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+
+    def _kill(self) -> None:
+        """Stop the monitor and everything it started: it runs in a process group of its own, so no child of
+        it is left holding the pipe (orphans did, after restarts)."""
+        process = self._process
+        if process is None:
+            return
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(2)
+            except subprocess.TimeoutExpired:
+                pass
+            os.killpg(process.pid, signal.SIGKILL)  # what is left of the group, children that outlived it too
+        except ProcessLookupError:
+            pass  # the whole group is gone
+        try:
+            process.wait(2)
+        except subprocess.TimeoutExpired:
+            log.warning("neuron-monitor (pid %d) did not exit after SIGKILL", process.pid)
+
+    def _supervise(self, config: str) -> None:
+        backoff = 1.0
+        first = True
+        while not self._stop.is_set():
+            path = find_monitor(self.monitor)
+            if path is None:
+                log.info(
+                    "neuron-monitor (%s) not found; looking again in %.0f s", self.monitor, self.max_backoff_seconds
+                )
+                self._stop.wait(self.max_backoff_seconds)
+                continue
+            if not first:
+                with self.state.lock:
+                    self.state.restarts += 1
+            first = False
+            started = self._clock()
+            self._run_once(path, config)
+            if self._stop.is_set():
+                break
+            # A run that produced reports for a while resets the backoff; a crash loop backs off to the max.
+            backoff = 1.0 if self._clock() - started > 60 else min(backoff * 2, self.max_backoff_seconds)
+            log.warning("neuron-monitor stopped; restarting in %.0f s", backoff)
+            self._stop.wait(backoff)
+
+    def _run_once(self, path: str, config: str) -> None:
+        try:
+            self._process = subprocess.Popen(
+                [path, "-c", config],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # its own process group, killed whole (see _kill)
+            )
+        except OSError as error:
+            log.warning("cannot start %s: %s", path, error)
+            return
+        self.running = True
+        assert self._process.stdout is not None
+        stream = self._process.stdout
+        selector = selectors.DefaultSelector()
+        selector.register(stream, selectors.EVENT_READ)
+        buffer = bytearray()
+        discarding = False  # inside a line already counted as malformed for being too long
+        last_line = self._clock()
+        try:
+            while not self._stop.is_set():
+                ready = selector.select(timeout=1.0)
+                # Stalled: no complete line for stall_seconds, whether it prints nothing or never ends a line.
+                if self._clock() - last_line > self.stall_seconds:
+                    log.warning("neuron-monitor ended no line for %.0f s; restarting it", self.stall_seconds)
+                    break
+                if not ready:
+                    continue
+                chunk = os.read(stream.fileno(), 1 << 20)
+                if not chunk:
+                    break  # EOF: it exited (or closed stdout); never spin on a closed pipe
+                # Only the new chunk is searched and appended: a 100 MB line cost 14.8 s of quadratic copying.
+                start = 0
+                while (end := chunk.find(b"\n", start)) >= 0:
+                    if not discarding:
+                        buffer += chunk[start:end]
+                        if buffer.strip():
+                            self.state.add_line(bytes(buffer), self._clock(), time.time())
+                    discarding = False
+                    buffer.clear()
+                    last_line = self._clock()
+                    start = end + 1
+                if not discarding:
+                    buffer += chunk[start:]
+                    if len(buffer) > MAX_LINE_BYTES:
+                        self.state.add_malformed(
+                            self._clock(), f"a line over {MAX_LINE_BYTES} bytes", bytes(buffer[:80])
+                        )
+                        buffer.clear()
+                        discarding = True
+        finally:
+            selector.close()
+            self.running = False
+            if buffer.strip() and not discarding:
+                self.state.add_malformed(self._clock(), "a truncated last line", bytes(buffer[:80]))
+            self._kill()
+            stream.close()

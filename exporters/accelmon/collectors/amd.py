@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import io
 import logging
 import time
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable
 
+from accelmon.amdsmi_library import PINNED_BINDINGS, load_amdsmi
 from accelmon.checks import Check, GpuCheck, GpuKey, View
 from accelmon.core import Catalogue, Collector, Samples
 from accelmon.gpu_metrics import (
@@ -59,7 +59,6 @@ from accelmon.registry import Paths, Registration, markers_present, register, se
 
 log = logging.getLogger("accelmon.amd")
 
-PINNED_BINDINGS = "7.0.2"  # pyproject's `amd` extra: the bindings bind every symbol of the library of that ROCm
 GPU = ("gpu", "uuid")
 SLOW = "every slow interval"
 ONCE = "once per GPU"
@@ -144,26 +143,6 @@ RAS_BLOCKS = {  # amdsmi_gpu_block_t
     "ih": 131072, "mpio": 262144,
 }  # fmt: skip
 RAS_ENABLED = 6  # AMDSMI_RAS_ERR_STATE_ENABLED
-
-
-def load_amdsmi() -> tuple[ModuleType | None, str]:
-    """AMD's bindings, or None and why not. The bindings print to stdout when the library is missing (kept off our
-    stdout: --once writes the exposition there) and bind every symbol at import (a library older than they are
-    fails there, naming the symbol)."""
-    captured = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(captured):
-            import amdsmi
-    except ModuleNotFoundError:
-        return None, "the amdsmi package is not installed (pip install 'accelmon[amd]'; the role does on AMD hosts)"
-    except KeyError:
-        return None, "libamd_smi.so was not found (ROCm's amd-smi-lib: $ROCM_PATH/lib or the linker's path)"
-    except AttributeError as error:
-        why = f"libamd_smi.so does not match the amdsmi {PINNED_BINDINGS} bindings ({error})"
-        return None, why + ": install the bindings of the host's ROCm"
-    except OSError as error:
-        return None, f"libamd_smi.so failed to load: {error}"
-    return amdsmi, ""
 
 
 class GpuNotAnsweringError(Exception):

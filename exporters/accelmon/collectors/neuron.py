@@ -16,21 +16,14 @@ the job's cgroup, `job_sources.JobOfProcess`) carries the job id on its info ser
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import selectors
-import shutil
-import signal
-import subprocess
-import tempfile
-import threading
 import time
 from typing import Any, Callable
 
 from accelmon.core import Catalogue, Collector, Samples
 from accelmon.job_sources import JobOfProcess
-from accelmon.neuron_monitor import ALL_GROUPS_CONFIG, MAX_LINE_BYTES, NeuronState, find_monitor, number, runtime_tag
+from accelmon.neuron_monitor import MonitorSupervisor, NeuronState, find_monitor, number, runtime_tag
 from accelmon.registry import Option, Paths, Registration, register, seconds
 
 log = logging.getLogger("accelmon.neuron")
@@ -233,142 +226,24 @@ class NeuronCollector(Collector):
         clock: Callable[[], float] = time.monotonic,
         job_of: Callable[[int], str] = lambda pid: "",
     ) -> None:
-        self.monitor = monitor
         self.job_of = job_of  # pid -> batch job id ("" for none)
-        self.period_seconds = period_seconds
         self.stall_seconds = stall_seconds if stall_seconds is not None else max(30.0, 3 * period_seconds)
-        self.max_backoff_seconds = max_backoff_seconds
         self._clock = clock
         self.state = NeuronState()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._process: subprocess.Popen[bytes] | None = None
-        self._workdir: str | None = None
-        self._running = False
+        # neuron-monitor, run and kept running by a supervisor of its own (accelmon.neuron_monitor)
+        self.supervisor = MonitorSupervisor(
+            monitor, period_seconds, self.stall_seconds, max_backoff_seconds, self.state, clock
+        )
 
-    # ---- supervision ----
     def start(self) -> None:
-        self._workdir = tempfile.mkdtemp(prefix="accelmon-neuron-")  # mode 0700
-        config = os.path.join(self._workdir, "monitor.json")
-        with open(config, "w", encoding="utf-8") as stream:
-            json.dump({"period": f"{self.period_seconds:g}s", **ALL_GROUPS_CONFIG}, stream)
-        self._thread = threading.Thread(target=self._supervise, args=(config,), name="neuron-monitor", daemon=True)
-        self._thread.start()
+        self.supervisor.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        self._kill()
-        if self._thread is not None:
-            self._thread.join(5)
-        if self._workdir:
-            shutil.rmtree(self._workdir, ignore_errors=True)
-
-    def _kill(self) -> None:
-        """Stop the monitor and everything it started: it runs in a process group of its own, so no child of
-        it is left holding the pipe (orphans did, after restarts)."""
-        process = self._process
-        if process is None:
-            return
-        try:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(2)
-            except subprocess.TimeoutExpired:
-                pass
-            os.killpg(process.pid, signal.SIGKILL)  # what is left of the group, children that outlived it too
-        except ProcessLookupError:
-            pass  # the whole group is gone
-        try:
-            process.wait(2)
-        except subprocess.TimeoutExpired:
-            log.warning("neuron-monitor (pid %d) did not exit after SIGKILL", process.pid)
-
-    def _supervise(self, config: str) -> None:
-        backoff = 1.0
-        first = True
-        while not self._stop.is_set():
-            path = find_monitor(self.monitor)
-            if path is None:
-                log.info(
-                    "neuron-monitor (%s) not found; looking again in %.0f s", self.monitor, self.max_backoff_seconds
-                )
-                self._stop.wait(self.max_backoff_seconds)
-                continue
-            if not first:
-                with self.state.lock:
-                    self.state.restarts += 1
-            first = False
-            started = self._clock()
-            self._run_once(path, config)
-            if self._stop.is_set():
-                break
-            # A run that produced reports for a while resets the backoff; a crash loop backs off to the max.
-            backoff = 1.0 if self._clock() - started > 60 else min(backoff * 2, self.max_backoff_seconds)
-            log.warning("neuron-monitor stopped; restarting in %.0f s", backoff)
-            self._stop.wait(backoff)
-
-    def _run_once(self, path: str, config: str) -> None:
-        try:
-            self._process = subprocess.Popen(
-                [path, "-c", config],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # its own process group, killed whole (see _kill)
-            )
-        except OSError as error:
-            log.warning("cannot start %s: %s", path, error)
-            return
-        self._running = True
-        assert self._process.stdout is not None
-        stream = self._process.stdout
-        selector = selectors.DefaultSelector()
-        selector.register(stream, selectors.EVENT_READ)
-        buffer = bytearray()
-        discarding = False  # inside a line already counted as malformed for being too long
-        last_line = self._clock()
-        try:
-            while not self._stop.is_set():
-                ready = selector.select(timeout=1.0)
-                # Stalled: no complete line for stall_seconds, whether it prints nothing or never ends a line.
-                if self._clock() - last_line > self.stall_seconds:
-                    log.warning("neuron-monitor ended no line for %.0f s; restarting it", self.stall_seconds)
-                    break
-                if not ready:
-                    continue
-                chunk = os.read(stream.fileno(), 1 << 20)
-                if not chunk:
-                    break  # EOF: it exited (or closed stdout); never spin on a closed pipe
-                # Only the new chunk is searched and appended: a 100 MB line cost 14.8 s of quadratic copying.
-                start = 0
-                while (end := chunk.find(b"\n", start)) >= 0:
-                    if not discarding:
-                        buffer += chunk[start:end]
-                        if buffer.strip():
-                            self.state.add_line(bytes(buffer), self._clock(), time.time())
-                    discarding = False
-                    buffer.clear()
-                    last_line = self._clock()
-                    start = end + 1
-                if not discarding:
-                    buffer += chunk[start:]
-                    if len(buffer) > MAX_LINE_BYTES:
-                        self.state.add_malformed(
-                            self._clock(), f"a line over {MAX_LINE_BYTES} bytes", bytes(buffer[:80])
-                        )
-                        buffer.clear()
-                        discarding = True
-        finally:
-            selector.close()
-            self._running = False
-            if buffer.strip() and not discarding:
-                self.state.add_malformed(self._clock(), "a truncated last line", bytes(buffer[:80]))
-            self._kill()
-            stream.close()
+        self.supervisor.stop()
 
     # ---- sample ----
     def hardware_answering(self) -> bool:
-        return self._running and self.fresh()
+        return self.supervisor.running and self.fresh()
 
     def fresh(self) -> bool:
         with self.state.lock:
@@ -379,7 +254,7 @@ class NeuronCollector(Collector):
         fresh = self.fresh()
         state = self.state
         with state.lock:
-            out.add(MONITOR_UP, (), 1 if self._running and fresh else 0)
+            out.add(MONITOR_UP, (), 1 if self.supervisor.running and fresh else 0)
             out.add(RESTARTS, (), state.restarts)
             out.add(MALFORMED, (), state.malformed)
             out.add(REPORTS, (), state.reports)

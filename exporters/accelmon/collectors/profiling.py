@@ -23,7 +23,7 @@ import logging
 import time
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import pynvml
 
@@ -239,12 +239,28 @@ Readings = dict[int, tuple[str, dict[Any, float]]]  # gpu index -> (uuid, {spec:
 MigReadings = dict[tuple[int, int], tuple[str, dict[Any, float]]]  # (gpu index, GPU instance id) -> the same
 
 
+class ProfilingBackend(Protocol):
+    """Where the profiling counters come from (as dcgm-exporter's provider interface): DCGM's host engine or NVML's
+    GPM. `open` says whether it answers on this host (never raises); `read` gives each GPU's values, and
+    `mig_readings` each MIG instance's where the backend measures them (GPM); `close` lets go of it."""
+
+    name: str
+    mig_readings: MigReadings
+
+    def open(self) -> bool: ...
+
+    def read(self) -> Readings: ...
+
+    def close(self) -> None: ...
+
+
 class DcgmBackend:
     """The standalone host engine through DCGM's own Python bindings."""
 
     name = "dcgm"
 
     def __init__(self, host: str, bindings_paths: tuple[str, ...], interval: float) -> None:
+        self.mig_readings: MigReadings = {}  # DCGM's profiling fields are read per GPU here
         self.host = host
         self.bindings_paths = bindings_paths
         self.interval = interval
@@ -471,7 +487,7 @@ class ProfilingCollector(Collector):
         self._nvml = nvml
         self.dcgm_retry_seconds = dcgm_retry_seconds
         self._clock = clock
-        self.active: DcgmBackend | GpmBackend | None = None
+        self.active: ProfilingBackend | None = None
         self._last_dcgm_try: float | None = None
         self._last_gpm_try: float | None = None
 
@@ -522,7 +538,7 @@ class ProfilingCollector(Collector):
             for counter in COUNTERS:
                 if counter.spec in values:
                     out.add(counter.spec, (str(gpu), uuid), values[counter.spec])
-        for (gpu, instance), (uuid, values) in sorted(getattr(self.active, "mig_readings", {}).items()):
+        for (gpu, instance), (uuid, values) in sorted((self.active.mig_readings if self.active else {}).items()):
             for spec, value in values.items():
                 out.add(spec, (str(gpu), uuid, str(instance)), value)
         return out
