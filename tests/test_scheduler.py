@@ -1,0 +1,77 @@
+"""The scheduler collector: Slurm's view of the node as one bounded state, asked off the scrape path; a controller
+that does not answer fails the sample (and its series goes, as every stale sample's does)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from accelmon.collectors.scheduler import STATES, SchedulerCollector, slurm_state
+from accelmon.core import Exporter, Sampler
+from tests.support.exposition import promtool_check, sample_value, series, text_of
+from tests.support.fake_scontrol import Cluster
+from tests.support.waiting import wait_until
+
+
+@pytest.mark.parametrize(
+    ("slurm", "served"),
+    [
+        ("IDLE", "idle"),
+        ("ALLOCATED", "allocated"),
+        ("COMPLETING", "allocated"),
+        ("MIXED", "mixed"),
+        ("IDLE+DRAIN", "drained"),
+        ("MIXED+DRAIN", "draining"),
+        ("ALLOCATED+DRAIN", "draining"),
+        ("DOWN*+DRAIN", "down"),
+        ("DOWN*", "down"),
+        ("IDLE+DRAIN+REBOOT_REQUESTED", "drained"),
+        ("IDLE+RESERVED", "reserved"),
+        ("MIXED+MAINT", "reserved"),
+        ("IDLE~", "idle"),  # powered down, still schedulable
+        ("FUTURE", "unknown"),
+        ("SOMETHING_NEW", "unknown"),
+    ],
+)
+def test_slurms_states_map_to_bounded_ones(slurm, served):
+    assert slurm_state(slurm) == served and served in STATES
+
+
+def test_one_series_of_the_nodes_state(tmp_path):
+    cluster = Cluster(tmp_path, {"gpu-7": "MIXED+DRAIN|accelmon: GPU 2 xid: reboot_node", "gpu-8": "IDLE"})
+    collector = SchedulerCollector(str(cluster.command), "gpu-7")
+    text = text_of(collector)
+    assert series(text, "accelmon_node_scheduler_state") == [({"scheduler": "slurm", "state": "draining"}, 1.0)]
+    assert cluster.calls() == ["show node gpu-7 --oneliner"]
+    promtool_check(text)
+
+
+def test_a_controller_that_does_not_answer_fails_the_sample_and_the_state_goes(tmp_path):
+    cluster = Cluster(tmp_path, {"gpu-7": "IDLE"})
+    collector = SchedulerCollector(str(cluster.command), "gpu-7")
+    sampler = Sampler(collector, 0.1)
+    exporter = Exporter([sampler], stale_after_intervals=2, drop_after_seconds=0.1)
+    exporter.collect_once()
+    assert 'accelmon_node_scheduler_state{scheduler="slurm",state="idle"} 1.0' in exporter.exposition().decode()
+    cluster.set({"gpu-7": "IDLE"}, fail=("show",))
+    failed = exporter.collect_once()[1]
+    assert failed == ["scheduler"]
+    text = exporter.exposition().decode()
+    assert sample_value(text, "accelmon_collector_success", collector="scheduler") == 0
+    # The last state is not served on as if it were current (dropped after drop_after_seconds).
+    wait_until(lambda: "accelmon_node_scheduler_state{" not in exporter.exposition().decode(), 5, "the state dropped")
+
+
+def test_a_slow_controller_times_out(tmp_path):
+    def slow(command, timeout):
+        raise subprocess.TimeoutExpired(command, timeout)
+
+    with pytest.raises(RuntimeError, match="did not answer in 2 s"):
+        SchedulerCollector("scontrol", "gpu-7", 2.0, slow).sample()
+
+
+def test_a_node_slurm_does_not_know_fails_the_sample(tmp_path):
+    cluster = Cluster(tmp_path, {"gpu-7": "IDLE"})
+    with pytest.raises(RuntimeError, match="Node gpu-9 not found"):
+        SchedulerCollector(str(cluster.command), "gpu-9").sample()
