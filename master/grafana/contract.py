@@ -12,12 +12,14 @@ import generate
 
 # accelmon_*/node_* metrics, recording rules (level:metric:operations) and `up{...}`.
 METRIC = re.compile(
-    r"\b((?:accelmon|node)_[a-zA-Z0-9_]+|(?:node|cluster|job_id|job_gpu):[a-z0-9_:]+[a-z0-9_]|up(?=\{))"
+    r"\b((?:accelmon|node)_[a-zA-Z0-9_]+|(?:node|cluster|job_id|job_gpu|job|gpu|account):[a-z0-9_:]+[a-z0-9_]|up(?=\{))"
 )
 
 # Grafana's template variables, as a user who picked "All" sends them.
 VARIABLES = {
     "$__rate_interval": "1m",
+    "$__range_s": "3600",  # before $__range, which it starts with
+    "$__range": "1h",
     "$node": ".*",
     "$gpu": ".*",
     "$device": ".*",

@@ -15,6 +15,7 @@ from typing import Iterator
 
 import yaml
 
+from tests.support.fake_scontrol import Cluster
 from tests.support.infiniband_tree import standard_tree
 from tests.support.jobs_tree import bus_id, fabric_manager_process, job_cgroup_stats, nvidia_procfs, slurm_job_cgroup
 from tests.support.kernel_log_lines import BOOT, record, xid_line
@@ -73,6 +74,8 @@ def start_exporter(work: Path, port: int, fake_nvml_dir: Path) -> subprocess.Pop
     reports = work / "reports.jsonl"
     reports.write_text("\n".join(line(report(i)) for i in range(1, 4)) + "\n")
     journal = repair_history(work / "remediation.jsonl")
+    # Slurm's view of the node (collector scheduler), from a stand-in scontrol: running jobs, so "mixed".
+    slurm = Cluster(work, {"gpu-node-1": "MIXED"})
     settings = work / "accelmon.yml"
     settings.write_text(
         yaml.safe_dump(
@@ -94,6 +97,12 @@ def start_exporter(work: Path, port: int, fake_nvml_dir: Path) -> subprocess.Pop
                     # dcgm-exporter's names beside ours: its dashboard's and alerts' queries are run against both.
                     "dcgm_compat": {"enabled": True},
                     "health": {"drill_dir": str(work / "drills"), "remediation_journal": str(journal)},
+                    "scheduler": {
+                        "enabled": True,
+                        "interval_seconds": 1,
+                        "scontrol": str(slurm.command),
+                        "node_name": "gpu-node-1",
+                    },
                 },
             }
         )
