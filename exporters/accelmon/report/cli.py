@@ -60,22 +60,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="accelmon-report",
         description="A batch job's report (HTML, PDF, CSV, Parquet, JSON) from the Prometheus of an accelmon cluster.",
     )
-    parser.add_argument("job_id", help="the scheduler's job id")
+    parser.add_argument("job_id", nargs="?", help="the scheduler's job id (a job's report)")
+    parser.add_argument(
+        "--fleet", action="store_true", help="the fleet's ledger over --from/--to instead of a job (docs/ledger.md)"
+    )
+    parser.add_argument("--from", dest="start", metavar="WHEN", help="with --fleet: a date, ISO time or epoch")
+    parser.add_argument(
+        "--to", dest="end", metavar="WHEN", help="with --fleet: a date, ISO time or epoch (default now)"
+    )
     parser.add_argument("--prometheus", required=True, metavar="URL", help="Prometheus's URL, e.g. http://master:9090")
     parser.add_argument("--out", metavar="DIR", help="where to write the report (default ./accelmon-report-JOB_ID)")
     parser.add_argument("--lookback", default="30d", help="how far back to look for the job (default 30d)")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for each query (default 30)")
     args = parser.parse_args(argv)
+    if args.fleet:
+        return fleet_main(args)
+    if not args.job_id:
+        parser.error("a job id, or --fleet")
     try:
         if not JOB_ID.match(args.job_id):
             raise ReportError(f"job id {args.job_id!r}: expected letters, digits and _.-[] only", 2)
-        try:
-            import jinja2  # noqa: F401
-            import matplotlib  # noqa: F401
-            import pandas  # noqa: F401
-            import pyarrow  # noqa: F401
-        except ImportError as error:
-            raise ReportError(f"missing {error.name}: pip install 'accelmon[report]'", 2) from error
+        check_extra()
         out = Path(args.out or f"accelmon-report-{args.job_id}")
         summary = write_report(
             Prometheus(args.prometheus, args.timeout), args.job_id, out, duration_seconds(args.lookback)
@@ -90,5 +95,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"accelmon-report: job {args.job_id}: {len(summary['gpus'])} GPU(s) on {len(summary['nodes'])} node(s), "
         f"{summary['duration_seconds'] / 60:.1f} min, {summary['energy_kwh']:.4f} kWh, "
         f"{len(summary['stragglers'])} straggler(s); written to {out}/"
+    )
+    return 0
+
+
+def check_extra() -> None:
+    try:
+        import jinja2  # noqa: F401
+        import matplotlib  # noqa: F401
+        import pandas  # noqa: F401
+        import pyarrow  # noqa: F401
+    except ImportError as error:
+        raise ReportError(f"missing {error.name}: pip install 'accelmon[report]'", 2) from error
+
+
+def fleet_main(args: argparse.Namespace) -> int:
+    """accelmon-report --fleet: the ledger over a range (a week ending now unless --from and --to say)."""
+    from accelmon.report.fleet import parse_time, write_fleet_report
+
+    try:
+        if args.job_id:
+            raise ReportError("--fleet takes no job id", 2)
+        check_extra()
+        end = parse_time(args.end) if args.end else time.time()
+        start = parse_time(args.start) if args.start else end - 7 * 86400
+        out = Path(args.out or f"accelmon-fleet-{time.strftime('%Y%m%d', time.gmtime(start))}")
+        summary = write_fleet_report(Prometheus(args.prometheus, args.timeout), start, end, out)
+    except ReportError as error:
+        print(f"accelmon-report: {error}", file=sys.stderr)
+        return error.status
+    except OSError as error:
+        print(f"accelmon-report: cannot write the report: {error}", file=sys.stderr)
+        return 1
+    goodput = summary["goodput"]
+    print(
+        f"accelmon-report: fleet {summary['from'][:10]} to {summary['to'][:10]}: {summary['gpu_hours']:,.0f} GPU-hours,"
+        f" goodput {'n/a' if goodput is None else f'{100 * goodput:.1f} %'}; written to {out}/"
     )
     return 0

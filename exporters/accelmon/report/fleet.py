@@ -1,0 +1,292 @@
+"""accelmon-report --fleet: the fleet's ledger over a range (docs/ledger.md), for the people who pay for the GPUs.
+
+    accelmon-report --fleet --from 2026-11-20 --to 2026-11-27 --prometheus http://master:9090 [--out DIR]
+
+Reads the ledger's recorded counts (no new scrape): every GPU in one state at every evaluation, by the fleet, by
+account and user, and the lost states by node. Each sample stands for one step of the range query, so a state's
+GPU-hours are the sum of its counts times the step; a count that is absent (an account with no GPU in that state)
+is zero. Writes into DIR:
+
+- `report.html`: the ledger at a glance, every number explained in a sentence, opening offline (plots embedded);
+- `report.pdf`: the same, for a ticket or a finance team;
+- `ledger.csv` and `ledger.parquet`: GPU-hours by day, scope (fleet, account, node), account, user, node and state;
+- `summary.json`: the figures.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from accelmon.report.query import Prometheus, ReportError, step_for
+
+STATES = ("productive", "straggling", "idle", "hung", "free", "drained", "unhealthy")
+HELD = ("productive", "straggling", "idle", "hung")
+WASTED_HELD = ("idle", "hung")
+MIN_STEP = 60.0  # the rules' evaluation interval is 15-60 s: a finer step would count one evaluation several times
+COLOURS = {
+    "productive": "#2e7d32",
+    "straggling": "#f9a825",
+    "idle": "#ef6c00",
+    "hung": "#c62828",
+    "free": "#90a4ae",
+    "drained": "#6a1b9a",
+    "unhealthy": "#212121",
+}
+
+
+def parse_time(text: str) -> float:
+    """A date (2026-11-20, midnight UTC), an ISO time, or seconds since the epoch."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.datetime.fromisoformat(text)
+    except ValueError as error:
+        raise ReportError(f"{text!r}: expected a date (2026-11-20), an ISO time or epoch seconds", 2) from error
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.timezone.utc)
+    return moment.timestamp()
+
+
+def day_of(stamp: float) -> str:
+    return datetime.datetime.fromtimestamp(stamp, datetime.timezone.utc).strftime("%Y-%m-%d")
+
+
+def collect(prometheus: Prometheus, start: float, end: float) -> tuple[list[dict[str, Any]], float]:
+    """The ledger's GPU-hours as rows (day, scope, account, user, node, state, gpu_hours), and the step used."""
+    step = max(MIN_STEP, step_for(end - start))
+    rows: dict[tuple[str, str, str, str, str, str], float] = {}
+    queries = {
+        "fleet": "cluster:accelmon_gpus_by_state:count",
+        "account": "account:accelmon_gpus_by_state:count",
+        "node": "node:accelmon_gpus_by_state:count",
+    }
+    for scope, query in queries.items():
+        for series in prometheus.range(query, start, end, step):
+            labels = series["metric"]
+            state = labels.get("state", "")
+            if state not in STATES:
+                continue
+            for stamp, value in series["values"]:
+                key = (
+                    day_of(float(stamp)), scope, labels.get("account", ""), labels.get("user", ""),
+                    labels.get("node", ""), state,
+                )  # fmt: skip
+                rows[key] = rows.get(key, 0.0) + float(value) * step / 3600
+    table = [
+        {"day": k[0], "scope": k[1], "account": k[2], "user": k[3], "node": k[4], "state": k[5], "gpu_hours": v}
+        for k, v in sorted(rows.items())
+    ]
+    return table, step
+
+
+def percent(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.1f} %" if whole else "n/a"
+
+
+def summarize(table: list[dict[str, Any]], start: float, end: float, step: float) -> dict[str, Any]:
+    fleet = [r for r in table if r["scope"] == "fleet"]
+    by_state = {state: sum(r["gpu_hours"] for r in fleet if r["state"] == state) for state in STATES}
+    total = sum(by_state.values())
+    held = sum(by_state[s] for s in HELD)
+    wasted = sum(by_state[s] for s in WASTED_HELD)
+    accounts: dict[str, float] = {}
+    users: dict[str, float] = {}
+    for row in table:
+        if row["scope"] == "account" and row["state"] in WASTED_HELD:
+            accounts[row["account"]] = accounts.get(row["account"], 0.0) + row["gpu_hours"]
+            users[row["user"]] = users.get(row["user"], 0.0) + row["gpu_hours"]
+    lost_by_node: dict[str, float] = {}
+    for row in table:
+        if row["scope"] == "node":
+            lost_by_node[row["node"]] = lost_by_node.get(row["node"], 0.0) + row["gpu_hours"]
+    top_accounts = sorted(accounts.items(), key=lambda item: -item[1])[:10]
+    top_users = sorted(users.items(), key=lambda item: -item[1])[:10]
+    top_nodes = sorted(lost_by_node.items(), key=lambda item: -item[1])[:10]
+    days = sorted({r["day"] for r in fleet})
+    daily = {day: {s: sum(r["gpu_hours"] for r in fleet if r["day"] == day and r["state"] == s) for s in STATES}
+             for day in days}  # fmt: skip
+    summary: dict[str, Any] = {
+        "from": datetime.datetime.fromtimestamp(start, datetime.timezone.utc).isoformat(),
+        "to": datetime.datetime.fromtimestamp(end, datetime.timezone.utc).isoformat(),
+        "step_seconds": step,
+        "gpu_hours": total,
+        "gpu_hours_by_state": by_state,
+        "goodput": by_state["productive"] / total if total else None,
+        "allocation": held / total if total else None,
+        "top_accounts_idle_or_hung": [{"account": a, "gpu_hours": h} for a, h in top_accounts],
+        "top_users_idle_or_hung": [{"user": u, "gpu_hours": h} for u, h in top_users],
+        "top_nodes_lost": [{"node": n, "gpu_hours": h} for n, h in top_nodes],
+        "daily": daily,
+    }
+    summary["sentences"] = sentences(summary, wasted)
+    return summary
+
+
+def sentences(summary: dict[str, Any], wasted: float) -> list[str]:
+    """Each number in a sentence a manager can read."""
+    total = summary["gpu_hours"]
+    hours = summary["gpu_hours_by_state"]
+    if not total:
+        return ["The ledger holds no GPU in this range: its rules were not running, or the range is outside the data."]
+    said = [
+        f"Of {total:,.0f} GPU-hours, {hours['productive']:,.0f} ({percent(hours['productive'], total)}) did useful "
+        "work: held by jobs that were neither hung, idle nor straggling. That is the fleet's goodput.",
+        f"Jobs held {sum(hours[s] for s in HELD):,.0f} GPU-hours ({percent(sum(hours[s] for s in HELD), total)}, "
+        "the allocation); the rest were free for new jobs or out of service.",
+    ]
+    if wasted:
+        top = summary["top_accounts_idle_or_hung"]
+        lead = f"; account {top[0]['account']} {percent(top[0]['gpu_hours'], wasted)} of it" if top else ""
+        said.append(
+            f"{wasted:,.0f} of {total:,.0f} GPU-hours ({percent(wasted, total)}) were held by jobs that used them "
+            f"under the idle threshold or hung{lead}."
+        )
+    if hours["straggling"]:
+        said.append(
+            f"{hours['straggling']:,.0f} GPU-hours ({percent(hours['straggling'], total)}) ran slower than the rest "
+            "of their job (stragglers): a synchronous job waits for its slowest GPU."
+        )
+    lost = hours["unhealthy"] + hours["drained"]
+    if lost:
+        nodes = summary["top_nodes_lost"]
+        where = f"; most on {nodes[0]['node']} ({nodes[0]['gpu_hours']:,.0f})" if nodes else ""
+        said.append(
+            f"{lost:,.0f} GPU-hours ({percent(lost, total)}) were lost to failing GPUs ({hours['unhealthy']:,.0f}) "
+            f"and to nodes out of service ({hours['drained']:,.0f}){where}."
+        )
+    said.append(f"{hours['free']:,.0f} GPU-hours ({percent(hours['free'], total)}) were free: no job asked for them.")
+    return said
+
+
+def plots(summary: dict[str, Any]) -> list[tuple[str, bytes]]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = []
+    days = list(summary["daily"])
+    if days:
+        figure, axes = plt.subplots(figsize=(10, 4))
+        bottom = [0.0] * len(days)
+        for state in STATES:
+            values = [summary["daily"][day][state] for day in days]
+            axes.bar(days, values, bottom=bottom, label=state, color=COLOURS[state])
+            bottom = [b + v for b, v in zip(bottom, values)]
+        axes.set_ylabel("GPU-hours")
+        axes.set_title("GPU-hours by state, per day")
+        axes.legend(loc="upper left", bbox_to_anchor=(1, 1))
+        figure.autofmt_xdate()
+        figure.tight_layout()
+        out.append(("GPU-hours by state, per day", save(figure, plt)))
+    accounts = summary["top_accounts_idle_or_hung"]
+    if accounts:
+        figure, axes = plt.subplots(figsize=(10, 3))
+        axes.barh([a["account"] or "(none)" for a in accounts][::-1], [a["gpu_hours"] for a in accounts][::-1])
+        axes.set_xlabel("GPU-hours held idle or hung")
+        axes.set_title("Top accounts by idle and hung GPU-hours")
+        figure.tight_layout()
+        out.append(("Top accounts by idle and hung GPU-hours", save(figure, plt)))
+    return out
+
+
+def save(figure: Any, plt: Any) -> bytes:
+    image = io.BytesIO()
+    figure.savefig(image, format="png")
+    plt.close(figure)
+    return image.getvalue()
+
+
+PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Fleet ledger {{ s.from[:10] }} to {{ s.to[:10] }}</title>
+<style>body{font-family:sans-serif;max-width:60rem;margin:2rem auto}td,th{padding:.2rem .6rem;text-align:right}
+td.l,th.l{text-align:left}table{border-collapse:collapse}tr:nth-child(even){background:#f4f4f4}</style></head>
+<body>
+<h1>Fleet ledger</h1>
+<p>{{ s.from }} to {{ s.to }}; where every GPU-hour went (docs/ledger.md).</p>
+<ul>{% for line in s.sentences %}<li>{{ line }}</li>{% endfor %}</ul>
+<h2>GPU-hours by state</h2>
+<table><tr><th class="l">state</th><th>GPU-hours</th><th>share</th></tr>
+{% for state, hours in s.gpu_hours_by_state.items() %}<tr><td class="l">{{ state }}</td>
+<td>{{ "{:,.1f}".format(hours) }}</td><td>{{ share(hours) }}</td></tr>{% endfor %}</table>
+{% for title, data in images %}<h2>{{ title }}</h2><img alt="{{ title }}" src="data:image/png;base64,{{ data }}">
+{% endfor %}
+<h2>Top users by idle and hung GPU-hours</h2>
+{% if s.top_users_idle_or_hung %}<table><tr><th class="l">user</th><th>GPU-hours</th></tr>
+{% for u in s.top_users_idle_or_hung %}<tr><td class="l">{{ u.user }}</td><td>{{ "{:,.1f}".format(u.gpu_hours) }}</td>
+</tr>{% endfor %}</table>{% else %}<p>None: no job held a GPU idle or hung.</p>{% endif %}
+<h2>GPU-hours lost by node (unhealthy, drained)</h2>
+{% if s.top_nodes_lost %}<table><tr><th class="l">node</th><th>GPU-hours</th></tr>
+{% for n in s.top_nodes_lost %}<tr><td class="l">{{ n.node }}</td><td>{{ "{:,.1f}".format(n.gpu_hours) }}</td></tr>
+{% endfor %}</table>{% else %}<p>None.</p>{% endif %}
+<p><small>accelmon-report --fleet; data: {{ prometheus }}, the ledger's recorded counts at a {{ s.step_seconds|int }} s
+step.</small></p>
+</body></html>
+"""
+
+
+def html(summary: dict[str, Any], images: list[tuple[str, bytes]], prometheus: str) -> str:
+    import jinja2
+
+    environment = jinja2.Environment(autoescape=True)  # account and user names come from job records
+    encoded = [(title, base64.b64encode(png).decode()) for title, png in images]
+    total = summary["gpu_hours"]
+    return environment.from_string(PAGE).render(
+        s=summary, images=encoded, prometheus=prometheus, share=lambda hours: percent(hours, total)
+    )
+
+
+def pdf(summary: dict[str, Any], images: list[tuple[str, bytes]], path: Path) -> None:
+    """The sentences and the table on a first page, then the plots."""
+    import textwrap
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.image as mpimg
+    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_pdf import PdfPages
+
+    total = summary["gpu_hours"]
+    lines = [f"Fleet ledger, {summary['from'][:16]} to {summary['to'][:16]} UTC", ""]
+    for sentence in summary["sentences"]:
+        lines += [*textwrap.wrap(sentence, 95), ""]
+    lines += [f"{state:<12} {hours:>12,.1f} GPU-hours  {percent(hours, total)}"
+              for state, hours in summary["gpu_hours_by_state"].items()]  # fmt: skip
+    with PdfPages(path) as document:
+        page = plt.figure(figsize=(8.27, 11.69))
+        page.text(0.06, 0.96, "\n".join(lines), va="top", family="monospace", fontsize=8)
+        document.savefig(page)
+        plt.close(page)
+        for _title, png in images:
+            page = plt.figure(figsize=(8.27, 5.8))
+            axes = page.add_axes((0, 0, 1, 1))
+            axes.imshow(mpimg.imread(io.BytesIO(png), format="png"))
+            axes.axis("off")
+            document.savefig(page)
+            plt.close(page)
+
+
+def write_fleet_report(prometheus: Prometheus, start: float, end: float, out: Path) -> dict[str, Any]:
+    import pandas
+
+    if end <= start:
+        raise ReportError("--to must be after --from", 2)
+    table, step = collect(prometheus, start, end)
+    summary = summarize(table, start, end, step)
+    images = plots(summary)
+    out.mkdir(parents=True, exist_ok=True)
+    frame = pandas.DataFrame(table, columns=["day", "scope", "account", "user", "node", "state", "gpu_hours"])
+    frame.to_csv(out / "ledger.csv", index=False)
+    frame.to_parquet(out / "ledger.parquet", index=False)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out / "report.html").write_text(html(summary, images, prometheus.url), encoding="utf-8")
+    pdf(summary, images, out / "report.pdf")
+    return summary

@@ -1,0 +1,183 @@
+"""accelmon-report --fleet over a real Prometheus holding a simulated week of the ledger's recorded counts (backfilled
+with promtool, as an operator backfills): the GPU-hours per state, account, user, node and day, the sentences, the
+tables, and the HTML and PDF opened as a person would."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.support.processes import free_port
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.e2e
+
+pd = pytest.importorskip("pandas")
+pytest.importorskip("matplotlib")
+
+GPUS = 100
+# The fleet's GPUs in each state, constant over the week; the job states by (account, user); the lost by node.
+FLEET = {"productive": 60, "straggling": 3, "idle": 10, "hung": 2, "free": 20, "drained": 3, "unhealthy": 2}
+ACCOUNTS = {
+    ("vision", "ann", "idle"): 4,
+    ("nlp", "bob", "idle"): 6,
+    ("nlp", "bob", "hung"): 2,
+    ("vision", "ann", "straggling"): 3,
+    ("vision", "ann", "productive"): 40,
+    ("nlp", "bob", "productive"): 20,
+}
+NODES = {("n7", "drained"): 3, ("n3", "unhealthy"): 2}
+DAYS = 7
+STEP = 60
+
+
+@pytest.fixture(scope="module")
+def week(tmp_path_factory):
+    """A Prometheus whose storage holds the week just ended (1-minute samples), started on it; its URL, the range."""
+    assert sum(FLEET.values()) == GPUS
+    work = tmp_path_factory.mktemp("fleet")
+    end = (int(time.time()) // 3600 - 1) * 3600  # an hour boundary well inside the head's past
+    start = end - DAYS * 86400
+    lines = []
+    for name, series in (
+        ("cluster:accelmon_gpus_by_state:count", {f'state="{s}"': v for s, v in FLEET.items()}),
+        ("account:accelmon_gpus_by_state:count",
+         {f'account="{a}",user="{u}",state="{s}"': v for (a, u, s), v in ACCOUNTS.items()}),
+        ("node:accelmon_gpus_by_state:count", {f'node="{n}",state="{s}"': v for (n, s), v in NODES.items()}),
+    ):  # fmt: skip
+        lines.append(f"# TYPE {name.replace(':', '_')} gauge")
+        for labels, value in series.items():
+            lines += [f"{name}{{{labels}}} {value} {t}" for t in range(start, end + 1, STEP)]
+    lines.append("# EOF")
+    data = work / "week.om"
+    data.write_text("\n".join(lines) + "\n")
+    promtool, prometheus = shutil.which("promtool"), shutil.which("prometheus")
+    assert promtool and prometheus, "scripts/setup.sh unpacks Prometheus's binaries into .tools/"
+    tsdb = work / "tsdb"
+    made = subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(data), str(tsdb)],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert made.returncode == 0, made.stderr[-2000:]
+    port = free_port()
+    config = work / "prometheus.yml"
+    config.write_text("global: {}\n")
+    process = subprocess.Popen(
+        [prometheus, f"--config.file={config}", f"--storage.tsdb.path={tsdb}", "--storage.tsdb.retention.time=90d",
+         f"--web.listen-address=127.0.0.1:{port}"],
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+
+    def loaded() -> bool:
+        try:
+            with urllib.request.urlopen(f"{url}/api/v1/query?query=count(cluster:accelmon_gpus_by_state:count)"
+                                        f"&time={end}", timeout=5) as answer:  # fmt: skip
+                return bool(json.load(answer)["data"]["result"])
+        except OSError:
+            return False
+
+    try:
+        wait_until(loaded, 60, "Prometheus serving the backfilled week", every=0.5)
+        yield url, start, end
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+@pytest.fixture(scope="module")
+def report(week, tmp_path_factory):
+    url, start, end = week
+    out = tmp_path_factory.mktemp("fleet-report")
+    result = subprocess.run(
+        [sys.executable, "-m", "accelmon.report", "--fleet", "--from", str(start), "--to", str(end),
+         "--prometheus", url, "--out", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out, json.loads((out / "summary.json").read_text()), result.stdout
+
+
+def test_gpu_hours_per_state_add_up_to_the_fleet(report):
+    _, summary, said = report
+    hours = DAYS * 24 + 1 / 60  # both ends of the range are samples: one minute more than the week
+    assert summary["gpu_hours"] == pytest.approx(GPUS * hours, rel=1e-6)
+    for state, gpus in FLEET.items():
+        assert summary["gpu_hours_by_state"][state] == pytest.approx(gpus * hours, rel=1e-6)
+    assert summary["goodput"] == pytest.approx(0.60) and summary["allocation"] == pytest.approx(0.75)
+    assert "goodput 60.0 %" in said
+
+
+def test_the_sentences_say_each_number(report):
+    _, summary, _ = report
+    text = " ".join(summary["sentences"])
+    assert "Of 16,802 GPU-hours, 10,081 (60.0 %) did useful work" in text
+    # 12 of 100 GPUs idle or hung, nlp's 8 of them.
+    assert (
+        "2,016 of 16,802 GPU-hours (12.0 %) were held by jobs that used them under the idle threshold or hung; "
+        "account nlp 66.7 % of it" in text
+    )
+    assert "(5.0 %) were lost to failing GPUs (336) and to nodes out of service (504); most on n7 (504)" in text
+
+
+def test_tables_by_day_account_user_and_node(report):
+    out, summary, _ = report
+    for table in (pd.read_csv(out / "ledger.csv", keep_default_na=False), pd.read_parquet(out / "ledger.parquet")):
+        assert list(table.columns) == ["day", "scope", "account", "user", "node", "state", "gpu_hours"]
+        assert set(table.scope) == {"fleet", "account", "node"}
+        assert table[table.scope == "fleet"].day.nunique() == DAYS + 1  # the range starts and ends mid-day (UTC)
+        accounts = table[table.scope == "account"].groupby("account").gpu_hours.sum()
+        assert accounts["vision"] / accounts["nlp"] == pytest.approx(47 / 28)
+    assert [a["account"] for a in summary["top_accounts_idle_or_hung"]] == ["nlp", "vision"]
+    assert [n["node"] for n in summary["top_nodes_lost"]] == ["n7", "n3"]
+
+
+def test_the_html_and_the_pdf_open(report, tmp_path):
+    out, _, _ = report
+    page = (out / "report.html").read_text()
+    assert "<h1>Fleet ledger</h1>" in page and "http" not in page.split("<body>")[1].split("accelmon-report --fleet")[0]
+    images = re.findall(r'<img alt="([^"]+)" src="data:image/png;base64,([^"]+)"', page)
+    assert {title for title, _ in images} == {"GPU-hours by state, per day", "Top accounts by idle and hung GPU-hours"}
+    pdftotext = shutil.which("pdftotext")
+    assert pdftotext, "scripts/setup.sh installs poppler-utils"
+    first = subprocess.run([pdftotext, "-l", "1", str(out / "report.pdf"), "-"], capture_output=True, text=True)
+    assert "Fleet ledger" in first.stdout and "productive" in first.stdout
+    pages = subprocess.run(["pdftoppm", "-png", "-r", "40", str(out / "report.pdf"), str(tmp_path / "page")],
+                           capture_output=True, timeout=120)  # fmt: skip
+    assert pages.returncode == 0 and len(list(tmp_path.glob("page*.png"))) == 3
+
+
+def test_a_range_without_data_says_so(week, tmp_path):
+    url, start, _ = week
+    result = subprocess.run(
+        [sys.executable, "-m", "accelmon.report", "--fleet", "--from", str(start - 30 * 86400), "--to",
+         str(start - 20 * 86400), "--prometheus", url, "--out", str(tmp_path / "empty")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "empty" / "summary.json").read_text())
+    assert summary["gpu_hours"] == 0 and "holds no GPU in this range" in summary["sentences"][0]
+
+
+def test_bad_ranges_are_refused_before_anything_is_written(tmp_path):
+    for args, message in (
+        (["--from", "last tuesday"], "expected a date"),
+        (["--from", "2026-11-27", "--to", "2026-11-20"], "--to must be after --from"),
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "accelmon.report", "--fleet", *args, "--prometheus", "http://127.0.0.1:9",
+             "--out", str(tmp_path / "never")],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert result.returncode == 2 and message in result.stderr
+        assert not (tmp_path / "never").exists()
+
+
+def test_the_fleet_report_is_documented():
+    assert "accelmon-report --fleet" in (Path(__file__).parents[1] / "docs" / "ledger.md").read_text()
