@@ -278,12 +278,17 @@ class Prometheus:
 
 # The dashboards an operator keeps open on a large fleet, as they are opened: Fleet and Health over every node
 # ("All"), Job for one job (the board is per job: picking "All" would draw every job's GPUs at once).
-DASHBOARDS = {"accelmon-fleet": "Fleet", "accelmon-health": "Health", "accelmon-job": "Job"}
+DASHBOARDS = {
+    "accelmon-fleet": "Fleet",
+    "accelmon-health": "Health",
+    "accelmon-job": "Job",
+    "accelmon-ledger": "Ledger",
+}
 ONE_JOB = "7"  # a job of the simulated fleet from its first step on
 
 
 def dashboard_queries() -> list[tuple[str, str]]:
-    """(dashboard: panel, query) of every panel of the Fleet, Health and Job dashboards."""
+    """(dashboard: panel, query) of every panel of the Fleet, Health, Job and Fleet ledger dashboards."""
     return [
         (f"{DASHBOARDS[q.dashboard]}: {q.panel}", concrete(q.expr.replace("$job_id", ONE_JOB)))
         for q in panel_queries()
@@ -300,11 +305,20 @@ def measure_step(prometheus: Prometheus, pid: int, window: float) -> dict[str, A
     (appended_before, at_before), cpu_before, started = appended(), cpu_seconds(pid), time.monotonic()
     peak_rss = 0.0
     rule_seconds, rule_group = 0.0, ""
+    groups: dict[str, float] = {}  # each group's longest evaluation in the window
+
+    def missed() -> float:
+        return sum(float(m["value"][1]) for m in prometheus.query(
+            'prometheus_rule_group_iterations_missed_total{job="prometheus"}'))  # fmt: skip
+
+    missed_before = missed()
     while time.monotonic() - started < window:
         peak_rss = max(peak_rss, rss_bytes(pid))
         for group in prometheus.query('prometheus_rule_group_last_duration_seconds{job="prometheus"}'):
-            if float(group["value"][1]) > rule_seconds:
-                rule_seconds, rule_group = float(group["value"][1]), group["metric"]["rule_group"].split(";")[-1]
+            name, seconds = group["metric"]["rule_group"].split(";")[-1], float(group["value"][1])
+            groups[name] = max(groups.get(name, 0.0), seconds)
+            if seconds > rule_seconds:
+                rule_seconds, rule_group = seconds, name
         time.sleep(5)
     cpu = (cpu_seconds(pid) - cpu_before) / (time.monotonic() - started)
     rules = json.loads(fetch(f"{prometheus.base}/api/v1/rules"))["data"]["groups"]
@@ -318,6 +332,9 @@ def measure_step(prometheus: Prometheus, pid: int, window: float) -> dict[str, A
         "rule_seconds": rule_seconds,
         "rule_group": rule_group,
         "slowest_rule": f"{slowest_rule[1]} {slowest_rule[0] * 1000:.0f} ms",
+        "groups": groups,
+        # Evaluations skipped because the one before had not ended: a group out of time.
+        "missed_evaluations": missed() - missed_before,
     }
 
 
@@ -397,6 +414,10 @@ def main() -> None:
     # A GPU node has many more CPUs than this machine: node_exporter's per-CPU series are scaled to it.
     parser.add_argument("--node-cpus", type=int, default=192, help="CPUs of a simulated worker (default 2 x 96)")
     parser.add_argument("--store", action="store_true", help="remote-write into VictoriaMetrics and measure it too")
+    parser.add_argument(
+        "--node-exporter-series", choices=("read", "all"), default="read",
+        help="the master role's accelmon_master_node_exporter_series: node_exporter's series kept at scrape",
+    )  # fmt: skip
     args = parser.parse_args()
     steps = [int(n) for n in args.nodes.split(",")]
     prometheus_binary = shutil.which("prometheus")
@@ -417,8 +438,10 @@ def main() -> None:
         config = work / "prometheus.yml"
         remote_write = [{"url": f"{store_base}/api/v1/write"}] if args.store else []
         render_role_template(
-            "accelmon_master", "prometheus.yml.j2", config, {"accelmon_master_remote_write": remote_write}
-        )
+            "accelmon_master", "prometheus.yml.j2", config,
+            {"accelmon_master_remote_write": remote_write,
+             "accelmon_master_node_exporter_series": args.node_exporter_series},
+        )  # fmt: skip
         text = config.read_text().replace("/etc/prometheus/targets/", f"{targets}/")
         port = free_port()
         rules = load_renderer().write_rules(work / "master-rules")  # the shipped rules and the live job rules rendered
@@ -434,10 +457,11 @@ def main() -> None:
         results = []
         try:
             wait_serving(f"{prometheus.base}/-/ready")
-            print(f"{version}; the master role's config (15 s scrapes and rules) and rules; 2-core machine")
+            print(f"{version}; the master role's config (15 s scrapes and rules, node_exporter's series: "
+                  f"{args.node_exporter_series}) and rules; 2-core machine")  # fmt: skip
             print(f"per simulated worker: accelmon {per_node['accelmon']} series (8 GPUs, GPM, 4 IB ports), "
                   f"node_exporter {per_node['node']} ({args.node_cpus} CPUs); "
-                  f"Fleet, Health and Job (one job) dashboards: {len(queries)} queries of 720 steps")  # fmt: skip
+                  f"Fleet, Health, Job (one job) and Fleet ledger dashboards: {len(queries)} queries of 720 steps")  # fmt: skip
             print(f"{'nodes':>6} {'GPUs':>6} {'series':>9} {'samples/s':>10} {'RSS MiB':>8} {'CPU cores':>9} "
                   f"{'rules ms':>8} {'panel max ms':>13}  slowest panel")  # fmt: skip
             began = time.time()
@@ -460,7 +484,10 @@ def main() -> None:
                     next(f"{title} {seconds * 1000:.0f} ms" for seconds, title in latencies if title.startswith(board))
                     for board in DASHBOARDS.values()
                 )
-                print(f"{'':>6} slowest rule group: {figures['rule_group']}, rule: {figures['slowest_rule']}")
+                print(f"{'':>6} slowest rule group: {figures['rule_group']}, rule: {figures['slowest_rule']}; "
+                      f"evaluations missed in the window: {figures['missed_evaluations']:.0f}")  # fmt: skip
+                longest = ", ".join(f"{name} {sec * 1000:.0f} ms" for name, sec in sorted(figures["groups"].items()))
+                print(f"{'':>6} each group's longest evaluation: {longest}")
                 print(f"{'':>6} slowest panel of each dashboard: {per_board}")
                 if watch:
                     store = watch.finish()

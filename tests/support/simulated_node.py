@@ -15,6 +15,7 @@ from typing import Iterator
 
 import yaml
 
+from tests.support.ansible import render_role_template
 from tests.support.fake_scontrol import Cluster
 from tests.support.infiniband_tree import standard_tree
 from tests.support.jobs_tree import bus_id, fabric_manager_process, job_cgroup_stats, nvidia_procfs, slurm_job_cgroup
@@ -151,6 +152,14 @@ def simulated_prometheus(work: Path, fake_nvml_dir: Path) -> Iterator[str]:
     base URL once the rules have evaluated over scraped data, and stops all three after."""
     ports = {name: free_port() for name in ("exporter", "node", "prometheus")}
     config = work / "prometheus.yml"
+    # The master role's own scrape settings for each job (its metric relabelling: node_exporter's series kept at
+    # accelmon_master_node_exporter_series's default), so every query the tests run meets what a master keeps.
+    role = work / "role-prometheus.yml"
+    render_role_template("accelmon_master", "prometheus.yml.j2", role, {})
+    kept = {
+        job["job_name"]: job.get("metric_relabel_configs", [])
+        for job in yaml.safe_load(role.read_text())["scrape_configs"]
+    }
     config.write_text(
         yaml.safe_dump(
             {
@@ -160,6 +169,7 @@ def simulated_prometheus(work: Path, fake_nvml_dir: Path) -> Iterator[str]:
                     {
                         "job_name": job,
                         "static_configs": [{"targets": [f"127.0.0.1:{ports[port]}"], "labels": {"node": "gpu-node-1"}}],
+                        **({"metric_relabel_configs": kept[job]} if kept.get(job) else {}),
                     }
                     for job, port in (("accelmon", "exporter"), ("node", "node"))
                 ],

@@ -87,7 +87,10 @@ NODE_METRICS = (
      "W", "CPU power (RAPL)"),
     ("job_cpu_share",
      'sum by (node) (rate(accelmon_job_cpu_seconds_total{{job_id="{job}",node=~"{nodes}"}}[{window}]))'
-     ' / sum by (node) (rate(node_cpu_seconds_total{{mode!~"idle|iowait",node=~"{nodes}"}}[{window}]))',
+     # The node's busy CPU seconds a second: its CPUs less their idle and iowait time (the modes the master keeps
+     # of node_exporter's per-CPU series, accelmon_master_node_exporter_series).
+     ' / (count by (node) (node_cpu_seconds_total{{mode="idle",node=~"{nodes}"}})'
+     ' - sum by (node) (rate(node_cpu_seconds_total{{mode=~"idle|iowait",node=~"{nodes}"}}[{window}])))',
      "ratio", "The job's share of the node's busy CPU time"),
     # The cores of the job's own Neuron runtimes (placed in the job by their cgroup), not the whole node's.
     ("neuroncore_utilization",
