@@ -461,7 +461,7 @@ def main() -> None:
                   f"{args.node_exporter_series}) and rules; 2-core machine")  # fmt: skip
             print(f"per simulated worker: accelmon {per_node['accelmon']} series (8 GPUs, GPM, 4 IB ports), "
                   f"node_exporter {per_node['node']} ({args.node_cpus} CPUs); "
-                  f"Fleet, Health, Job (one job) and Fleet ledger dashboards: {len(queries)} queries of 720 steps")  # fmt: skip
+                  f"Fleet, Health, Job (one job), Ledger dashboards: {len(queries)} queries of 720 steps")  # fmt: skip
             print(f"{'nodes':>6} {'GPUs':>6} {'series':>9} {'samples/s':>10} {'RSS MiB':>8} {'CPU cores':>9} "
                   f"{'rules ms':>8} {'panel max ms':>13}  slowest panel")  # fmt: skip
             began = time.time()
