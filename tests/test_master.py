@@ -320,8 +320,8 @@ def test_fleet_sees_the_lost_gpu_and_the_xid(prometheus):
 def test_the_master_keeps_of_node_exporter_what_accelmon_reads(prometheus):
     """At accelmon_master_node_exporter_series's default (`read`), the simulated node's Prometheus (the role's
     metric relabelling) holds of node_exporter's per-CPU series only idle and iowait time and the CPUs' model, a
-    fraction of what it serves; every panel, rule and report query is run against this data by the other tests here and in
-    test_report.py, so what is dropped is read by none of them."""
+    fraction of what it serves; every panel, rule and report query is run against this data by the other tests
+    here and in test_report.py, so what is dropped is read by none of them."""
     per_cpu = query(prometheus, 'count by (__name__, mode) ({job="node", cpu!=""})')
     kept = {(r["metric"]["__name__"], r["metric"].get("mode", "")) for r in per_cpu}
     # node_cpu_info: the job report's CPU model and sockets (--collector.cpu.info, one series a CPU).
