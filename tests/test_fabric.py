@@ -7,11 +7,17 @@ from typing import Callable, Iterator
 
 import pytest
 
+from accelmon import health
+from accelmon.collectors import fabric, nvml
 from accelmon.collectors.fabric import FabricCollector, fabric_manager_running
 from accelmon.collectors.nvml import NvmlCollector
 from accelmon.core import Exporter, Sampler
+from tests.support.checks import check, nvml_only
 from tests.support.exposition import sample_value, text_of
 from tests.support.waiting import returns_while_blocked, wait_until
+
+# The fabric's checks, with NVML listing the GPUs to judge (as on a node, where both run).
+CHECKED = [fabric.REGISTRATION, nvml.REGISTRATION]
 
 UUID0 = "GPU-00000000-0000-4000-8000-000000000000"
 
@@ -135,3 +141,82 @@ def test_a_hung_link_call_stops_only_this_collector(fake_nvml, procfs):
     finally:
         fake_nvml.release()
         exporter.stop()
+
+
+@pytest.mark.parametrize(
+    ("rows", "name", "verdict", "action", "detail"),
+    [
+        ([], "nvlink", "ok", "none", "no NVLink reported"),
+        (
+            [(fabric.LINK_UP, [str(link)], 0 if link == 5 else 1) for link in range(18)],
+            "nvlink",
+            "failure",
+            "check_fabric",
+            "NVLink down: link 5 (17 of 18 up)",
+        ),
+        (
+            [(fabric.LINK_UP, ["0"], 1), (fabric.LINK_ERRORS, ["0", "recovery"], 2)],
+            "nvlink",
+            "warning",
+            "check_fabric",
+            "NVLink errors since the driver loaded: link 0: 2 recovery",
+        ),
+        # CRC errors are judged by their rate (the alert), not by a count since the driver loaded.
+        ([(fabric.LINK_UP, ["0"], 1), (fabric.LINK_ERRORS, ["0", "crc_flit"], 500)], "nvlink", "ok", "none", None),
+        ([], "fabric", "ok", "none", "no NVLink fabric"),
+        ([(fabric.FABRIC_STATE, [], 3), (fabric.FABRIC_STATUS, [], 0)], "fabric", "ok", "none", None),
+        ([(fabric.FABRIC_STATE, [], 2)], "fabric", "warning", "check_fabric", "fabric registration in progress"),
+        (
+            [(fabric.FABRIC_STATE, [], 3), (fabric.FABRIC_STATUS, [], 0), (fabric.FABRIC_DEGRADED, [], 1)],
+            "fabric",
+            "warning",
+            "check_fabric",
+            None,
+        ),
+        (
+            [(fabric.FABRIC_STATE, [], 3), (fabric.FABRIC_STATUS, [], 999)],
+            "fabric",
+            "failure",
+            "check_fabric",
+            "fabric registration failed (NVML error 999)",
+        ),
+    ],
+)
+def test_nvlink_and_fabric_checks(rows, name, verdict, action, detail):
+    found = check(health.evaluate([nvml_only(rows)], now=0, registrations=CHECKED), "0", name)
+    assert (found.verdict, found.action) == (verdict, action), found
+    if detail is not None:
+        assert found.detail == detail
+
+
+def test_fabric_not_started_without_fabric_manager_fails_gpu_and_node(fake_nvml, tmp_path):
+    """What an HGX node whose Fabric Manager did not start shows, as the fabric collector samples it."""
+    procfs = tmp_path / "proc"
+    procfs.mkdir()
+    fake_nvml.configure("gpus 2\nfabric 0 1 0 0\nfabric 1 3 0 2\nnvlink 1 18\nnvlink_down 1 17\n")
+    devices, links = NvmlCollector(), FabricCollector(procfs=str(procfs))
+    devices.start()
+    links.start()
+    try:
+        node = health.evaluate([devices.sample(), links.sample()], now=0, registrations=CHECKED)
+    finally:
+        fake_nvml.release()
+        links.stop()
+        devices.stop()
+    assert check(node, "0", "fabric") == health.Check(
+        "fabric", "failure", "fabric registration not started; the Fabric Manager is not running", "check_fabric"
+    )
+    assert check(node, "1", "fabric").verdict == "ok"
+    assert check(node, "1", "nvlink").detail == "NVLink down: link 17 (17 of 18 up)"
+    assert (
+        health.Check(
+            "fabric_manager",
+            "failure",
+            "the NVIDIA Fabric Manager is not running on an NVSwitch system",
+            "check_fabric",
+        )
+        in node.checks
+    )
+    assert node.drain_reason() == (
+        "accelmon: GPU 0 fabric: check_fabric; GPU 1 nvlink: check_fabric; fabric_manager: check_fabric"
+    )

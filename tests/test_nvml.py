@@ -9,8 +9,11 @@ from typing import Callable, Iterator
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from accelmon import health
+from accelmon.collectors import kernel_log, nvml
 from accelmon.collectors.nvml import NvmlCollector
 from accelmon.core import Exporter, Sampler
+from tests.support.checks import check, nvml_only
 from tests.support.clock import ManualClock
 from tests.support.exposition import text_of
 from tests.support.waiting import returns_while_blocked, wait_until
@@ -330,3 +333,51 @@ def test_a_gpu_slowed_mid_run_is_served_slowed(make_collector, tmp_path):
     slow.unlink()
     time.sleep(1.1)
     assert Reading(collector).value("accelmon_gpu_sm_clock_hertz", **gpu3) == 1710e6
+
+
+@pytest.mark.parametrize(
+    ("rows", "name", "verdict", "action"),
+    [
+        ([(nvml.ECC, ["uncorrected", "volatile"], 2)], "ecc", "failure", "reset_gpu"),
+        (
+            [(nvml.ECC, ["uncorrected", "aggregate"], 9), (nvml.ECC, ["uncorrected", "volatile"], 0)],
+            "ecc",
+            "ok",
+            "none",
+        ),
+        ([(nvml.REMAP_FAILURE, [], 1), (nvml.REMAP_PENDING, [], 1)], "memory_repair", "failure", "hardware_service"),
+        ([(nvml.REMAP_PENDING, [], 1)], "memory_repair", "warning", "reset_gpu"),
+        ([(nvml.RETIRED_PENDING, [], 1)], "memory_repair", "warning", "reset_gpu"),
+        ([(nvml.REMAP_PENDING, [], 0), (nvml.RETIRED_PENDING, [], 0)], "memory_repair", "ok", "none"),
+        ([(nvml.CLOCK_EVENT, ["hw_power_brake_slowdown"], 1)], "slowdown", "warning", "hardware_service"),
+        ([(nvml.CLOCK_EVENT, ["gpu_idle"], 1), (nvml.CLOCK_EVENT, ["sw_power_cap"], 1)], "slowdown", "ok", "none"),
+        ([(nvml.XID_ERRORS, ["94"], 1)], "xid", "warning", "restart_app"),
+        ([(nvml.XID_ERRORS, ["45"], 3)], "xid", "ok", "none"),  # info: a follow-on of another error
+        ([(nvml.XID_ERRORS, ["31"], 1), (nvml.XID_ERRORS, ["95"], 1)], "xid", "failure", "reset_gpu"),
+        ([(nvml.PCIE_WIDTH, [], 8), (nvml.PCIE_WIDTH_MAX, [], 16)], "pcie", "warning", "hardware_service"),
+        (
+            [(nvml.PCIE_GENERATION, [], 3), (nvml.PCIE_GENERATION_MAX, [], 5), (nvml.CLOCK_EVENT, ["gpu_idle"], 0)],
+            "pcie",
+            "warning",
+            "hardware_service",
+        ),
+        # An idle GPU at Gen1 is saving power, not degraded.
+        (
+            [(nvml.PCIE_GENERATION, [], 1), (nvml.PCIE_GENERATION_MAX, [], 5), (nvml.CLOCK_EVENT, ["gpu_idle"], 1)],
+            "pcie",
+            "ok",
+            "none",
+        ),
+        (
+            [(nvml.PCIE_GENERATION, [], 5), (nvml.PCIE_GENERATION_MAX, [], 5), (nvml.PCIE_WIDTH, [], 16)],
+            "pcie",
+            "ok",
+            "none",
+        ),
+    ],
+)
+def test_the_device_checks_on_nvml_samples(rows, name, verdict, action):
+    """The GPU device checks (accelmon.gpu_metrics, declared by nvml) and the xid check over NVML's XID events."""
+    node = health.evaluate([nvml_only(rows)], now=0, registrations=[kernel_log.REGISTRATION, nvml.REGISTRATION])
+    found = check(node, "0", name)
+    assert (found.verdict, found.action) == (verdict, action), found

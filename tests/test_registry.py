@@ -16,7 +16,10 @@ from accelmon.config import ConfigError, load
 from accelmon.registry import Option, collectors
 from accelmon.scan import plan
 from tests.support.ansible import run_local_play
+from tests.support.exposition import check_golden
 from tests.support.paths import ROOT
+from tests.support.processes import exporter_env, on_fixtures
+from tests.test_cli import SCENARIOS
 
 UNIT_TEMPLATE = ROOT / "ansible" / "roles" / "accelmon_exporter" / "templates" / "accelmon-exporter.service.j2"
 
@@ -142,6 +145,26 @@ def test_a_toy_collectors_check_runs_in_the_scan_and_the_served_verdicts(toy_tre
     once = red_toy(toy_tree, "--once", "--no-collector.nvml", "--collector.health")
     assert 'accelmon_node_health_check_state{action="hardware_service",check="toy_widgets"} 2.0' in once.stdout
     assert "accelmon_node_health_verdict 2.0" in once.stdout
+
+
+def test_a_toy_check_touches_only_its_module_its_tests_and_the_generated_docs(toy_tree, fake_nvml_dir, tmp_path):
+    """docs/health.md's table, made again, gains the toy's check; on a node that does not run the toy, every golden
+    file of the NVIDIA scenario is as committed (the toy's check is absent there, not "ok")."""
+    docs = toy_tree / "docs"
+    docs.mkdir(exist_ok=True)
+    shutil.copy(ROOT / "docs" / "health.md", docs / "health.md")
+    made = run_toy(toy_tree, "-m", "accelmon.catalogue", "--checks")
+    assert made.returncode == 0, made.stderr
+    assert "\n| `toy_widgets` (node) | toy |" in (docs / "health.md").read_text()
+    config = tmp_path / "fake.conf"
+    config.write_text(SCENARIOS["nvml_h100_real.prom"])
+    env = {**exporter_env(fake_nvml_dir, config), "PYTHONPATH": str(toy_tree / "exporters")}
+    once = subprocess.run(
+        [sys.executable, "-m", "accelmon", "--once", *on_fixtures(tmp_path / "host", "nvml", "health")],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert once.returncode == 0, once.stderr
+    check_golden("nvml_h100_real.prom", once.stdout)
 
 
 @pytest.mark.e2e  # renders the role's config and unit with ansible-playbook

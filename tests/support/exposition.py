@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from typing import Optional
@@ -16,6 +17,14 @@ from tests.support.paths import GOLDEN
 VOLATILE = ("accelmon_collector_duration_seconds", "accelmon_collector_last_sample_timestamp_seconds")
 
 
+# The health collector's families with one series per check: split by the collector that declares the check.
+CHECK_FAMILIES = (
+    "accelmon_gpu_health_check_state",
+    "accelmon_node_health_check_state",
+    "accelmon_gpu_health_drill_active",
+)
+
+
 def stable_lines(exposition: str) -> str:
     return "".join(line + "\n" for line in exposition.splitlines() if not line.startswith(VOLATILE))
 
@@ -27,6 +36,17 @@ def by_collector(exposition: str) -> dict[str, str]:
     from accelmon.registry import collectors
 
     owner = {spec.name: name for name, r in collectors().items() for spec in r.catalogue.specs}
+    # A health check's series go with the collector that declares the check (health.<collector>): a collector's
+    # judgement changes its own golden file. A check two collectors declare (the GPU device checks: nvml and amd)
+    # goes with the one running here (its self-metrics are in the exposition).
+    running = set(re.findall(r'accelmon_collector_success\{collector="([a-z_0-9]+)"\}', exposition))
+    declared: dict[str, list[str]] = {}
+    for name, registration in collectors().items():
+        for check in (*registration.gpu_checks, *registration.node_checks):
+            declared.setdefault(check.name, []).append(name)
+    check_owner = {
+        check: next((name for name in names if name in running), names[0]) for check, names in declared.items()
+    }
     parts: dict[str, list[str]] = {}
     family_of_part: dict[str, str] = {}  # the family each part's latest line belongs to
     headers: dict[str, list[str]] = {}  # family -> its HELP and TYPE lines
@@ -40,6 +60,9 @@ def by_collector(exposition: str) -> dict[str, str]:
             continue
         labelled = line.split('collector="', 1)
         part = owner.get(family) or (labelled[1].split('"', 1)[0] if len(labelled) == 2 else "exporter")
+        checked = re.search(r'check="([a-z_0-9]+)"', line) if family in CHECK_FAMILIES else None
+        if checked and checked.group(1) in check_owner:
+            part = f"health.{check_owner[checked.group(1)]}"
         lines = parts.setdefault(part, [])
         if family_of_part.get(part) != family:
             lines.extend(headers.get(family, []))
