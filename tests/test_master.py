@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from tests.support.ansible import render_role_template
-from tests.support.dashboards import METRIC, concrete, generate, panel_params
+from tests.support.dashboards import METRIC, concrete, contract, generate, panel_params
 from tests.support.paths import ROOT
 from tests.support.rules import master_rules, rule_files
 from tests.support.simulated_node import get
@@ -267,16 +267,8 @@ def rule_expressions():
 
 # Served only while something is so: the simulated fleet never is. Each is checked against the catalogue instead, and
 # its own test serves it.
-ONLY_WHILE = {
-    "accelmon_gpu_health_drill_active": "a drill is in force (tests/test_drill.py)",
-    # The ledger's GPUs of each state: only while some GPU is in it, which on the simulated fleet depends on the
-    # moment (master/prometheus/tests/ledger-test.yml has them all; the counts, zeros included, always have data).
-    "job:accelmon_hung:bool": "a job hangs",
-    **{
-        f"gpu:accelmon_ledger_{state}:bool": f"a GPU is {state}"
-        for state in ("unhealthy", "hung", "idle", "straggling", "productive", "drained", "free")
-    },
-}
+# Served only while something is so (master/grafana/contract.py): checked against the catalogue or the rules.
+ONLY_WHILE = contract.ONLY_WHILE
 
 
 @pytest.mark.parametrize("rule", list(rule_expressions()))

@@ -28,6 +28,24 @@ VARIABLES = {
 }
 
 
+# Series a healthy fleet may have none of, served only while something is so: a Prometheus or a store checked against
+# the dashboards may lack them (their panels expect no data: `expect_data=False`). The test suite's simulated node has
+# most of them (tests/support/simulated_node.py), and each one's own test serves it.
+ONLY_WHILE = {
+    "accelmon_gpu_health_drill_active": "a drill is in force (tests/test_drill.py)",
+    "accelmon_gpu_remediation_repairs_total": "the repair loop repaired a GPU (tests/test_remediation.py)",
+    "accelmon_node_remediation_events_total": "the Slurm health check decided something (tests/test_remediation.py)",
+    "accelmon_node_drain_breaker_nodes": "the circuit breaker holds a drain back (tests/test_remediation.py)",
+    "node:accelmon_gpus_by_state:count": "a GPU is unhealthy or drained (master/prometheus/tests/ledger-test.yml)",
+    "job:accelmon_hung:bool": "a job hangs (ledger-test.yml)",
+    # The ledger's GPUs of each state: only while some GPU is in it (the counts, zeros included, always are).
+    **{
+        f"gpu:accelmon_ledger_{state}:bool": f"a GPU is {state} (ledger-test.yml)"
+        for state in ("unhealthy", "hung", "idle", "straggling", "productive", "drained", "free")
+    },
+}
+
+
 class PanelQuery(NamedTuple):
     dashboard: str  # the dashboard's uid
     panel: str  # the panel's title

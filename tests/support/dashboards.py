@@ -15,10 +15,11 @@ from tests.support.paths import ROOT
 # Python 3.9 run) the modules that need the contract are skipped, saying why.
 pytest.importorskip("grafana_foundation_sdk", reason="the dashboards' SDK (the deploy extra) is not installed")
 sys.path.insert(0, str(ROOT / "master" / "grafana"))
+import contract
 import generate
 from contract import METRIC, concrete, panel_queries
 
-__all__ = ["METRIC", "concrete", "generate", "panel_params", "panel_queries"]
+__all__ = ["METRIC", "concrete", "contract", "generate", "panel_params", "panel_queries"]
 
 
 def panel_params() -> Iterator[object]:
