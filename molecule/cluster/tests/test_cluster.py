@@ -9,6 +9,7 @@ import shlex
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -30,6 +31,12 @@ WORKERS = {f"{CLUSTER}-worker-1", f"{CLUSTER}-worker-2"}
 
 def query(host, path):
     return json.loads(host.check_output(f"curl -sf 'http://127.0.0.1:9090{path}'"))["data"]
+
+
+def ledger(host, expr: str) -> dict[str, float]:
+    """The fleet's ledger (docs/ledger.md) as this master records it: `expr`'s values by their labels' values."""
+    found = query(host, "/api/v1/query?query=" + urllib.parse.quote(expr))["result"]
+    return {",".join(r["metric"].values()): float(r["value"][1]) for r in found}
 
 
 def playbook(name, *extra):
@@ -162,6 +169,11 @@ def test_a_slurm_job_is_attributed_while_it_runs_and_reported_after(host, tmp_pa
         assert [(a["node"], a["gpu"], a["reason"], a["user"]) for a in fired] == [
             (f"{CLUSTER}-worker-2", "3", "power_cap", "alice")
         ]
+        # The ledger over the real job: alice's 4 GPUs, the slowed one straggling (the live rule's condition, no
+        # `for`), the other three productive or idle by their utilization.
+        by_state = 'sum by (state) (account:accelmon_gpus_by_state:count{user="alice"})'
+        assert wait_for(lambda: ledger(host, by_state).get("straggling") == 1, timeout=40), ledger(host, by_state)
+        assert sum(ledger(host, by_state).values()) == 4, ledger(host, by_state)
     finally:
         slowed_worker.check_output("rm -f /opt/fake-nvml/slow")
     # When the job ends the epilog removes its record, and the series go stale: the alert clears.
@@ -338,6 +350,12 @@ def test_a_drill_drains_its_node_saying_so_until_stopped_and_resumed(host):
             assert drained, node_line(controller, name)
             assert "Reason=accelmon DRILL, no fault: GPU 3 ecc: reset_gpu" in node_line(controller, name)
             assert runs_on(controller, "") == f"{CLUSTER}-worker-2"
+            # The ledger: the drained worker's GPUs held by no job are drained (Slurm's state, collector scheduler),
+            # the drilled one unhealthy; the fleet's states still add up to its 16 GPUs.
+            states = f'count by (__name__) ({{__name__=~"gpu:accelmon_ledger_.+:bool",node="{name}"}})'
+            expected = {"gpu:accelmon_ledger_drained:bool": 7.0, "gpu:accelmon_ledger_unhealthy:bool": 1.0}
+            assert wait_for(lambda: ledger(host, states) == expected, timeout=60), ledger(host, states)
+            assert sum(ledger(host, "cluster:accelmon_gpus_by_state:count").values()) == 16
             # The repair loop (docs/health.md, "From verdict to repair") on the drained node, which runs no job: a
             # drill is never repaired, and says what a real fault would get.
             said = wait_for(
