@@ -389,6 +389,86 @@ def test_a_drill_drains_its_node_saying_so_until_stopped_and_resumed(host):
         assert wait_for(lambda: not firing(host, name, ("pending", "firing")), 120), "the alert outlived the drill"
 
 
+CONFIG = "/etc/accelmon/exporter.yml"  # the role's; the Slurm health check reads it at every run
+
+
+@contextlib.contextmanager
+def health_options(worker, **options):
+    """The health collector's `options` in a worker's exporter config, for the health check (which reads it at every
+    run), the file restored as it was after (the day-two test's --check --diff finds nothing changed)."""
+    worker.check_output(f"cp -p {CONFIG} {CONFIG}.before")
+    edit = (
+        "import json, sys, yaml; c = yaml.safe_load(open(sys.argv[1])) or {}; "
+        "c.setdefault('collectors', {}).setdefault('health', {}).update(json.loads(sys.argv[2])); "
+        "yaml.safe_dump(c, open(sys.argv[1], 'w'))"
+    )
+    worker.check_output(
+        f"/opt/accelmon/venv/bin/python -c {shlex.quote(edit)} {CONFIG} {shlex.quote(json.dumps(options))}"
+    )
+    try:
+        yield
+    finally:
+        worker.run(f"mv {CONFIG}.before {CONFIG}")
+
+
+def xid_48_now(worker, sequence: int) -> str:
+    """A kernel log record of XID 48 (a double-bit ECC error: critical, reset_gpu) on GPU 2, stamped now (the fake
+    procfs has no btime: the exporter counts a record's time from the host's uptime)."""
+    uptime = float(worker.check_output("cut -d' ' -f1 /proc/uptime"))
+    return record(sequence, uptime, xid_line(bus_id(2).rsplit(".", 1)[0], 48, "DBE (double bit error) ECC error."))
+
+
+def test_the_repair_loop_and_the_circuit_breaker_on_the_real_slurm(host):
+    """From verdict to repair (docs/health.md) with remediation `act` on worker-2: an XID 48 (reset_gpu) drains it,
+    the loop resets the GPU (a reset command the fake driver needs nothing of), the scan passes (the XID was before
+    the reset) and Slurm resumes the node, which runs a job again; the same GPU failing again within the window is
+    drained for hardware_service, naming the reset. Then the breaker, breaker_min_nodes 1 on worker-1: with worker-2
+    out by accelmon, worker-1's failing GPU is not drained, and AccelmonDrainBreakerHolding fires for the fleet."""
+    controller = testinfra.get_host(f"podman://{CLUSTER}-worker-1")
+    name = f"{CLUSTER}-worker-2"
+    worker = testinfra.get_host(f"podman://{name}")
+    acting = {"remediation": "act", "gpu_reset_command": "true {index}", "breaker_min_nodes": 1}
+    with slurm_health_checks(controller), health_options(worker, **acting), health_options(controller, **acting):
+        try:
+            # An XID 48 logged long ago (5 s after boot): before any reset.
+            old = record(20, 5.0, xid_line(bus_id(2).rsplit(".", 1)[0], 48, "DBE (double bit error) ECC error."))
+            worker.check_output(f"printf '%s' {shlex.quote(old)} >> /opt/fake-kmsg")
+            assert wait_for(lambda: "Reason=accelmon: GPU 2 xid: reset_gpu" in node_line(controller, name), 60), (
+                node_line(controller, name)
+            )
+            # Drained and idle: the next check resets GPU 2 (in a process of its own), rescans and resumes.
+            resumed = wait_for(lambda: "DRAIN" not in node_line(controller, name), timeout=90)
+            assert resumed, node_line(controller, name) + worker.check_output("cat /var/lib/accelmon/remediation.jsonl")
+            journal = worker.check_output("cat /var/lib/accelmon/remediation.jsonl")
+            assert (
+                '"action": "reset_gpu", "breaker": [0, 0, 0], "detail": "reset_gpu for GPU 2", "event": "repair"'
+                in journal
+            )
+            assert runs_on(controller, f"--nodelist={name}") == name
+
+            # The same GPU again, after the reset: a repeat offender, left for hardware service.
+            worker.check_output(f"printf '%s' {shlex.quote(xid_48_now(worker, 22))} >> /opt/fake-kmsg")
+            repeat = wait_for(
+                lambda: "hardware_service (failed again after reset_gpu" in node_line(controller, name), 60
+            )
+            assert repeat, node_line(controller, name)
+
+            # worker-1 fails too, with worker-2 out by accelmon: max(1, ceil(0.1 x 2)) = 1 node may be out.
+            controller.check_output(f"printf '%s' {shlex.quote(xid_48_now(controller, 30))} >> /opt/fake-kmsg")
+            held = f'accelmon_node_drain_held_by_breaker{{node="{CLUSTER}-worker-1"}} == 1'
+            assert wait_for(lambda: ledger(host, held), timeout=60), ledger(host, held)
+            assert "DRAIN" not in node_line(controller, f"{CLUSTER}-worker-1")
+            alerts = lambda: [a for a in query(host, "/api/v1/alerts")["alerts"]  # noqa: E731
+                              if a["labels"]["alertname"] == "AccelmonDrainBreakerHolding"]  # fmt: skip
+            assert wait_for(alerts, timeout=60), query(host, "/api/v1/alerts")
+            assert "node" not in alerts()[0]["labels"]  # one alert for the fleet
+        finally:  # the repair of both: an empty log and a fresh exporter (it remembers XIDs since boot)
+            for each in (worker, controller):
+                each.run("truncate -s 0 /opt/fake-kmsg && systemctl restart accelmon-exporter")
+            controller.run(f"scontrol update NodeName={name} State=RESUME")
+    assert wait_for(lambda: "DRAIN" not in node_line(controller, name), timeout=30), node_line(controller, name)
+
+
 def test_day_two_keeps_the_metrics(host):
     wait_for(lambda: up_workers(host) == WORKERS)
     time.sleep(5)
