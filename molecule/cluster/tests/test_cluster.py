@@ -189,7 +189,9 @@ def test_a_slurm_job_is_attributed_while_it_runs_and_reported_after(host, tmp_pa
     ]
     for gpu in summary["gpus"]:  # the fake driver's energy counters grow by its power draw
         expected_joules = gpu["power_mean_watts"] * summary["duration_seconds"]
-        assert abs(gpu["energy_joules"] - expected_joules) <= gpu["power_mean_watts"] * 6, (gpu, expected_joules)
+        # Each end of the window is off by up to the counter's read interval (2 s) and a scrape (2 s): 8 s of power
+        # in all (6 s failed once by 0.06 s on a busy machine).
+        assert abs(gpu["energy_joules"] - expected_joules) <= gpu["power_mean_watts"] * 8, (gpu, expected_joules)
     assert (out / "report.html").stat().st_size > 10_000 and (out / "report.pdf").exists()
 
 
