@@ -8,7 +8,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from accelmon.report.analysis import summarize
 from accelmon.report.query import (
@@ -77,26 +77,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fleet_main(args)
     if not args.job_id:
         parser.error("a job id, or --fleet")
-    try:
+    out = Path(args.out or f"accelmon-report-{args.job_id}")
+
+    def job_report() -> dict:
         if not JOB_ID.match(args.job_id):
             raise ReportError(f"job id {args.job_id!r}: expected letters, digits and _.-[] only", 2)
         check_extra()
-        out = Path(args.out or f"accelmon-report-{args.job_id}")
-        summary = write_report(
+        return write_report(
             Prometheus(args.prometheus, args.timeout), args.job_id, out, duration_seconds(args.lookback)
         )
-    except ReportError as error:
-        print(f"accelmon-report: {error}", file=sys.stderr)
-        return error.status
-    except OSError as error:
-        print(f"accelmon-report: cannot write the report: {error}", file=sys.stderr)
-        return 1
+
+    summary, status = reported(job_report)
+    if summary is None:
+        return status
     print(
         f"accelmon-report: job {args.job_id}: {len(summary['gpus'])} GPU(s) on {len(summary['nodes'])} node(s), "
         f"{summary['duration_seconds'] / 60:.1f} min, {summary['energy_kwh']:.4f} kWh, "
         f"{len(summary['stragglers'])} straggler(s); written to {out}/"
     )
     return 0
+
+
+def reported(make: Callable[[], dict]) -> tuple[dict | None, int]:
+    """`make()`'s summary, or None and the exit status, its error said on stderr."""
+    try:
+        return make(), 0
+    except ReportError as error:
+        print(f"accelmon-report: {error}", file=sys.stderr)
+        return None, error.status
+    except OSError as error:
+        print(f"accelmon-report: cannot write the report: {error}", file=sys.stderr)
+        return None, 1
 
 
 def check_extra() -> None:
@@ -113,20 +124,21 @@ def fleet_main(args: argparse.Namespace) -> int:
     """accelmon-report --fleet: the ledger over a range (a week ending now unless --from and --to say)."""
     from accelmon.report.fleet import parse_time, write_fleet_report
 
-    try:
+    written: list[Path] = []
+
+    def fleet_report() -> dict:
         if args.job_id:
             raise ReportError("--fleet takes no job id", 2)
         check_extra()
         end = parse_time(args.end) if args.end else time.time()
         start = parse_time(args.start) if args.start else end - 7 * 86400
-        out = Path(args.out or f"accelmon-fleet-{time.strftime('%Y%m%d', time.gmtime(start))}")
-        summary = write_fleet_report(Prometheus(args.prometheus, args.timeout), start, end, out)
-    except ReportError as error:
-        print(f"accelmon-report: {error}", file=sys.stderr)
-        return error.status
-    except OSError as error:
-        print(f"accelmon-report: cannot write the report: {error}", file=sys.stderr)
-        return 1
+        written.append(Path(args.out or f"accelmon-fleet-{time.strftime('%Y%m%d', time.gmtime(start))}"))
+        return write_fleet_report(Prometheus(args.prometheus, args.timeout), start, end, written[0])
+
+    summary, status = reported(fleet_report)
+    if summary is None:
+        return status
+    out = written[0]
     goodput = summary["goodput"]
     print(
         f"accelmon-report: fleet {summary['from'][:10]} to {summary['to'][:10]}: {summary['gpu_hours']:,.0f} GPU-hours,"
