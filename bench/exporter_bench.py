@@ -115,7 +115,7 @@ def infiniband_cost(work: Path, devices: int = 8, rounds: int = 200) -> tuple[fl
     from tests.support.infiniband_tree import add_device, node_exporter, scrape_node_exporter
 
     from accelmon.collectors.infiniband import InfinibandCollector
-    from accelmon.core import render
+    from accelmon.metrics import render
 
     sysfs = work / "ib-sys"
     for index in range(devices):
@@ -140,7 +140,7 @@ def neuron_cost(rounds: int = 200) -> float:
     from tests.support.neuron_reports import line, report, runtime
 
     from accelmon.collectors.neuron import NeuronCollector
-    from accelmon.core import render
+    from accelmon.metrics import render
 
     collector = NeuronCollector(monitor="/nonexistent")
     text = [

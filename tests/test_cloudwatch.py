@@ -16,7 +16,7 @@ import yaml
 from accelmon import cloudwatch
 from accelmon.cloudwatch import Aggregator, CloudWatchSettings, MetricChoice, Publisher, batches, parse_settings
 from accelmon.collectors import nvml
-from accelmon.core import Catalogue, Samples
+from accelmon.metrics import Catalogue, Samples
 from accelmon.registry import ConfigError, known_metrics
 from tests.support.cloudwatch_doubles import FakeImds, RecordingProxy, SilentSocket
 from tests.support.exposition import promtool_check, sample_value

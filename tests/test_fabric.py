@@ -11,7 +11,7 @@ from accelmon import health
 from accelmon.collectors import fabric, nvml
 from accelmon.collectors.fabric import FabricCollector, fabric_manager_running
 from accelmon.collectors.nvml import NvmlCollector
-from accelmon.core import Exporter, Sampler
+from accelmon.runtime import Exporter, Sampler
 from tests.support.checks import check, nvml_only
 from tests.support.exposition import sample_value, text_of
 from tests.support.waiting import returns_while_blocked, wait_until

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from accelmon.collectors.gpu_processes import GpuProcessesCollector
-from accelmon.job_sources import JobOfProcess
+from accelmon.job_sources.cgroups import JobOfProcess
 from tests.support.exposition import promtool_check, sample_value, text_of
 from tests.support.jobs_tree import slurm_job_cgroup
 

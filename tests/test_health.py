@@ -14,7 +14,7 @@ from accelmon.collectors import fabric, kernel_log, nvml
 from accelmon.collectors.health import served
 from accelmon.collectors.kernel_log import KernelLogCollector
 from accelmon.collectors.nvml import NvmlCollector
-from accelmon.core import Samples
+from accelmon.metrics import Samples
 from accelmon.registry import collectors
 from tests.support.exposition import promtool_check, sample_value, series, text_of
 from tests.support.jobs_tree import nvidia_procfs, uuid

@@ -13,7 +13,7 @@ import pytest
 
 from accelmon import server as http
 from accelmon.cli import make_server
-from accelmon.core import Exporter, Sampler
+from accelmon.runtime import Exporter, Sampler
 from tests.support.processes import exporter_env, free_port, rss_kib, start_exporter, wait_until_serving
 from tests.support.toy import Steady
 
@@ -172,16 +172,16 @@ def test_openmetrics_for_a_client_that_asks_for_it(served):
 
 
 def test_a_sample_is_rendered_once_however_often_it_is_scraped(monkeypatch):
-    from accelmon import core
+    from accelmon import runtime
 
     rendered = []
-    real_render = core.render
+    real_render = runtime.render
 
     def counting_render(samples, openmetrics=False):
         rendered.append(openmetrics)
         return real_render(samples, openmetrics)
 
-    monkeypatch.setattr(core, "render", counting_render)
+    monkeypatch.setattr(runtime, "render", counting_render)
     sampler = Sampler(Steady(), 60)
     exporter = Exporter([sampler])
     sampler.sample_once()

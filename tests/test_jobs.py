@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from accelmon import job_sources
 from accelmon.collectors import jobs
+from accelmon.job_sources import cgroups
 from accelmon.nvidia import NvmlSession
 from tests.support.ansible import render_role_template
 from tests.support.exposition import promtool_check, sample_value
@@ -175,21 +175,21 @@ def test_processes_are_placed_in_jobs_by_their_cgroup(tmp_path, version):
     slurm_job_cgroup(root, 78, (4242,), version=version, uid=1001)
     (root / "system.slice" / "sshd.service").mkdir(parents=True)
     (root / "system.slice" / "sshd.service" / "cgroup.procs").write_text("555\n")
-    assert job_sources.job_pids(str(root)) == {3101: "77", 3102: "77", 4242: "78"}
+    assert cgroups.job_pids(str(root)) == {3101: "77", 3102: "77", 4242: "78"}
 
 
 def test_a_job_directory_deeper_than_slurm_puts_it_is_not_read(tmp_path):
     deep = tmp_path / "a" / "b" / "c" / "d" / "e" / "f" / "g"
     slurm_job_cgroup(deep, 9, (99,))
-    assert job_sources.job_pids(str(tmp_path)) == {}
-    assert job_sources.job_pids(str(tmp_path / "a" / "b" / "c" / "d" / "e")) == {99: "9"}
-    assert job_sources.job_pids(str(tmp_path / "missing")) == {}
+    assert cgroups.job_pids(str(tmp_path)) == {}
+    assert cgroups.job_pids(str(tmp_path / "a" / "b" / "c" / "d" / "e")) == {99: "9"}
+    assert cgroups.job_pids(str(tmp_path / "missing")) == {}
 
 
 def test_the_cgroup_tree_is_read_again_only_for_unknown_processes_and_at_most_every_period(tmp_path):
     root = slurm_job_cgroup(tmp_path / "cgroup", 77, (3101,))
     now = [0.0]
-    job_of = job_sources.JobOfProcess(str(root), refresh_seconds=5, clock=lambda: now[0])
+    job_of = cgroups.JobOfProcess(str(root), refresh_seconds=5, clock=lambda: now[0])
     assert job_of(3101) == "77"
     slurm_job_cgroup(root, 78, (4242,))
     now[0] = 1.0
@@ -203,10 +203,10 @@ def test_the_cgroup_tree_is_read_again_only_for_unknown_processes_and_at_most_ev
 def test_a_process_in_no_job_is_looked_for_again_only_after_the_recheck_period(tmp_path, monkeypatch):
     root = slurm_job_cgroup(tmp_path / "cgroup", 77, (3101,))
     walks = []
-    walk = job_sources.job_pids
-    monkeypatch.setattr(job_sources, "job_pids", lambda path: walks.append(path) or walk(path))
+    walk = cgroups.job_pids
+    monkeypatch.setattr(cgroups, "job_pids", lambda path: walks.append(path) or walk(path))
     now = [0.0]
-    job_of = job_sources.JobOfProcess(str(root), refresh_seconds=5, recheck_seconds=60, clock=lambda: now[0])
+    job_of = cgroups.JobOfProcess(str(root), refresh_seconds=5, recheck_seconds=60, clock=lambda: now[0])
     assert job_of(555) == "" and len(walks) == 1  # a service on the GPU: one walk finds it in no job
     for second in range(10, 60, 10):  # every sample after: no walk for it
         now[0] = second

@@ -10,6 +10,7 @@ import pytest
 from accelmon import job_sources
 from accelmon.collectors import jobs
 from accelmon.collectors.job_resources import JobResourcesCollector
+from accelmon.job_sources import cgroups, oar
 from accelmon.registry import Paths, collectors
 from tests.support.exposition import promtool_check, sample_value, text_of
 from tests.support.jobs_tree import (
@@ -32,8 +33,8 @@ def node(tmp_path):
 
 
 def collector(runtime, procfs, tmp_path, node_name="node1") -> jobs.JobsCollector:
-    oar = job_sources.OarJobs(str(runtime), node_name)
-    return jobs.JobsCollector(str(tmp_path / "no-state-dir"), str(procfs), oar=oar)
+    oar_jobs = oar.OarJobs(str(runtime), node_name)
+    return jobs.JobsCollector(str(tmp_path / "no-state-dir"), str(procfs), oar=oar_jobs)
 
 
 def nvml_index(minor: int) -> str:
@@ -92,10 +93,10 @@ def test_bad_files_are_skipped_and_counted_once(node, tmp_path):
 
 
 def test_the_job_of_a_cgroup_slurm_and_oar():
-    assert job_sources.job_of_cgroup("/sys/fs/cgroup/cpuset/oar/alice_42") == "42"
-    assert job_sources.job_of_cgroup("/sys/fs/cgroup/memory/slurm/uid_1000/job_7") == "7"
-    assert job_sources.job_of_cgroup("/sys/fs/cgroup/cpuset/user.slice/alice_42") is None  # not under OAR's /oar
-    assert job_sources.job_of_cgroup("/sys/fs/cgroup/cpuset/oar") is None
+    assert cgroups.job_of_cgroup("/sys/fs/cgroup/cpuset/oar/alice_42") == "42"
+    assert cgroups.job_of_cgroup("/sys/fs/cgroup/memory/slurm/uid_1000/job_7") == "7"
+    assert cgroups.job_of_cgroup("/sys/fs/cgroup/cpuset/user.slice/alice_42") is None  # not under OAR's /oar
+    assert cgroups.job_of_cgroup("/sys/fs/cgroup/cpuset/oar") is None
 
 
 def test_an_oar_jobs_cgroup_and_its_processes(node, tmp_path):
@@ -113,7 +114,7 @@ def test_an_oar_jobs_cgroup_and_its_processes(node, tmp_path):
     assert sample_value(text, "accelmon_job_cpus_allocated", job_id="42") == 7
     assert 'job_id="43"' not in text
     assert sample_value(text, "accelmon_jobs_without_cgroup") == 0
-    job_of = job_sources.JobOfProcess(str(cgroup))
+    job_of = cgroups.JobOfProcess(str(cgroup))
     assert (job_of(4101), job_of(4200), job_of(1)) == ("42", "43", "")
 
 

@@ -12,8 +12,8 @@ import pytest
 
 from accelmon import xid
 from accelmon.collectors.kernel_log import KernelLogCollector, bus_id
-from accelmon.core import Samples
 from accelmon.kmsg import KernelLog, parse_record
+from accelmon.metrics import Samples
 from tests.support.exposition import promtool_check, sample_value
 from tests.support.jobs_tree import nvidia_procfs, uuid
 from tests.support.kernel_log_lines import BOOT, HISTORY, record, xid_line

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from accelmon import health
 from accelmon.collectors import kernel_log, nvml
 from accelmon.collectors.nvml import NvmlCollector
-from accelmon.core import Exporter, Sampler
+from accelmon.runtime import Exporter, Sampler
 from tests.support.checks import check, nvml_only
 from tests.support.clock import ManualClock
 from tests.support.exposition import text_of

@@ -26,7 +26,9 @@ UNIT_TEMPLATE = ROOT / "ansible" / "roles" / "accelmon_exporter" / "templates" /
 TOY = '''
 """A toy collector, added by a test without touching any other file."""
 
-from accelmon.core import Catalogue, Collector, Samples
+from accelmon.metrics import Catalogue, Samples
+
+from accelmon.runtime import Collector
 from accelmon.checks import Check, NodeCheck
 from accelmon.registry import Option, Registration, register, seconds
 

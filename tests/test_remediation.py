@@ -145,7 +145,7 @@ def test_the_fleet_sees_a_held_drain_and_its_counts(site, tmp_path):
 
 def health_samples(journal: Journal, failing: bool, mode: str = "act") -> str:
     from accelmon.collectors.health import serve_journal
-    from accelmon.core import Samples
+    from accelmon.metrics import Samples
 
     out = Samples()
     serve_journal(out, journal, failing, mode, time.time())

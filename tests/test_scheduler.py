@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from accelmon.collectors.scheduler import STATES, SchedulerCollector, slurm_state
-from accelmon.core import Exporter, Sampler
+from accelmon.runtime import Exporter, Sampler
 from tests.support.exposition import promtool_check, sample_value, series, text_of
 from tests.support.fake_scontrol import Cluster
 from tests.support.waiting import wait_until

@@ -15,7 +15,7 @@ import pytest
 
 from accelmon.cli import make_server
 from accelmon.config import ConfigError
-from accelmon.core import Exporter, Sampler
+from accelmon.runtime import Exporter, Sampler
 from accelmon.webconfig import load_web_config
 from tests.support.paths import ROOT
 from tests.support.toy import Steady

@@ -12,8 +12,9 @@ from pathlib import Path
 
 from accelmon import cloudwatch, health
 from accelmon.checks import GpuCheck, NodeCheck
-from accelmon.core import SELF, Catalogue
+from accelmon.metrics import Catalogue
 from accelmon.registry import collectors
+from accelmon.runtime import SELF
 
 
 def catalogues() -> list[Catalogue]:

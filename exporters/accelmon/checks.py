@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from accelmon.core import MetricSpec, Samples
+from accelmon.metrics import MetricSpec, Samples
 
 VERDICTS = ("ok", "warning", "failure")
 

@@ -8,7 +8,7 @@ by the nvml collector's registration (they judge AMD's GPUs through the same nam
 from __future__ import annotations
 
 from accelmon.checks import Check, Drill, Gpu, GpuCheck, View
-from accelmon.core import Catalogue
+from accelmon.metrics import Catalogue
 from accelmon.validation import Option, seconds
 
 GPU = ("gpu", "uuid")

@@ -21,8 +21,8 @@ from typing import Optional, TypeVar
 
 from accelmon import xid as catalogue
 from accelmon.checks import VERDICTS, ActiveDrill, Check, Gpu, GpuCheck, NodeCheck, View, worst
-from accelmon.core import Samples
 from accelmon.gpu_metrics import INFO
+from accelmon.metrics import Samples
 from accelmon.registry import Registration
 
 Checked = TypeVar("Checked", GpuCheck, NodeCheck)

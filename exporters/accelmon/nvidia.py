@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import pynvml
 
-from accelmon.core import Collector
+from accelmon.runtime import Collector
 
 log = logging.getLogger("accelmon.nvidia")
 

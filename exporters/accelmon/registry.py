@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from accelmon.checks import Drill, GpuCheck, NodeCheck
-from accelmon.core import Catalogue, Collector, MetricSpec
+from accelmon.metrics import Catalogue, MetricSpec
+from accelmon.runtime import Collector
 from accelmon.validation import MIN_SECONDS, ConfigError, Option, OptionValue, finite, seconds
 
 __all__ = ["MIN_SECONDS", "ConfigError", "Option", "OptionValue", "Paths", "Registration", "finite", "seconds"]

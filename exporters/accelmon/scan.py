@@ -13,9 +13,9 @@ import time
 
 from accelmon import drill_store, health
 from accelmon.config import ConfigError, Settings, load
-from accelmon.core import Exporter, Sampler
 from accelmon.registry import Registration, collectors
 from accelmon.remediation import JOURNAL, Journal
+from accelmon.runtime import Exporter, Sampler
 
 SCAN_FAILED = 3  # the scan's own exit status when it could not run: 0, 1 and 2 are the verdicts
 

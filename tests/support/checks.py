@@ -5,7 +5,7 @@ from __future__ import annotations
 from accelmon import health
 from accelmon.checks import Check
 from accelmon.collectors import nvml
-from accelmon.core import Samples
+from accelmon.metrics import Samples
 
 
 def nvml_only(rows: list[tuple[object, list[str], float]]) -> Samples:

@@ -10,7 +10,8 @@ from typing import Optional
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from accelmon.core import Collector, Samples, render
+from accelmon.metrics import Samples, render
+from accelmon.runtime import Collector
 from tests.support.paths import GOLDEN
 
 # Self-metrics whose values change from run to run; left out of golden comparisons.

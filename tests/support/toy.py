@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from accelmon.core import Catalogue, Collector, Samples
+from accelmon.metrics import Catalogue, Samples
+from accelmon.runtime import Collector
 
 VALUE = Catalogue("test", "test").gauge("test_value", "A value.", ["source"])
 

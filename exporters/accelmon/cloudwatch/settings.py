@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from accelmon.cloudwatch.limits import DEVICE_DIMENSIONS, MAX_DATUMS_PER_REQUEST, MAX_DIMENSIONS
-from accelmon.core import MetricSpec
+from accelmon.metrics import MetricSpec
 from accelmon.validation import ConfigError, Option, finite
 
 UNITS = (

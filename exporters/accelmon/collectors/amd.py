@@ -26,7 +26,6 @@ from typing import Any, Callable
 
 from accelmon.amdsmi_library import PINNED_BINDINGS, load_amdsmi
 from accelmon.checks import Check, GpuCheck, GpuKey, View
-from accelmon.core import Catalogue, Collector, Samples
 from accelmon.gpu_metrics import (
     CLOCK_EVENT,
     DEVICE_CHECKS,
@@ -54,8 +53,10 @@ from accelmon.gpu_metrics import (
     UP,
     UTILIZATION,
 )
+from accelmon.metrics import Catalogue, Samples
 from accelmon.nvidia import nvidia_driver_loaded
 from accelmon.registry import Paths, Registration, markers_present, register, seconds
+from accelmon.runtime import Collector
 
 log = logging.getLogger("accelmon.amd")
 

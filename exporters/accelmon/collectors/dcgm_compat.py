@@ -22,9 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional
 
-from accelmon.core import Catalogue, Collector, MetricSpec, Sampler, Samples
+from accelmon.metrics import Catalogue, MetricSpec, Samples
 from accelmon.nvidia import driver_gpu_entries
 from accelmon.registry import Option, Registration, collectors, never, register, seconds
+from accelmon.runtime import Collector, Sampler
 
 MIB = 2**20
 # dcgm-exporter's labels (MIG's GPU_I_ID and GPU_I_PROFILE empty outside MIG, which Prometheus reads as absent).

@@ -22,9 +22,10 @@ from typing import Any, Callable
 
 from accelmon import xid as catalogue
 from accelmon.checks import VERDICTS, Check, GpuCheck, GpuKey, View
-from accelmon.core import Catalogue, Collector, Samples
 from accelmon.dcgm import DCGM_BINDINGS_PATH, DCGM_HOST, dcgm_connect
+from accelmon.metrics import Catalogue, Samples
 from accelmon.registry import Paths, Registration, register, seconds
+from accelmon.runtime import Collector
 
 log = logging.getLogger("accelmon.dcgm_health")
 

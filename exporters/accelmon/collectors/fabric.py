@@ -25,7 +25,7 @@ from typing import Any, Optional
 import pynvml
 
 from accelmon.checks import Check, Drill, GpuCheck, GpuKey, NodeCheck, View
-from accelmon.core import Catalogue, Samples
+from accelmon.metrics import Catalogue, Samples
 from accelmon.nvidia import NVML_DEVICES, OwnSessionCollector, nvidia_driver_loaded, text
 from accelmon.registry import Registration, register, seconds
 

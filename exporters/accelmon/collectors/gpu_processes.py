@@ -25,8 +25,8 @@ import time
 from collections import defaultdict
 from typing import Any, Callable
 
-from accelmon.core import Catalogue, Samples
-from accelmon.job_sources import JobOfProcess
+from accelmon.job_sources.cgroups import JobOfProcess
+from accelmon.metrics import Catalogue, Samples
 from accelmon.nvidia import NVML_DEVICES, OwnSessionCollector, nvidia_driver_loaded
 from accelmon.registry import Registration, register, seconds
 

@@ -17,9 +17,10 @@ import time
 from collections.abc import Callable
 
 from accelmon import drill_store, health, remediation
-from accelmon.core import Catalogue, Collector, Sampler, Samples
+from accelmon.metrics import Catalogue, Samples
 from accelmon.registry import Paths, Registration, collectors, register, seconds
 from accelmon.remediation import Journal
+from accelmon.runtime import Collector, Sampler
 
 C = Catalogue(
     "health",

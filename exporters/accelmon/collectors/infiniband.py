@@ -22,8 +22,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from accelmon.core import Catalogue, Collector, MetricSpec, Samples
+from accelmon.metrics import Catalogue, MetricSpec, Samples
 from accelmon.registry import Paths, Registration, register, seconds
+from accelmon.runtime import Collector
 
 log = logging.getLogger("accelmon.infiniband")
 

@@ -24,10 +24,14 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from accelmon import perf_events
-from accelmon.core import Catalogue, Collector, Samples
-from accelmon.job_sources import OAR_RUNTIME_DIR, STATE_DIR, cpu_list, job_cgroups, read_first, recorded_job_ids
+from accelmon.job_sources import recorded_job_ids
+from accelmon.job_sources.cgroups import cpu_list, job_cgroups, read_first
+from accelmon.job_sources.oar import OAR_RUNTIME_DIR
+from accelmon.job_sources.slurm import STATE_DIR
+from accelmon.metrics import Catalogue, Samples
 from accelmon.perf_events import Counters, Event, KernelCounters, PerfError
 from accelmon.registry import Option, Registration, never, register, seconds
+from accelmon.runtime import Collector
 
 log = logging.getLogger("accelmon.job_perf")
 

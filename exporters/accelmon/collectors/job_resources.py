@@ -23,17 +23,13 @@ import logging
 import os
 from typing import Optional
 
-from accelmon.core import Catalogue, Collector, MetricSpec, Samples, scaled
-from accelmon.job_sources import (
-    OAR_RUNTIME_DIR,
-    STATE_DIR,
-    cpu_list,
-    has_job_records,
-    job_cgroups,
-    read_first,
-    recorded_job_ids,
-)
+from accelmon.job_sources import has_job_records, recorded_job_ids
+from accelmon.job_sources.cgroups import cpu_list, job_cgroups, read_first
+from accelmon.job_sources.oar import OAR_RUNTIME_DIR
+from accelmon.job_sources.slurm import STATE_DIR
+from accelmon.metrics import Catalogue, MetricSpec, Samples, scaled
 from accelmon.registry import Registration, register, seconds
+from accelmon.runtime import Collector
 
 log = logging.getLogger("accelmon.job_resources")
 

@@ -16,7 +16,8 @@ and bus location, and NVML's index is the GPU's place in bus order. A malformed 
 a GPU the host does not have is counted in `accelmon_jobs_unresolved_gpus`, never guessed.
 
 Where records come from (Slurm's prolog, OAR's own job files, OAR 2.5.9 as measured in the Molecule `oar`
-scenario) and how processes are put in jobs by their cgroup: `accelmon.job_sources`.
+scenario) and how processes are put in jobs by their cgroup: `accelmon.job_sources`, a module a scheduler and one
+for the cgroups.
 """
 
 from __future__ import annotations
@@ -26,17 +27,13 @@ import os
 import re
 import time
 
-from accelmon.core import Catalogue, Collector, Samples
-from accelmon.job_sources import (
-    OAR_RUNTIME_DIR,
-    STATE_DIR,
-    OarJobs,
-    has_job_records,
-    read_record,
-    record_names,
-)
+from accelmon.job_sources import has_job_records
+from accelmon.job_sources.oar import OAR_RUNTIME_DIR, OarJobs
+from accelmon.job_sources.slurm import STATE_DIR, read_record, record_names
+from accelmon.metrics import Catalogue, Samples
 from accelmon.nvidia import NVML_DEVICES, DriverGpu, NvmlSession, driver_gpus
 from accelmon.registry import Option, Registration, register, seconds
+from accelmon.runtime import Collector
 
 log = logging.getLogger("accelmon.jobs")
 

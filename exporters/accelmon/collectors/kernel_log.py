@@ -40,11 +40,12 @@ from typing import Any, Optional
 
 from accelmon import xid as catalogue
 from accelmon.checks import Check, Drill, GpuCheck, GpuKey, NodeCheck, View, when, worst
-from accelmon.core import Catalogue, Collector, Samples
 from accelmon.gpu_metrics import XID_ERRORS as NVML_XID_ERRORS
 from accelmon.kmsg import KernelLog
+from accelmon.metrics import Catalogue, Samples
 from accelmon.nvidia import driver_gpus_by_bus, nvidia_driver_loaded
 from accelmon.registry import Paths, Registration, register, seconds
+from accelmon.runtime import Collector
 
 log = logging.getLogger("accelmon.kernel_log")
 

@@ -11,7 +11,7 @@ busy loop. Counts that neuron-monitor reports per period (execution errors and o
 switches) are accumulated into `_total` counters; a metric group's counts are added once per capture (a
 report that repeats a group with the same `period` is the same capture). Per-runtime series carry the
 runtime tag (NEURON_PROCESS_TAG, else the pid) and vanish with the runtime. A runtime inside a batch job (its pid in
-the job's cgroup, `job_sources.JobOfProcess`) carries the job id on its info series, for joins at query time.
+the job's cgroup, `job_sources.cgroups.JobOfProcess`) carries the job id on its info series, for joins at query time.
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ import os
 import time
 from typing import Any, Callable
 
-from accelmon.core import Catalogue, Collector, Samples
-from accelmon.job_sources import JobOfProcess
+from accelmon.job_sources.cgroups import JobOfProcess
+from accelmon.metrics import Catalogue, Samples
 from accelmon.neuron_monitor import MonitorSupervisor, NeuronState, find_monitor, number, runtime_tag
 from accelmon.registry import Option, Paths, Registration, register, seconds
+from accelmon.runtime import Collector
 
 log = logging.getLogger("accelmon.neuron")
 

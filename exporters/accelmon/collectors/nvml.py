@@ -22,7 +22,6 @@ from typing import Any, Callable, Optional
 
 import pynvml
 
-from accelmon.core import Collector, Samples, scaled
 from accelmon.gpu_metrics import (
     BAR1_TOTAL,
     BAR1_USED,
@@ -78,8 +77,10 @@ from accelmon.gpu_metrics import (
     XID_ERRORS,
     XID_EVENTS,
 )
+from accelmon.metrics import Samples, scaled
 from accelmon.nvidia import NVML_MIG_DEVICES, MigProfiles, nvidia_driver_loaded, text
 from accelmon.registry import Registration, register
+from accelmon.runtime import Collector
 
 log = logging.getLogger("accelmon.nvml")
 

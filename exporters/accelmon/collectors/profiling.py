@@ -27,10 +27,11 @@ from typing import Any, Callable, Protocol
 
 import pynvml
 
-from accelmon.core import Catalogue, Collector, Samples
 from accelmon.dcgm import DCGM_BINDINGS_PATH, DCGM_HOST, dcgm_connect
+from accelmon.metrics import Catalogue, Samples
 from accelmon.nvidia import NVML_MIG_DEVICES
 from accelmon.registry import Option, Registration, never, register, seconds
+from accelmon.runtime import Collector
 
 log = logging.getLogger("accelmon.profiling")
 

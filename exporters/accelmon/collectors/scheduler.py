@@ -34,8 +34,9 @@ import socket
 import subprocess
 from typing import Any, Callable, Optional
 
-from accelmon.core import Catalogue, Collector, Samples
+from accelmon.metrics import Catalogue, Samples
 from accelmon.registry import Option, Paths, Registration, register, seconds
+from accelmon.runtime import Collector
 
 log = logging.getLogger("accelmon.scheduler")
 

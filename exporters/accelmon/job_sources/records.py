@@ -1,0 +1,13 @@
+"""A job record, whichever scheduler it comes from: the keys every collector and hook reads, its values bounded
+(a record is input from a script or a scheduler's file, not trusted to be small)."""
+
+from __future__ import annotations
+
+KEYS = ("scheduler", "job_id", "user", "account", "gpus")
+MAX_VALUE = 256  # a label value longer than this is cut
+MAX_RECORD_BYTES = 64 * 1024
+
+
+def clean(value: str) -> str:
+    """A record's value as a label value: printable characters only, at most MAX_VALUE of them."""
+    return "".join(c for c in value if c.isprintable())[:MAX_VALUE]
