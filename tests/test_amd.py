@@ -19,7 +19,7 @@ from accelmon.config import load
 from accelmon.registry import Paths
 from accelmon.scan import plan
 from tests.support.clock import ManualClock
-from tests.support.exposition import promtool_check, sample_value, text_of
+from tests.support.exposition import check_golden, promtool_check, sample_value, text_of
 from tests.support.fakeamdsmi import build_fake_amdsmi
 from tests.support.processes import exporter_command, exporter_env, run_once
 
@@ -273,3 +273,8 @@ def test_the_plan_names_the_paths_the_detection_reads(tmp_path):
     (tmp_path / "dev").mkdir()
     (tmp_path / "dev" / "kfd").touch()
     assert amd.amd_driver_loaded(paths, {}) and all(os.path.exists(marker) for marker in markers)
+
+
+def test_golden(make):
+    collector, _ = make("gpus 2\nstill 1\n")
+    check_golden("amd_mi300x.prom", read(collector), collector="amd")

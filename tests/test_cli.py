@@ -8,8 +8,9 @@ import pytest
 
 from accelmon.cli import parser, settings_from
 from accelmon.config import ConfigError
+from accelmon.registry import collectors
 from accelmon.scan import build_samplers
-from tests.support.exposition import by_collector, check_golden, promtool_check, sample_value, stable_lines
+from tests.support.exposition import GOLDEN, by_collector, check_golden, promtool_check, sample_value, stable_lines
 from tests.support.processes import (
     exporter_env,
     free_port,
@@ -57,6 +58,13 @@ def test_a_default_on_collector_changes_only_its_own_golden_file(fake_nvml_dir, 
     assert 'accelmon_collector_success{collector="health"} 1.0' in with_health["health"]
     assert {part: text for part, text in with_health.items() if part.split(".")[0] != "health"} == without
     assert "health.nvml" in with_health
+
+
+def test_every_collector_has_a_golden_exposition():
+    """Each collector's part of a scrape is pinned on fixtures by a golden file (`test_golden` in its own test file,
+    or a scenario above): a change to what it serves is reviewed, not found by users."""
+    pinned = {path.stem.split(".")[0] for path in GOLDEN.glob("*/*.prom")}
+    assert sorted(set(collectors()) - pinned) == []
 
 
 @pytest.mark.skipif(

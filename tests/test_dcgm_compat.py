@@ -15,7 +15,7 @@ from accelmon.collectors.kernel_log import KernelLogCollector
 from accelmon.collectors.nvml import NvmlCollector
 from accelmon.metrics import render
 from accelmon.runtime import Sampler
-from tests.support.exposition import DCGM_EXPORTER_NAMES, promtool_check, sample_value, text_of
+from tests.support.exposition import DCGM_EXPORTER_NAMES, check_golden, promtool_check, sample_value, text_of
 from tests.support.jobs_tree import MINORS, bus_id, nvidia_procfs, uuid
 from tests.support.kernel_log_lines import BOOT, record, xid_line
 from tests.support.processes import exporter_env, run_once
@@ -204,3 +204,7 @@ def test_what_replace_own_hides_is_derived_from_the_registrations():
     assert replaced_collectors() == ("nvml", "profiling")
     assert DcgmCompatCollector(replace_own=True).replaces == ("nvml", "profiling")
     assert DcgmCompatCollector().replaces == ()
+
+
+def test_golden(samplers):
+    check_golden("dcgm_compat_h100x4.prom", compat_text(samplers))

@@ -12,7 +12,7 @@ from accelmon.collectors import dcgm_health, nvml
 from accelmon.collectors.dcgm_health import STATE, DcgmHealthCollector
 from accelmon.metrics import Samples
 from tests.support.clock import ManualClock
-from tests.support.exposition import promtool_check, sample_value, text_of
+from tests.support.exposition import check_golden, promtool_check, sample_value, text_of
 from tests.support.paths import FAKE_DCGM_BINDINGS
 
 # The collectors whose checks these tests judge (a check runs only where its collector does).
@@ -108,3 +108,12 @@ def test_the_dcgm_check(states, verdict, action, detail):
         samples.add(STATE, ["0", "GPU-a", system], state)
     found = next(c for c in health.evaluate([samples], now=0, registrations=CHECKED).gpus[0].checks if c.name == "dcgm")
     assert (found.verdict, found.action, found.detail) == (verdict, action, detail)
+
+
+def test_golden(dcgm):
+    dcgm(up=True, gpus=[0, 1], incidents=[{"gpu": 0, "system": MEM, "health": 20, "code": 28, "msg": "2 DBE"}])
+    made = collector(ManualClock())
+    text = read(made)
+    made.stop()
+    promtool_check(text)
+    check_golden("dcgm_health_incident.prom", text)

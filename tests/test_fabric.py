@@ -13,7 +13,7 @@ from accelmon.collectors.fabric import FabricCollector, fabric_manager_running
 from accelmon.collectors.nvml import NvmlCollector
 from accelmon.runtime import Exporter, Sampler
 from tests.support.checks import check, nvml_only
-from tests.support.exposition import sample_value, text_of
+from tests.support.exposition import check_golden, promtool_check, sample_value, text_of
 from tests.support.waiting import returns_while_blocked, wait_until
 
 # The fabric's checks, with NVML listing the GPUs to judge (as on a node, where both run).
@@ -220,3 +220,13 @@ def test_fabric_not_started_without_fabric_manager_fails_gpu_and_node(fake_nvml,
     assert node.drain_reason() == (
         "accelmon: GPU 0 fabric: check_fabric; GPU 1 nvlink: check_fabric; fabric_manager: check_fabric"
     )
+
+
+def test_golden(make_collector):
+    """Two H100s: GPU 0's 18 links, one down and one counting errors, its fabric up with degraded bandwidth; GPU 1
+    without NVLink, its fabric not started; no Fabric Manager."""
+    text = read(
+        make_collector("gpus 2\nnvlink 0 18\nnvlink_down 0 7\nnvlink_errors 0 3 0 12\nfabric 0 3 0 1\nfabric 1 1 0 2\n")
+    )
+    promtool_check(text)
+    check_golden("fabric_h100x2.prom", text)

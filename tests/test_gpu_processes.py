@@ -6,7 +6,7 @@ import pytest
 
 from accelmon.collectors.gpu_processes import GpuProcessesCollector
 from accelmon.job_sources.cgroups import JobOfProcess
-from tests.support.exposition import promtool_check, sample_value, text_of
+from tests.support.exposition import check_golden, promtool_check, sample_value, text_of
 from tests.support.jobs_tree import slurm_job_cgroup
 
 MIB = 2**20
@@ -95,3 +95,8 @@ def test_a_lost_gpu_leaves_the_others(make, fake_nvml):
     assert sample_value(text, "accelmon_gpu_job_memory_used_bytes", gpu="0") is None
     assert sample_value(text, "accelmon_gpu_job_memory_used_bytes", gpu="1", job_id="200") == 200 * MIB
     fake_nvml.set_lost(0, False)
+
+
+def test_golden(make):
+    text = read(make("gpus 2\nprocess_samples 1\nprocess 1 501 1024\nprocess 1 502 2048\nprocess 1 503 256\nmig 0 2\n"))
+    check_golden("gpu_processes_shared.prom", text)

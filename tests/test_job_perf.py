@@ -16,7 +16,7 @@ from accelmon.collectors.job_perf import JobPerfCollector, has_pmu
 from accelmon.config import load
 from accelmon.perf_events import Event, PerfError
 from accelmon.scan import plan
-from tests.support.exposition import promtool_check, sample_value, text_of
+from tests.support.exposition import check_golden, promtool_check, sample_value, text_of
 from tests.support.jobs_tree import job_cgroup_stats, slurm_job_cgroup
 from tests.support.perf_cgroup import can_make_cgroups, job_cgroup
 
@@ -316,3 +316,21 @@ def test_the_kernel_counts_a_real_jobs_software_events_in_its_cgroup(real_job):
     else:
         assert sample_value(text, "accelmon_job_perf_event_available", event="cycles", reason="no_pmu") == 0
         assert sample_value(text, "accelmon_job_cpu_cycles_total", job_id="77") is None
+
+
+def test_golden(tmp_path):
+    root = host(tmp_path)
+    add_job(root, 4242)
+    counters = FakeCounters(
+        {
+            "cycles": (1_000, 10, 10),
+            "instructions": (600, 10, 5),
+            "context_switches": (3, 7, 7),
+            "fp_scalar_double": (10, 1, 1),
+            "fp_256b_packed_double": (5, 1, 1),
+            "fp_512b_packed_single": (2, 2, 1),
+        }
+    )
+    made = collector(root, counters)
+    sample(made)  # the counters open at the first sample and are read from the second
+    check_golden("job_perf_sapphire_rapids.prom", sample(made))

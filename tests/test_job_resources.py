@@ -7,7 +7,7 @@ import yaml
 
 from accelmon.collectors import job_resources
 from accelmon.collectors.job_resources import JobResourcesCollector, cpu_count
-from tests.support.exposition import promtool_check, sample_value, text_of
+from tests.support.exposition import check_golden, promtool_check, sample_value, text_of
 from tests.support.jobs_tree import (
     JOB_LIMIT,
     JOB_MEMORY,
@@ -107,3 +107,13 @@ def test_the_exporter_serves_them_where_job_records_are_kept(node, tmp_path):
     result = run_once(["--config", str(settings)], exporter_env(None, None))
     assert result.returncode == 0, result.stderr
     assert sample_value(result.stdout, "accelmon_job_tasks", job_id="77") == 42
+
+
+def test_golden(node, monkeypatch):
+    state, cgroup = node
+    monkeypatch.setattr(job_resources, "USER_HZ", 100.0)
+    slurm_job_cgroup(cgroup, 4242, (101, 102))
+    job_cgroup_stats(cgroup, 4242, user_hz=100)
+    record(state, 4242)
+    record(state, 4243)  # a record whose cgroup is gone
+    check_golden("job_resources_v2.prom", read(state, cgroup))

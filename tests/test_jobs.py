@@ -12,7 +12,7 @@ from accelmon.collectors import jobs
 from accelmon.job_sources import cgroups
 from accelmon.nvidia import NvmlSession
 from tests.support.ansible import render_role_template
-from tests.support.exposition import promtool_check, sample_value
+from tests.support.exposition import check_golden, promtool_check, sample_value, text_of
 from tests.support.jobs_tree import MINORS, nvidia_procfs, slurm_job_cgroup, uuid
 from tests.support.jobs_tree import job_info as info
 from tests.support.jobs_tree import only_value as value
@@ -225,3 +225,15 @@ def test_a_process_in_no_job_is_looked_for_again_only_after_the_recheck_period(t
     assert job_of(4242) == "78" and len(walks) == 3
     assert job_of(999) == "" and len(walks) == 4
     assert set(job_of._in_no_job) == {556, 999}  # 555, not asked about for a period, is forgotten (it ended)
+
+
+def test_golden(host):
+    """Records as the prolog writes them (its own tests run it): Slurm's device minors, UUIDs, a MIG instance, a GPU
+    the host does not have, and a malformed line."""
+    state, procfs = host
+    (state / "slurm-4242").write_text("scheduler=slurm\njob_id=4242\nuser=alice\naccount=physics\ngpus=0,2\n")
+    (state / "slurm-4243").write_text(f"scheduler=slurm\njob_id=4243\nuser=bob\ngpus={uuid(3)},MIG-1c2d3e4f-aaaa,9\n")
+    (state / "slurm-4244").write_text("scheduler=slurm\njob_id=4244\nnot a key value line\n")
+    text = text_of(jobs.JobsCollector(str(state), str(procfs)))
+    promtool_check(text)
+    check_golden("jobs_slurm.prom", text)

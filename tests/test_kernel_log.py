@@ -13,8 +13,8 @@ import pytest
 from accelmon import xid
 from accelmon.collectors.kernel_log import KernelLogCollector, bus_id
 from accelmon.kmsg import KernelLog, parse_record
-from accelmon.metrics import Samples
-from tests.support.exposition import promtool_check, sample_value
+from accelmon.metrics import Samples, render
+from tests.support.exposition import check_golden, promtool_check, sample_value
 from tests.support.jobs_tree import nvidia_procfs, uuid
 from tests.support.kernel_log_lines import BOOT, HISTORY, record, xid_line
 from tests.support.processes import exporter_command, exporter_env
@@ -249,3 +249,11 @@ def test_a_kernel_log_given_explicitly_turns_the_collector_on_without_a_driver(t
         "accelmon_kernel_log_readable"
         not in subprocess.run(common, capture_output=True, text=True, env=exporter_env(None, None)).stdout
     )
+
+
+def test_golden(tmp_path, procfs):
+    """The collector's part of a scrape over the fixture history: every XID named by GPU and catalogue."""
+    made, _ = collector(tmp_path, procfs, HISTORY)
+    text = render(made.sample()).decode()
+    promtool_check(text)
+    check_golden("kernel_log_history.prom", text)

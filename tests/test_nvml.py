@@ -160,6 +160,31 @@ def test_xid_events_are_counted(make_collector, fake_nvml):
     assert reading.value("accelmon_gpu_xid_events_total", gpu="1") == 2
 
 
+def test_a_driver_loaded_after_the_start_is_found_at_the_next_retry(make_collector, fake_nvml):
+    """NVML that does not answer at start (no driver yet) is a host without GPUs, asked again once a retry period
+    (not at every sample), and the GPUs of a driver loaded meanwhile are served from the next retry on, with their
+    XID events."""
+    clock = ManualClock()
+    collector = make_collector("gpus 2\nmissing nvmlInitWithFlags\n", retry_init_seconds=60, clock=clock)
+    assert collector.hardware_answering() is False
+    assert Reading(collector).value("accelmon_gpu_up", gpu="0") is None
+    tried = fake_nvml.calls_of("nvmlInitWithFlags")
+    fake_nvml.configure("gpus 2\n")  # the driver is loaded
+    clock.now += 59
+    assert Reading(collector).value("accelmon_gpu_up", gpu="0") is None
+    assert fake_nvml.calls_of("nvmlInitWithFlags") == tried
+    clock.now += 1
+    reading = Reading(collector)
+    assert fake_nvml.calls_of("nvmlInitWithFlags") == tried + 1
+    assert collector.hardware_answering() is True
+    assert [reading.value("accelmon_gpu_up", gpu=gpu) for gpu in ("0", "1")] == [1, 1]
+    fake_nvml.queue_xid(1, 79)
+    wait_until(
+        lambda: Reading(collector).value("accelmon_gpu_xid_errors_total", gpu="1", xid="79") == 1,
+        what="the XID of a GPU found at a retry counted",
+    )
+
+
 def test_mig_instances(make_collector):
     reading = Reading(make_collector("gpus 2\nmig 1 3\n"))
     assert reading.value("accelmon_gpu_mig_mode_enabled", gpu="0") == 0

@@ -9,7 +9,7 @@ import pytest
 
 from accelmon.collectors.scheduler import STATES, SchedulerCollector, slurm_state
 from accelmon.runtime import Exporter, Sampler
-from tests.support.exposition import promtool_check, sample_value, series, text_of
+from tests.support.exposition import check_golden, promtool_check, sample_value, series, text_of
 from tests.support.fake_scontrol import Cluster
 from tests.support.waiting import wait_until
 
@@ -75,3 +75,10 @@ def test_a_node_slurm_does_not_know_fails_the_sample(tmp_path):
     cluster = Cluster(tmp_path, {"gpu-7": "IDLE"})
     with pytest.raises(RuntimeError, match="Node gpu-9 not found"):
         SchedulerCollector(str(cluster.command), "gpu-9").sample()
+
+
+def test_golden(tmp_path):
+    cluster = Cluster(tmp_path, {"gpu-7": "IDLE+DRAIN|accelmon: GPU 2 xid: reboot_node"})
+    text = text_of(SchedulerCollector(str(cluster.command), "gpu-7"))
+    promtool_check(text)
+    check_golden("scheduler_drained.prom", text)

@@ -4,16 +4,22 @@ NVML, so that no collector imports another.
 - `nvidia_driver_loaded`: the one predicate for "the NVIDIA kernel module is loaded" (its procfs version file).
 - `driver_gpus`, `driver_gpus_by_bus`: the GPUs as the driver lists them in `<procfs>/driver/nvidia/gpus/<bus
   id>/information` (minor number, UUID, bus location), which still lists a GPU NVML no longer reaches.
-- `NvmlSession`: an NVML session of a collector's own (NVML counts its inits); `OwnSessionCollector`: the base of
-  collectors that read a few things on their own session and schedule (fabric, gpu_processes).
+- `NvmlSession`: an NVML session of a collector's own (NVML counts its inits), tried again while NVML does not
+  answer; every NVML reader opens and closes NVML through one (nvml, profiling's GPM, fabric, gpu_processes,
+  jobs). `OwnSessionCollector`: the base of collectors that read a few things on their own session and schedule
+  (fabric, gpu_processes).
+- `XidEvents`: NVML's critical XID events, waited for on a thread of their own.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
+from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import pynvml
 
@@ -85,22 +91,48 @@ def text(value: Any) -> str:
 
 
 class NvmlSession:
-    """An NVML session of a collector's own (NVML counts its inits: each collector opens and closes its own), for
-    collectors that read a few things on their own schedule (fabric, gpu_processes, jobs)."""
+    """An NVML session of a collector's own (NVML counts its inits: each collector opens and closes its own). A
+    session that cannot be opened (no driver, no library: a host without NVIDIA GPUs, or not yet) is tried again at
+    most every `retry_seconds`."""
 
-    def __init__(self, purpose: str, nvml: Any = None) -> None:
+    def __init__(
+        self,
+        purpose: str,
+        nvml: Any = None,
+        retry_seconds: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.purpose = purpose  # what is missing without NVML, for the log
         self.nvml: Any = nvml if nvml is not None else pynvml
+        self.retry_seconds = retry_seconds
+        self._clock = clock
+        self._tried_at: float | None = None
         self.open = False
+
+    def try_open(self) -> bool:
+        """Open the session unless it is open or was tried less than `retry_seconds` ago; whether it is open."""
+        if self.open:
+            return True
+        now = self._clock()
+        if self._tried_at is not None and now - self._tried_at < self.retry_seconds:
+            return False
+        self._tried_at = now
+        try:
+            self.nvml.nvmlInit()
+        except self.nvml.NVMLError as error:
+            again = f", tried again every {self.retry_seconds:g} s" if self.retry_seconds else ""
+            log.info("NVML not available (%s): %s%s", error, self.purpose, again)
+            return False
+        self.open = True
+        return True
 
     def gpus(self) -> list[tuple[int, Any, str]] | None:
         """(index, handle, UUID) of every GPU, None for the handle of one that does not answer (yet); None if NVML
         cannot be opened (no driver: retried at the next call)."""
         nvml = self.nvml
+        if not self.try_open():
+            return None
         try:
-            if not self.open:  # once per session: NVML counts its inits
-                nvml.nvmlInit()
-                self.open = True
             count = nvml.nvmlDeviceGetCount()
         except nvml.NVMLError as error:
             log.info("NVML not available (%s): %s", error, self.purpose)
@@ -122,6 +154,75 @@ class NvmlSession:
             except self.nvml.NVMLError:
                 pass
             self.open = False
+
+
+# One XID wait costs the same CPU whatever its length (0.12 ms on an H100, docs/hardware.md): 2 s waits cost 0.06 ms a
+# second, 0.5 s ones 0.25 (a quarter of the nvml collector on a one-GPU host). An event ends a wait; stop() does not.
+XID_WAIT_MS = 2000
+
+
+class XidEvents:
+    """NVML's critical XID events of a session's GPUs, waited for on a thread of their own (`nvml-xid`) and counted
+    by GPU index and XID, so that a wait never holds up a sample."""
+
+    def __init__(self, nvml: Any, wait_ms: int = XID_WAIT_MS) -> None:
+        self.nvml = nvml
+        self.wait_ms = wait_ms
+        self._counts: Counter[tuple[int, int]] = Counter()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, gpus: list[tuple[int, Any]]) -> None:
+        """Wait for the events of these GPUs, (index, handle), on a thread started here."""
+        self._thread = threading.Thread(target=self._run, args=(gpus,), name="nvml-xid", daemon=True)
+        self._thread.start()
+
+    def of_gpu(self, index: int) -> list[tuple[int, int]]:
+        """(XID, events) of one GPU since the start, by XID."""
+        with self._lock:
+            return sorted((xid, n) for (gpu, xid), n in self._counts.items() if gpu == index)
+
+    def stop(self) -> bool:
+        """Ask the thread to leave at the end of its wait, and wait only briefly for it (stopping is quick); whether
+        it has left. A thread still inside a wait holds the session: NVML is then left to the process's exit."""
+        self._stop.set()
+        if self._thread is None:
+            return True
+        self._thread.join(0.05)
+        return not self._thread.is_alive()
+
+    def _run(self, gpus: list[tuple[int, Any]]) -> None:
+        nvml = self.nvml
+        try:
+            event_set = nvml.nvmlEventSetCreate()
+        except nvml.NVMLError as error:
+            log.info("XID events unavailable: %s", error)
+            return
+        registered = 0
+        for index, handle in gpus:
+            try:
+                nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, event_set)
+                registered += 1
+            except nvml.NVMLError as error:
+                log.info("GPU %d: XID events unavailable: %s", index, error)
+        while registered and not self._stop.is_set():
+            try:
+                event = nvml.nvmlEventSetWait(event_set, self.wait_ms)
+                index = nvml.nvmlDeviceGetIndex(event.device)
+            except nvml.NVMLError_Timeout:
+                continue
+            except nvml.NVMLError as error:
+                log.debug("XID wait: %s", error)
+                self._stop.wait(1.0)  # never spin on a persistent error
+                continue
+            log.warning("GPU %d: XID %d", index, event.eventData)
+            with self._lock:
+                self._counts[(index, int(event.eventData))] += 1
+        try:
+            nvml.nvmlEventSetFree(event_set)
+        except nvml.NVMLError:
+            pass
 
 
 class OwnSessionCollector(Collector):

@@ -176,8 +176,13 @@ static int block_slot(uint64_t block) {
     return -1;
 }
 
+/* still 1: the counters that grow with time (energy, XGMI bytes) stay at their start values, so that a golden
+   exposition is the same from run to run; the default lets them grow, as a real GPU's do. */
+static int still;
+
 static void read_config(void) {
     reset();
+    still = 0;
     const char *path = getenv("FAKE_AMDSMI_CONFIG");
     FILE *file = path ? fopen(path, "r") : NULL;
     if (!file) return;
@@ -200,6 +205,7 @@ static void read_config(void) {
         } else if (sscanf(line, "xgmi_down %d %d", &i, &a) == 2 && i >= 0 && i < MAX_GPUS && a >= 0 && a < XGMI_LINKS)
             xgmi_down[i][a] = 1;
         else if (sscanf(line, "xgmi_error %d %d", &i, &a) == 2 && i >= 0 && i < MAX_GPUS) xgmi_error[i] = (uint32_t)a;
+        else if (sscanf(line, "still %d", &a) == 1) still = a;
         else if (sscanf(line, "partition %15s %15s", word, other) == 2) {
             snprintf(compute_partition, sizeof compute_partition, "%s", word);
             snprintf(memory_partition, sizeof memory_partition, "%s", other);
@@ -215,6 +221,7 @@ static int is_unsupported(const char *name) {
 }
 
 static double seconds_since_start(void) {
+    if (still) return 0.0;
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
     return (double)(now.tv_sec - started.tv_sec) + (double)(now.tv_nsec - started.tv_nsec) / 1e9;

@@ -8,14 +8,14 @@ Per-GPU series carry only `gpu` (index) and `uuid`; strings are in `accelmon_gpu
 answers `NotSupported`, `FunctionNotFound` (older driver) or `NoPermission` for is remembered per GPU and
 never asked again. A GPU that answers `GpuIsLost`/`Unknown` is reported with `accelmon_gpu_up 0` while the
 others keep reporting. PCIe throughput (about 20 ms per direction per GPU) is read on its own thread at a
-slower interval and XID events are waited for on another, so neither slows the main sample."""
+slower interval and XID events are waited for on another (`accelmon.nvidia.XidEvents`), so neither slows the main
+sample. The NVML session is `accelmon.nvidia.NvmlSession`'s, tried again every minute while NVML does not answer."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable, Optional
@@ -78,7 +78,7 @@ from accelmon.gpu_metrics import (
     XID_EVENTS,
 )
 from accelmon.metrics import Samples, scaled
-from accelmon.nvidia import NVML_MIG_DEVICES, MigProfiles, nvidia_driver_loaded, text
+from accelmon.nvidia import NVML_MIG_DEVICES, MigProfiles, NvmlSession, XidEvents, nvidia_driver_loaded, text
 from accelmon.registry import Registration, register
 from accelmon.runtime import Collector
 
@@ -129,9 +129,6 @@ VALUE_MEMBERS = {
 
 MHZ = 1e6
 KIB = 1024.0
-# One XID wait costs the same CPU whatever its length (0.12 ms on an H100, docs/hardware.md): 2 s waits cost 0.06 ms a
-# second, 0.5 s ones 0.25 (a quarter of the collector on a one-GPU host). An event ends a wait; stop() does not.
-XID_WAIT_MS = 2000
 
 
 class GpuLostError(Exception):
@@ -183,22 +180,20 @@ class NvmlCollector(Collector):
         retry_init_seconds: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.nvml: Any = nvml if nvml is not None else pynvml
+        self.session = NvmlSession("GPU metrics off", nvml, retry_seconds=retry_init_seconds, clock=clock)
+        self.nvml: Any = self.session.nvml
         self.slow_interval = slow_interval
         self.pcie_interval = pcie_interval
         self.xid_events = xid_events
-        self.retry_init_seconds = retry_init_seconds
         self._clock = clock
         self.gpus: list[Gpu] = []
         self._driver = ""
-        self._initialized = False
-        self._last_init_attempt: float | None = None
+        self._xids = XidEvents(self.nvml)
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._pcie: dict[int, tuple[float | None, float | None]] = {}
         self._pcie_ready = threading.Event()
         self.first_pcie_wait_seconds = 2.0
-        self._xids: Counter[tuple[int, int]] = Counter()
         # Every GPU's slow and read-once series in one block, made again only when a GPU's slow read or loss changes
         # it: ~30 of the ~55 series a GPU has every sample, added in one list copy a metric, not one call a series.
         self._slow: Samples | None = None
@@ -211,25 +206,17 @@ class NvmlCollector(Collector):
         self._lost_errors = (self.nvml.NVMLError_GpuIsLost, self.nvml.NVMLError_Unknown)
 
     def hardware_answering(self) -> bool:
-        return self._initialized
+        return self.session.open
 
     # ---- setup ----
     def start(self) -> None:
         self._try_init()
 
     def _try_init(self) -> None:
-        now = self._clock()
-        if self._last_init_attempt is not None and now - self._last_init_attempt < self.retry_init_seconds:
+        # No driver or no library: this host simply has no NVIDIA GPU (yet). Not a collector failure.
+        if not self.session.try_open():
             return
-        self._last_init_attempt = now
         nvml = self.nvml
-        try:
-            nvml.nvmlInit()
-        except nvml.NVMLError as error:
-            # No driver or no library: this host simply has no NVIDIA GPU (yet). Not a collector failure.
-            log.info("NVML not available (%s); GPU metrics off, retrying every %ss", error, self.retry_init_seconds)
-            return
-        self._initialized = True
         driver = self._string(nvml.nvmlSystemGetDriverVersion)
         self.gpus = [self._discover(index, driver) for index in range(nvml.nvmlDeviceGetCount())]
         log.info("NVML: %d GPU(s), driver %s", len(self.gpus), driver)
@@ -237,7 +224,7 @@ class NvmlCollector(Collector):
         # Give the first PCIe round a moment so the first sample (and --once) has it; never wait long.
         self._pcie_ready.wait(self.first_pcie_wait_seconds)
         if self.xid_events:
-            self._start_thread("nvml-xid", self._xid_loop)
+            self._xids.start([(gpu.index, gpu.handle) for gpu in self.gpus if not gpu.lost])
 
     def _start_thread(self, name: str, target: Callable[[], None]) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
@@ -291,20 +278,16 @@ class NvmlCollector(Collector):
 
     def stop(self) -> None:
         self._stop.set()
+        xid_waits_ended = self._xids.stop()  # it leaves when its wait ends: not waited for, stopping is quick
         deadline = time.monotonic() + 1.0
-        for thread in self._threads:  # the XID thread leaves when its wait ends: not waited for, stopping is quick
-            thread.join(0.05 if thread.name == "nvml-xid" else max(0.0, deadline - time.monotonic()))
-        alive = [thread.name for thread in self._threads if thread.is_alive()]
-        if alive:  # nvmlShutdown under a thread inside a call is a race: NVML is left to the process's exit
-            if alive != ["nvml-xid"]:
-                log.warning("an NVML helper thread is stuck in a call: NVML left initialised")
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if any(thread.is_alive() for thread in self._threads):
+            log.warning("an NVML helper thread is stuck in a call: NVML left initialised")
             return
-        if self._initialized:
-            try:
-                self.nvml.nvmlShutdown()
-            except self.nvml.NVMLError:
-                pass
-            self._initialized = False
+        # nvmlShutdown under a thread inside a call is a race: NVML is left to the process's exit
+        if xid_waits_ended:
+            self.session.close()
 
     # ---- calls ----
     def _call(self, gpu: Gpu, key: str, function: Callable[..., Any], *args: Any) -> Any:
@@ -333,7 +316,7 @@ class NvmlCollector(Collector):
 
     # ---- sample ----
     def sample(self) -> Samples:
-        if not self._initialized:
+        if not self.session.open:
             self._try_init()
         samples = Samples()
         for gpu in self.gpus:
@@ -502,8 +485,7 @@ class NvmlCollector(Collector):
     def _add_events(self, gpu: Gpu, out: Samples) -> None:
         if not self.xid_events:
             return
-        with self._lock:
-            xids = sorted((xid, n) for (index, xid), n in self._xids.items() if index == gpu.index)
+        xids = self._xids.of_gpu(gpu.index)
         for xid, count in xids:
             out.add(XID_ERRORS, [*gpu.labels, str(xid)], count)
         out.add(XID_EVENTS, gpu.labels, sum(count for _, count in xids))
@@ -526,40 +508,6 @@ class NvmlCollector(Collector):
                     self._pcie[gpu.index] = (scaled(transmit, KIB), scaled(receive, KIB))
             self._pcie_ready.set()
             self._stop.wait(self.pcie_interval)
-
-    def _xid_loop(self) -> None:
-        nvml = self.nvml
-        try:
-            event_set = nvml.nvmlEventSetCreate()
-        except nvml.NVMLError as error:
-            log.info("XID events unavailable: %s", error)
-            return
-        registered = 0
-        for gpu in self.gpus:
-            if gpu.lost:
-                continue
-            try:
-                nvml.nvmlDeviceRegisterEvents(gpu.handle, nvml.nvmlEventTypeXidCriticalError, event_set)
-                registered += 1
-            except nvml.NVMLError as error:
-                log.info("GPU %d: XID events unavailable: %s", gpu.index, error)
-        while registered and not self._stop.is_set():
-            try:
-                event = nvml.nvmlEventSetWait(event_set, XID_WAIT_MS)
-                index = nvml.nvmlDeviceGetIndex(event.device)
-            except nvml.NVMLError_Timeout:
-                continue
-            except nvml.NVMLError as error:
-                log.debug("XID wait: %s", error)
-                self._stop.wait(1.0)  # never spin on a persistent error
-                continue
-            log.warning("GPU %d: XID %d", index, event.eventData)
-            with self._lock:
-                self._xids[(index, int(event.eventData))] += 1
-        try:
-            nvml.nvmlEventSetFree(event_set)
-        except nvml.NVMLError:
-            pass
 
 
 def _putter(out: Samples, labels: tuple[str, ...]) -> Callable[..., None]:

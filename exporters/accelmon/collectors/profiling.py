@@ -29,7 +29,7 @@ import pynvml
 
 from accelmon.dcgm import DCGM_BINDINGS_PATH, DCGM_HOST, dcgm_connect
 from accelmon.metrics import Catalogue, Samples
-from accelmon.nvidia import NVML_MIG_DEVICES
+from accelmon.nvidia import NVML_MIG_DEVICES, NvmlSession
 from accelmon.registry import Option, Registration, never, register, seconds
 from accelmon.runtime import Collector
 
@@ -323,7 +323,8 @@ class GpmBackend:
         interval: float = float(INTERVAL.default),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.nvml: Any = nvml if nvml is not None else pynvml
+        self.session = NvmlSession("no GPM profiling", nvml)
+        self.nvml: Any = self.session.nvml
         # A window is the time between the two samples a value is computed from. Shorter than 90 % of the
         # interval (sampler jitter aside) or than NVML's 100 ms: not a full window, wait for a longer one. Longer
         # than 3 intervals: the sampler was held up; an average over that gap is not this interval's value.
@@ -334,24 +335,17 @@ class GpmBackend:
         # Sample pairs and window starts per (GPU index, GPU instance id): instance 0 is the whole GPU.
         self._samples: dict[tuple[int, int], list[Any]] = {}
         self._window_start: dict[tuple[int, int], float] = {}
-        self._initialized = False
         self.mig_readings: MigReadings = {}  # the latest read's MIG instances
 
     def open(self) -> bool:
         nvml = self.nvml
-        try:
-            nvml.nvmlInit()
-        except nvml.NVMLError as error:
-            log.info("NVML not available for GPM: %s", error)
-            return False
-        self._initialized = True
-        for index in range(nvml.nvmlDeviceGetCount()):
+        for index, handle, uuid in self.session.gpus() or []:
+            if handle is None:
+                continue
             try:
-                handle = nvml.nvmlDeviceGetHandleByIndex(index)
                 if not nvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice:
                     continue
-                uuid = nvml.nvmlDeviceGetUUID(handle)
-                self._gpus[index] = (handle, uuid if isinstance(uuid, str) else uuid.decode())
+                self._gpus[index] = (handle, uuid)
                 self._start_window((index, 0))
                 for instance in self._mig_instances(handle):
                     self._start_window((index, instance))
@@ -458,12 +452,7 @@ class GpmBackend:
                     pass
         self._samples.clear()
         self._gpus.clear()
-        if self._initialized:
-            try:
-                self.nvml.nvmlShutdown()
-            except self.nvml.NVMLError:
-                pass
-            self._initialized = False
+        self.session.close()
 
 
 class ProfilingCollector(Collector):
