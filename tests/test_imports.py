@@ -128,3 +128,15 @@ def test_no_library_module_reaches_a_command_line() -> None:
         if name in COMMAND_LINES | FRONT_DOORS:
             continue
         assert not reachable(graph, name) & COMMAND_LINES, f"{name} reaches {reachable(graph, name) & COMMAND_LINES}"
+
+
+def test_the_metric_model_runs_nothing_and_each_job_source_stands_alone() -> None:
+    """The layering the splits made: the metric model (specs, samples, exposition) reaches neither the runtime
+    that samples collectors on threads nor any collector; each scheduler's job source reads its own files, never
+    another's (what they share is the record's keys)."""
+    graph = import_graph()
+    assert reachable(graph, "accelmon.metrics") <= {"accelmon"}
+    sources = {"accelmon.job_sources.slurm", "accelmon.job_sources.oar", "accelmon.job_sources.cgroups"}
+    for source in sources:
+        assert not reachable(graph, source) & (sources | {"accelmon.job_sources"}), source
+    assert not any(target.startswith("accelmon.collectors") for target in reachable(graph, "accelmon.runtime"))
