@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from accelmon import health, remediation
+from accelmon import health, remediation, slurm_nodes
 from accelmon.checks import Check
 from accelmon.remediation import Journal, Record
 from accelmon.slurm_repair import Options, SlurmRepair
@@ -360,7 +360,7 @@ def test_the_breaker_counts_only_accelmons_reasons_from_scontrols_lines():
             "garbage",
         ]
     )
-    nodes = remediation.parse_nodes(text)
+    nodes = slurm_nodes.parse_nodes(text)
     assert [(n.name, n.accelmons, n.out, n.drained_idle) for n in nodes] == [
         ("a", True, True, True),
         ("b", True, True, True),

@@ -7,8 +7,9 @@ import subprocess
 
 import pytest
 
-from accelmon.collectors.scheduler import STATES, SchedulerCollector, slurm_state
+from accelmon.collectors.scheduler import SchedulerCollector
 from accelmon.runtime import Exporter, Sampler
+from accelmon.slurm_nodes import STATES, ledger_state
 from tests.support.exposition import check_golden, promtool_check, sample_value, series, text_of
 from tests.support.fake_scontrol import Cluster
 from tests.support.waiting import wait_until
@@ -35,7 +36,7 @@ from tests.support.waiting import wait_until
     ],
 )
 def test_slurms_states_map_to_bounded_ones(slurm, served):
-    assert slurm_state(slurm) == served and served in STATES
+    assert ledger_state(slurm) == served and served in STATES
 
 
 def test_one_series_of_the_nodes_state(tmp_path):

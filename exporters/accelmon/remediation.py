@@ -24,20 +24,20 @@ import json
 import logging
 import math
 import os
-import re
 import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
+from accelmon.slurm_nodes import SlurmNode
 from accelmon.validation import Option
+from accelmon.xid import ACTIONS
 
 log = logging.getLogger("accelmon.remediation")
 
 MODES = ("observe", "act")
 # What the repair loop may do, by the action a failing check asks for; anything else stays with a person.
 REPAIRS = ("reboot_node", "reset_gpu", "restart_app")
-REASON_PREFIX = "accelmon"  # every drain reason accelmon writes starts with it: the breaker counts only those
 MAX_RECORDS = 5000  # the journal keeps the newest records (years of repairs on one node); older ones are dropped
 
 REMEDIATION = Option(
@@ -230,55 +230,6 @@ class Journal:
         return found
 
 
-# Slurm's view of a node, from `scontrol show node(s) --oneliner`.
-@dataclass(frozen=True)
-class SlurmNode:
-    name: str
-    state: str  # as scontrol prints it, e.g. IDLE+DRAIN, MIXED+DRAIN, DOWN*+DRAIN, IDLE+DRAIN+REBOOT_REQUESTED
-    reason: str  # the reason text, without Slurm's [user@time] stamp
-
-    @property
-    def flags(self) -> set[str]:
-        return set(re.split(r"[+]", self.state.upper().replace("*", "")))
-
-    @property
-    def takes_jobs(self) -> bool:
-        return not self.flags & {"DRAIN", "DRAINING", "DRAINED", "DOWN", "FAIL", "FAILING", "MAINT"}
-
-    @property
-    def out(self) -> bool:
-        """Drained, draining or down: what the breaker counts (when accelmon wrote the reason)."""
-        return bool(self.flags & {"DRAIN", "DRAINING", "DRAINED", "DOWN", "FAIL", "FAILING"})
-
-    @property
-    def drained_idle(self) -> bool:
-        """Drained and running no job (Slurm's DRAINED, not DRAINING): what the repair loop may touch."""
-        flags = self.flags
-        busy = flags & {"ALLOCATED", "ALLOC", "MIXED", "COMPLETING"}
-        return bool(flags & {"DRAIN", "DRAINED"}) and not busy
-
-    @property
-    def reboot_pending(self) -> bool:
-        return bool(self.flags & {"REBOOT_REQUESTED", "REBOOT_ISSUED", "REBOOT"})
-
-    @property
-    def accelmons(self) -> bool:
-        return self.reason.startswith(REASON_PREFIX)
-
-
-def parse_nodes(text: str) -> list[SlurmNode]:
-    """Every node in `scontrol show node(s) --oneliner`'s output (one line a node)."""
-    nodes = []
-    for line in text.splitlines():
-        name = re.search(r"(?:^|\s)NodeName=(\S+)", line)
-        state = re.search(r"\sState=(\S+)", line)
-        if not name or not state:
-            continue
-        reason = re.search(r"\sReason=(.*?)(?:\s+\[[^\]]*@[^\]]*\])?\s*$", line)
-        nodes.append(SlurmNode(name.group(1), state.group(1), reason.group(1).strip() if reason else ""))
-    return nodes
-
-
 @dataclass(frozen=True)
 class BreakerCount:
     out: int  # nodes drained, draining or down with a reason accelmon wrote
@@ -307,6 +258,21 @@ class RepairPlan:
     gpus: tuple[FailingGpu, ...] = ()
     why: str = ""
     drill: bool = False
+    earlier: Optional[Record] = None  # escalate: the repair the GPU failed again after
+
+
+def repeat_offender(
+    failing: list[FailingGpu], journal: Journal, repeat_window_seconds: float, now: float
+) -> Optional[tuple[FailingGpu, Record]]:
+    """The first failing GPU that was repaired within the repeat window, with that repair; None if there is none,
+    or for a drill (a rehearsal never sends a GPU to hardware service)."""
+    if any(gpu.drill for gpu in failing):
+        return None
+    for gpu in failing:
+        earlier = journal.last_repair_of(gpu.serial, now - repeat_window_seconds) if gpu.serial else None
+        if earlier is not None:
+            return gpu, earlier
+    return None
 
 
 def plan_repair(
@@ -329,14 +295,14 @@ def plan_repair(
         name, action = node_failing[0]
         return RepairPlan("leave", action, why=f"the node check {name} fails: {action} is a person's")
     drill = any(gpu.drill for gpu in failing)
-    for gpu in failing:
-        earlier = journal.last_repair_of(gpu.serial, now - repeat_window_seconds) if gpu.serial else None
-        if earlier is not None and not drill:
-            when = time.strftime("%Y-%m-%d", time.gmtime(earlier.time))
-            return RepairPlan(
-                "escalate", "hardware_service", (gpu,),
-                f"GPU {gpu.index} (serial {gpu.serial}) failed again after {earlier.action} on {when}",
-            )  # fmt: skip
+    repeat = repeat_offender(failing, journal, repeat_window_seconds, now)
+    if repeat is not None:
+        gpu, earlier = repeat
+        when = time.strftime("%Y-%m-%d", time.gmtime(earlier.time))
+        return RepairPlan(
+            "escalate", "hardware_service", (gpu,),
+            f"GPU {gpu.index} (serial {gpu.serial}) failed again after {earlier.action} on {when}", earlier=earlier,
+        )  # fmt: skip
     worst = max((gpu.action for gpu in failing), key=disruption)
     chosen = tuple(gpu for gpu in failing if gpu.action == worst)
     if worst not in REPAIRS:
@@ -349,13 +315,10 @@ def plan_repair(
     return RepairPlan(step, worst, chosen, f"{worst} for GPU {', '.join(g.index for g in chosen)}", drill)
 
 
-# From the least to the most disruptive, as the catalogue orders them (accelmon.xid.ACTIONS, hardware last).
-ACTION_ORDER = ("none", "restart_app", "check_fabric", "reset_gpu", "reboot_node", "hardware_service")
-
-
 def disruption(action: str) -> int:
-    """How disruptive an action is; one the catalogue does not know counts as the most (a person decides)."""
-    return ACTION_ORDER.index(action) if action in ACTION_ORDER else len(ACTION_ORDER)
+    """How disruptive an action is, in the catalogue's order (least first); one the catalogue does not know counts as
+    the most (a person decides)."""
+    return ACTIONS.index(action) if action in ACTIONS else len(ACTIONS)
 
 
 def gpus_of(failing: Iterable[FailingGpu]) -> tuple[dict[str, str], ...]:

@@ -29,7 +29,8 @@ from typing import Any, Callable, Optional
 
 from accelmon import health, remediation
 from accelmon.config import Settings
-from accelmon.remediation import FailingGpu, Journal, Record, RepairPlan, SlurmNode
+from accelmon.remediation import FailingGpu, Journal, Record, RepairPlan
+from accelmon.slurm_nodes import SlurmNode, parse_nodes
 
 log = logging.getLogger("accelmon.slurm_health")
 
@@ -105,7 +106,7 @@ class SlurmRepair:
 
     def show_node(self) -> Optional[SlurmNode]:
         result = self.scontrol_run("show", "node", self.node, "--oneliner")
-        found = remediation.parse_nodes(result.stdout) if result is not None and result.returncode == 0 else []
+        found = parse_nodes(result.stdout) if result is not None and result.returncode == 0 else []
         return next((n for n in found if n.name == self.node), found[0] if found else None)
 
     def update(self, *fields: str) -> bool:
@@ -163,7 +164,7 @@ class SlurmRepair:
             self.repair(state, failing, node_failing, rescan)
 
     def drain(self, verdict: health.NodeHealth, failing: list[FailingGpu]) -> None:
-        repeat = self.repeat_offender(failing)
+        repeat = remediation.repeat_offender(failing, self.journal, self.options.repeat_window_seconds, self.now)
         reason = verdict.drain_reason()
         action = max((g.action for g in failing), key=remediation.disruption, default="hardware_service")
         if repeat is not None:
@@ -171,9 +172,9 @@ class SlurmRepair:
             reason = self.repeat_reason(gpu, earlier)
             action = "hardware_service"
         listing = self.scontrol_run("show", "nodes", "--oneliner")
-        if listing is not None and listing.returncode == 0 and remediation.parse_nodes(listing.stdout):
+        if listing is not None and listing.returncode == 0 and parse_nodes(listing.stdout):
             count = remediation.breaker(
-                remediation.parse_nodes(listing.stdout), self.options.breaker_min_nodes, self.options.breaker_fraction
+                parse_nodes(listing.stdout), self.options.breaker_min_nodes, self.options.breaker_fraction
             )
             if not count.allows:
                 words = f"circuit breaker: {count.words()}: node {self.node} not drained, it keeps taking jobs"
@@ -191,16 +192,6 @@ class SlurmRepair:
         if self.update("State=DRAIN", f"Reason={reason}"):
             log.warning("drained node %s: %s", self.node, reason)
             self.note("escalated" if repeat else "drained", action, gpus=tuple(failing), detail=reason)
-
-    def repeat_offender(self, failing: list[FailingGpu]) -> Optional[tuple[FailingGpu, Record]]:
-        if any(g.drill for g in failing):
-            return None
-        since = self.now - self.options.repeat_window_seconds
-        for gpu in failing:
-            earlier = self.journal.last_repair_of(gpu.serial, since) if gpu.serial else None
-            if earlier is not None:
-                return gpu, earlier
-        return None
 
     def repeat_reason(self, gpu: FailingGpu, earlier: Record) -> str:
         when = time.strftime("%Y-%m-%d", time.gmtime(earlier.time))
@@ -230,8 +221,8 @@ class SlurmRepair:
                 self.note("left_for_person", plan.action, gpus=plan.gpus, detail=plan.why, once=True)
             return
         if plan.step == "escalate":
-            if "hardware_service" not in state.reason:
-                reason = self.repeat_reason(plan.gpus[0], self.journal.last_repair_of(plan.gpus[0].serial, 0.0))  # type: ignore[arg-type]
+            if "hardware_service" not in state.reason and plan.earlier is not None:
+                reason = self.repeat_reason(plan.gpus[0], plan.earlier)
                 if self.options.mode == "act" and self.update(f"Reason={reason}"):
                     self.note("escalated", "hardware_service", gpus=plan.gpus, detail=plan.why)
             print(f"remediation: node {self.node} left for hardware_service: {plan.why}")

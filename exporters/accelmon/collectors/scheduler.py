@@ -28,7 +28,6 @@ without a scheduler, no series (the ledger counts their GPUs without a job as fr
 from __future__ import annotations
 
 import logging
-import re
 import shutil
 import socket
 import subprocess
@@ -37,10 +36,10 @@ from typing import Any, Callable, Optional
 from accelmon.metrics import Catalogue, Samples
 from accelmon.registry import Option, Paths, Registration, register, seconds
 from accelmon.runtime import Collector
+from accelmon.slurm_nodes import STATES, ledger_state, parse_nodes
 
 log = logging.getLogger("accelmon.scheduler")
 
-STATES = ("idle", "allocated", "mixed", "drained", "draining", "down", "reserved", "unknown")
 C = Catalogue(
     "scheduler",
     "The batch scheduler's view of the node",
@@ -67,25 +66,6 @@ def run(command: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
 
 
-def slurm_state(text: str) -> str:
-    """One of STATES for Slurm's State= field (as `scontrol show node` prints it)."""
-    flags = set(text.upper().replace("*", "").replace("~", "").replace("#", "").replace("!", "").split("+"))
-    busy = bool(flags & {"ALLOCATED", "ALLOC", "MIXED", "COMPLETING"})
-    if flags & {"DOWN", "FAIL"}:
-        return "down"
-    if flags & {"DRAIN", "DRAINED", "DRAINING", "FAILING"}:
-        return "draining" if busy or "DRAINING" in flags or "FAILING" in flags else "drained"
-    if flags & {"RESERVED", "MAINT"}:
-        return "reserved"
-    if flags & {"ALLOCATED", "ALLOC", "COMPLETING"}:
-        return "allocated"
-    if "MIXED" in flags:
-        return "mixed"
-    if "IDLE" in flags:
-        return "idle"
-    return "unknown"
-
-
 class SchedulerCollector(Collector):
     name = "scheduler"
 
@@ -105,9 +85,9 @@ class SchedulerCollector(Collector):
             raise RuntimeError(f"scontrol did not answer in {self.timeout:g} s") from error
         if result.returncode != 0:
             raise RuntimeError(f"scontrol show node {self.node}: {(result.stderr or result.stdout).strip()[:200]}")
-        found = re.search(r"(?:^|\s)State=(\S+)", result.stdout)
+        found = parse_nodes(result.stdout)
         out = Samples()
-        out.add(STATE, ["slurm", slurm_state(found.group(1)) if found else "unknown"], 1)
+        out.add(STATE, ["slurm", ledger_state(found[0].state) if found else "unknown"], 1)
         return out
 
 
