@@ -148,7 +148,7 @@ def health_samples(journal: Journal, failing: bool, mode: str = "act") -> str:
     from accelmon.metrics import Samples
 
     out = Samples()
-    serve_journal(out, journal, failing, mode, time.time())
+    serve_journal(out, journal, failing, mode)
     return text_of(out)
 
 

@@ -125,7 +125,7 @@ class HealthCollector(Collector):
         journal = self.journal()
         node = health.evaluate(latest, now, self.registrations, drills, journal.resets())
         out = served(node)
-        serve_journal(out, journal, node.verdict == "failure", self.mode, now)
+        serve_journal(out, journal, node.verdict == "failure", self.mode)
         return out
 
     def journal(self) -> Journal:
@@ -140,7 +140,9 @@ class HealthCollector(Collector):
         return self._journal[1]
 
 
-def serve_journal(out: Samples, journal: Journal, failing: bool, mode: str, now: float) -> None:
+def serve_journal(out: Samples, journal: Journal, failing: bool, mode: str) -> None:
+    """What the repair journal says, served beside the verdicts: the mode, the journal's state, repairs and events,
+    drained time, and whether the breaker holds this failing node's drain back now."""
     out.add(MODE, [mode], 1)
     out.add(JOURNAL_USABLE, [], 0 if journal.problem else 1)
     out.add(JOURNAL_MALFORMED, [], journal.malformed)

@@ -8,7 +8,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from accelmon.report.analysis import summarize
 from accelmon.report.query import (
@@ -98,8 +98,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def reported(make: Callable[[], dict]) -> tuple[dict | None, int]:
-    """`make()`'s summary, or None and the exit status, its error said on stderr."""
+Made = TypeVar("Made")
+
+
+def reported(make: Callable[[], Made]) -> tuple[Made | None, int]:
+    """What `make()` returns and 0, or None and the exit status, its error said on stderr."""
     try:
         return make(), 0
     except ReportError as error:
@@ -124,21 +127,19 @@ def fleet_main(args: argparse.Namespace) -> int:
     """accelmon-report --fleet: the ledger over a range (a week ending now unless --from and --to say)."""
     from accelmon.report.fleet import parse_time, write_fleet_report
 
-    written: list[Path] = []
-
-    def fleet_report() -> dict:
+    def fleet_report() -> tuple[dict, Path]:
         if args.job_id:
             raise ReportError("--fleet takes no job id", 2)
         check_extra()
         end = parse_time(args.end) if args.end else time.time()
         start = parse_time(args.start) if args.start else end - 7 * 86400
-        written.append(Path(args.out or f"accelmon-fleet-{time.strftime('%Y%m%d', time.gmtime(start))}"))
-        return write_fleet_report(Prometheus(args.prometheus, args.timeout), start, end, written[0])
+        out = Path(args.out or f"accelmon-fleet-{time.strftime('%Y%m%d', time.gmtime(start))}")
+        return write_fleet_report(Prometheus(args.prometheus, args.timeout), start, end, out), out
 
-    summary, status = reported(fleet_report)
-    if summary is None:
+    written, status = reported(fleet_report)
+    if written is None:
         return status
-    out = written[0]
+    summary, out = written
     goodput = summary["goodput"]
     print(
         f"accelmon-report: fleet {summary['from'][:10]} to {summary['to'][:10]}: {summary['gpu_hours']:,.0f} GPU-hours,"
