@@ -13,8 +13,8 @@ PACKAGE = ROOT / "exporters" / "accelmon"
 COMMAND_LINES = {
     "accelmon.cli",
     "accelmon.drill",
-    "accelmon.slurm_health",
-    "accelmon.oar_health",
+    "accelmon.slurm.health",
+    "accelmon.oar.health",
     "accelmon.report.cli",
 }
 # Front doors that may import a command line: `python -m` modules, and the report package, whose `main` is the

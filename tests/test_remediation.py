@@ -1,4 +1,4 @@
-"""From verdict to repair (accelmon.remediation, accelmon.slurm_repair): the circuit breaker, the repair loop in
+"""From verdict to repair (accelmon.remediation, accelmon.slurm.repair): the circuit breaker, the repair loop in
 observe and act modes, the journal and its repeat offenders, over a stateful stand-in for scontrol
 (tests/support/fake_scontrol.py) that answers and changes the cluster as Slurm would."""
 
@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from accelmon import health, remediation, slurm_nodes
+from accelmon import health, remediation
+from accelmon.slurm import nodes as slurm_nodes
 from accelmon.checks import Check
 from accelmon.remediation import Journal, Record
-from accelmon.slurm_repair import Options, SlurmRepair
+from accelmon.slurm.repair import Options, SlurmRepair
 from tests.support.exposition import sample_value, series, text_of
 from tests.support.fake_scontrol import Cluster
 from tests.support.jobs_tree import bus_id, nvidia_procfs
@@ -125,7 +126,7 @@ def test_a_drain_that_cannot_count_drains_and_says_so(site, caplog):
     # `show nodes` fails (a controller that answers one node but not the listing): drains as before, and says so.
     loop = make()
     loop.runner = lambda argv: run(argv) if argv[1:3] != ["show", "nodes"] else run(["false"])
-    with caplog.at_level("ERROR", logger="accelmon.slurm_health"):
+    with caplog.at_level("ERROR", logger="accelmon.slurm.health"):
         loop.run(failing("reboot_node"), lambda resets: healthy())
     assert "DRAIN" in cluster.node(NODE)["state"]
     assert "cannot count the drained nodes" in caplog.text
@@ -394,7 +395,7 @@ def test_the_health_check_resets_a_gpu_whose_xid_a_reset_clears(tmp_path, fake_n
         config.write_text(yaml.safe_dump({"paths": {"procfs": str(procfs), "kmsg": str(kmsg)},
                                           "collectors": {"health": options}}))  # fmt: skip
         env = {**exporter_env(fake_nvml_dir, tmp_path / "nvml.conf"), "SLURMD_NODENAME": NODE}
-        command = [sys.executable, "-m", "accelmon.slurm_health", "--config", str(config)]
+        command = [sys.executable, "-m", "accelmon.slurm.health", "--config", str(config)]
         command += ["--scontrol", str(cluster.command), "--foreground", "--dcgmi", str(tmp_path / "no-dcgmi")]
         result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, result.stderr

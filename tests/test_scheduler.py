@@ -9,7 +9,7 @@ import pytest
 
 from accelmon.collectors.scheduler import SchedulerCollector
 from accelmon.runtime import Exporter, Sampler
-from accelmon.slurm_nodes import STATES, ledger_state
+from accelmon.slurm.nodes import STATES, ledger_state
 from tests.support.exposition import check_golden, promtool_check, sample_value, series, text_of
 from tests.support.fake_scontrol import Cluster
 from tests.support.waiting import wait_until

@@ -47,7 +47,7 @@ def node(tmp_path: Path, fake_nvml_dir: Path):
         calls.write_text("")
         environment = exporter_env(fake_nvml_dir, tmp_path / "nvml.conf")
         environment.update(NODE_STATE=state, SLURMD_NODENAME="gpu-7", **env)
-        command = [sys.executable, "-m", "accelmon.slurm_health", "--config", str(config), "--scontrol", str(scontrol)]
+        command = [sys.executable, "-m", "accelmon.slurm.health", "--config", str(config), "--scontrol", str(scontrol)]
         result = subprocess.run([*command, *extra], env=environment, capture_output=True, text=True, timeout=60)
         return result, calls.read_text().splitlines()
 
@@ -139,7 +139,7 @@ def prolog(tmp_path: Path):
         env = exporter_env(None, None)
         env.update(NODE_STATE="MIXED", SLURMD_NODENAME="gpu-7", DIAG_REPORT=str(tmp_path / "report.json"))
         env["DIAG_STATUS"] = str(status)
-        command = [sys.executable, "-m", "accelmon.slurm_health", "--diag", "--scontrol", str(scontrol)]
+        command = [sys.executable, "-m", "accelmon.slurm.health", "--diag", "--scontrol", str(scontrol)]
         result = subprocess.run(
             [*command, "--dcgmi", str(dcgmi), *extra], env=env, capture_output=True, text=True, timeout=60
         )

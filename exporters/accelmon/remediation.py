@@ -1,7 +1,7 @@
 """From verdict to repair, safely: the circuit breaker on draining, the repair decision for a node accelmon drained,
 and the journal of what was decided and done (docs/health.md, "From verdict to repair").
 
-The Slurm health check (accelmon.slurm_health) acts through Slurm's own primitives; this module holds what it
+The Slurm health check (accelmon.slurm.health) acts through Slurm's own primitives; this module holds what it
 decides with, free of Slurm's command line so that each rule is tested on its own:
 
 - `breaker`: a node is drained only while the nodes drained, draining or down with a reason accelmon wrote are
@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
-from accelmon.slurm_nodes import SlurmNode
+from accelmon.slurm.nodes import SlurmNode
 from accelmon.validation import Option
 from accelmon.xid import ACTIONS
 

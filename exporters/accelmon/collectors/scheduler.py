@@ -36,7 +36,7 @@ from typing import Any, Callable, Optional
 from accelmon.metrics import Catalogue, Samples
 from accelmon.registry import Option, Paths, Registration, register, seconds
 from accelmon.runtime import Collector
-from accelmon.slurm_nodes import STATES, ledger_state, parse_nodes
+from accelmon.slurm.nodes import STATES, ledger_state, parse_nodes
 
 log = logging.getLogger("accelmon.scheduler")
 

@@ -30,9 +30,9 @@ from typing import Any, Callable, Optional
 from accelmon import health, remediation
 from accelmon.config import Settings
 from accelmon.remediation import FailingGpu, Journal, Record, RepairPlan
-from accelmon.slurm_nodes import SlurmNode, parse_nodes
+from accelmon.slurm.nodes import SlurmNode, parse_nodes
 
-log = logging.getLogger("accelmon.slurm_health")
+log = logging.getLogger("accelmon.slurm.health")
 
 Run = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
 Scan = Callable[[dict[str, float]], health.NodeHealth]  # a fresh scan, given the GPU resets to apply
@@ -346,7 +346,7 @@ def in_background(argv: list[str], lock_path: str) -> bool:
     except OSError:
         return False
     subprocess.Popen(
-        [sys.executable, "-m", "accelmon.slurm_health", *argv, "--foreground"],
+        [sys.executable, "-m", "accelmon.slurm.health", *argv, "--foreground"],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     return True

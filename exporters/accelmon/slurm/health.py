@@ -25,9 +25,9 @@ from typing import Callable, Optional, Sequence
 
 from accelmon.config import load
 from accelmon.scan import hook_scan, scan_health
-from accelmon.slurm_repair import Options, SlurmRepair, diagnose, holding_lock, in_background
+from accelmon.slurm.repair import Options, SlurmRepair, diagnose, holding_lock, in_background
 
-log = logging.getLogger("accelmon.slurm_health")
+log = logging.getLogger("accelmon.slurm.health")
 
 SCONTROL_TIMEOUT_SECONDS = 20  # slurmd kills a health check after 60 s
 DIAG_TIMEOUT_SECONDS = 300  # `dcgmi diag -r 1` takes seconds; a hung host engine must not hold a job for long

@@ -19,7 +19,7 @@ from typing import Sequence
 
 from accelmon.scan import hook_scan
 
-log = logging.getLogger("accelmon.oar_health")
+log = logging.getLogger("accelmon.oar.health")
 
 
 def parser() -> argparse.ArgumentParser:
