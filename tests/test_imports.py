@@ -15,6 +15,7 @@ COMMAND_LINES = {
     "accelmon.drill",
     "accelmon.slurm.health",
     "accelmon.oar.health",
+    "accelmon.slurm.remediation_cli",
     "accelmon.report.cli",
 }
 # Front doors that may import a command line: `python -m` modules, and the report package, whose `main` is the

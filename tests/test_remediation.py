@@ -14,9 +14,10 @@ import pytest
 import yaml
 
 from accelmon import health, remediation
-from accelmon.slurm import nodes as slurm_nodes
 from accelmon.checks import Check
 from accelmon.remediation import Journal, Record
+from accelmon.slurm import nodes as slurm_nodes
+from accelmon.slurm.fleet import Limits
 from accelmon.slurm.repair import Options, SlurmRepair
 from tests.support.exposition import sample_value, series, text_of
 from tests.support.fake_scontrol import Cluster
@@ -37,8 +38,8 @@ def failing(action: str, check: str = "xid", index: str = "2", drill: bool = Fal
     bad = Check(check, "failure", f"{check} failed", action, drill=drill)
     return health.NodeHealth(
         [
-            health.GpuHealth("0", "GPU-0", [Check(check, "ok", "fine")], "S0"),
-            health.GpuHealth(index, f"GPU-{index}", [bad], f"S{index}"),
+            health.GpuHealth("0", "GPU-0", [Check(check, "ok", "fine")], "S0", "00000000:18:00.0"),
+            health.GpuHealth(index, f"GPU-{index}", [bad], f"S{index}", f"00000000:{index}A:00.0"),
         ],
         [],
     )
@@ -63,11 +64,17 @@ def site(tmp_path: Path):
             mode=mode,
             journal=str(tmp_path / "remediation.jsonl"),
             repeat_window_seconds=chosen.get("repeat_window_days", 7.0) * DAY,
-            breaker_min_nodes=chosen.get("breaker_min_nodes", 3),
-            breaker_fraction=chosen.get("breaker_fraction", 0.1),
-            reset_command=f"{script} {{index}}",
+            limits=Limits(
+                chosen.get("breaker_min_nodes", 3),
+                chosen.get("breaker_fraction", 0.1),
+                chosen.get("breaker_window_hours", 24) * 3600,
+                chosen.get("max_repairs_per_hour", 3),
+            ),
+            reset_command=f"{script} {{pci_bus_id}}",
         )
-        return SlurmRepair(options, NODE, str(cluster.command), run, now=now)
+        loop = SlurmRepair(options, NODE, str(cluster.command), run, now=now)
+        loop.fleet.sleep = lambda seconds: None  # one check at a time here: nothing to wait for (test_fleet.py does)
+        return loop
 
     return cluster, make, resets
 
@@ -108,9 +115,12 @@ def test_the_breaker_at_its_edges(site, capsys, others, drains):
         assert loop.journal.records[-1].event == "drained"
     else:
         assert node == {"state": "IDLE", "reason": ""}  # keeps taking jobs
-        assert "circuit breaker: 3 node(s) out by accelmon of 20, limit 3: node gpu-7 not drained" in said
+        assert "circuit breaker: 3 node(s) out by accelmon in 24 h of 20, limit 3: no drain" in said
+        assert "node gpu-7 not drained, it keeps taking jobs: held" in said
         held = loop.journal.records[-1]
-        assert (held.event, held.breaker, held.gpus[0]["serial"]) == ("breaker_held", (3, 20, 3), "S2")
+        assert (held.event, held.outcome, held.breaker, held.gpus[0]["serial"]) == (
+            "breaker_held", "held", (3, 20, 3), "S2",
+        )  # fmt: skip
 
 
 def test_the_breakers_limit_grows_with_the_fleet(site):
@@ -120,16 +130,20 @@ def test_the_breakers_limit_grows_with_the_fleet(site):
     assert "DRAIN" in cluster.node(NODE)["state"]
 
 
-def test_a_drain_that_cannot_count_drains_and_says_so(site, caplog):
+def test_a_drain_that_cannot_count_holds_and_says_so(site, capsys, tmp_path):
+    """Fail closed: a controller that answers one node but not the listing (loaded by every node at once, say) drains
+    nothing; the output, the journal and the exporter say why."""
     cluster, make, _ = site
-    cluster.set(nodes_with(out_by("accelmon: x", 10)))
-    # `show nodes` fails (a controller that answers one node but not the listing): drains as before, and says so.
-    loop = make()
-    loop.runner = lambda argv: run(argv) if argv[1:3] != ["show", "nodes"] else run(["false"])
-    with caplog.at_level("ERROR", logger="accelmon.slurm.health"):
-        loop.run(failing("reboot_node"), lambda resets: healthy())
-    assert "DRAIN" in cluster.node(NODE)["state"]
-    assert "cannot count the drained nodes" in caplog.text
+    cluster.set(nodes_with(), fail=("show nodes",))
+    make().run(failing("reboot_node"), lambda resets: healthy())
+    assert cluster.node(NODE) == {"state": "IDLE", "reason": ""}
+    said = capsys.readouterr().out
+    assert "cannot count the nodes (scontrol show nodes failed): no drain, holding" in said
+    journal = Journal.read(str(tmp_path / "remediation.jsonl"))
+    assert (journal.records[-1].event, journal.records[-1].outcome) == ("breaker_held", "uncounted")
+    out = health_samples(journal, failing=True)
+    assert sample_value(out, "accelmon_node_remediation_held", why="uncounted") == 1
+    assert sample_value(out, "accelmon_node_drain_held_by_breaker") == 0
 
 
 def test_the_fleet_sees_a_held_drain_and_its_counts(site, tmp_path):
@@ -181,13 +195,13 @@ def test_act_resets_the_gpu_rescans_and_resumes(site, capsys):
     seen: list[dict[str, float]] = []
     loop = make()
     loop.run(failing("reset_gpu", "ecc"), lambda given: seen.append(given) or healthy())
-    assert resets.read_text() == "2\n"  # the reset command, for GPU 2 only
+    assert resets.read_text() == "00000000:2A:00.0\n"  # the reset command, for GPU 2 only, by its PCI bus id
     assert list(seen[0]) == ["GPU-2"]  # the rescan applies the reset (the xid check clears what it fixed)
     assert cluster.node(NODE) == {"state": "IDLE", "reason": ""}
     assert cluster.calls()[-1] == f"update NodeName={NODE} State=RESUME"
     events = [(r.event, r.action, r.outcome) for r in Journal.read(loop.options.journal).records]
     assert events[-2:] == [("repair", "reset_gpu", "resolved"), ("resumed", "reset_gpu", "resolved")]
-    assert "every check passes: resumed" in capsys.readouterr().out
+    assert "reset GPU 2, every check passed after it" in capsys.readouterr().out
 
 
 def test_a_reset_that_does_not_repair_leaves_the_node_for_hardware_service(site):
@@ -199,15 +213,57 @@ def test_a_reset_that_does_not_repair_leaves_the_node_for_hardware_service(site)
     assert node["reason"].startswith("accelmon: GPU 2 hardware_service: reset_gpu did not clear it (GPU 2 ecc still")
 
 
-def test_reboot_node_goes_through_slurms_reboot(site):
+def test_a_reboot_keeps_the_node_out_until_a_check_passes_after_it(site, capsys):
+    """Slurm's reboot without nextstate (and without ASAP, which makes Slurm 22.05 set NextState=RESUME by itself):
+    the node stays drained through the boot, its reason saying so; after it, a passing check resumes it."""
     cluster, make, _ = site
     drained_by_accelmon(cluster, make, "reboot_node")
     make().run(failing("reboot_node"), lambda r: healthy())
-    assert cluster.calls()[-1] == (f"reboot ASAP nextstate=RESUME reason=accelmon: reboot_node for GPU 2 {NODE}")
-    # While the reboot is pending, nothing more is asked of Slurm but its state.
+    assert cluster.calls()[-1] == f"reboot reason=accelmon: reboot pending: reboot_node for GPU 2 {NODE}"
+    node = cluster.node(NODE)
+    assert node["state"] == "DOWN+DRAIN+REBOOT_ISSUED" and node["reason"].startswith("accelmon: reboot pending")
+    # While the reboot is under way, nothing more is asked of Slurm but its state.
     before = len(cluster.calls())
     make().run(failing("reboot_node"), lambda r: healthy())
-    assert cluster.calls()[before:] == [f"show node {NODE} --oneliner"]
+    assert all(call.startswith(f"show node {NODE}") for call in cluster.calls()[before:])
+    cluster.boot(NODE)  # slurmd registers after the boot: still drained, as Slurm leaves it without nextstate
+    assert cluster.node(NODE)["state"] == "IDLE+DRAIN"
+    make().run(healthy(), lambda r: healthy())
+    assert cluster.node(NODE) == {"state": "IDLE", "reason": ""}
+    events = [
+        (r.event, r.action, r.outcome) for r in Journal.read(str(cluster.state.parent / "remediation.jsonl")).records
+    ]
+    assert events[-4:] == [
+        ("repair", "reboot_node", "started"), ("repair", "reboot_node", "requested"),
+        ("repair", "reboot_node", "resolved"), ("resumed", "reboot_node", "resolved"),
+    ]  # fmt: skip
+
+
+def test_a_check_that_still_fails_after_the_reboot_keeps_the_node_for_hardware_service(site):
+    cluster, make, _ = site
+    drained_by_accelmon(cluster, make, "reboot_node")
+    make().run(failing("reboot_node"), lambda r: healthy())
+    cluster.boot(NODE)
+    make().run(failing("reboot_node"), lambda r: healthy())
+    node = cluster.node(NODE)
+    assert node["state"] == "IDLE+DRAIN"
+    assert node["reason"] == "accelmon: GPU 2 xid: hardware_service (still fails after reboot_node)"
+    journal = Journal.read(str(cluster.state.parent / "remediation.jsonl"))
+    assert [(r.event, r.outcome) for r in journal.records[-2:]] == [("repair", "failed"), ("escalated", "none")]
+    # A failed repair is no repair for the repeat rule.
+    assert journal.last_repair_of("S2", 0) is not None  # the reboot Slurm took ("requested") counts
+    assert all(r.outcome != "failed" for r in [journal.last_repair_of("S2", 0)] if r)
+
+
+def test_a_reboot_slurm_refuses_is_no_repair(site):
+    cluster, make, _ = site
+    drained_by_accelmon(cluster, make, "reboot_node")
+    cluster.change(fail=["reboot"])
+    make().run(failing("reboot_node"), lambda r: healthy())
+    journal = Journal.read(str(cluster.state.parent / "remediation.jsonl"))
+    assert [(r.event, r.outcome) for r in journal.records[-2:]] == [("repair", "started"), ("repair", "failed")]
+    assert journal.last_repair_of("S2", 0) is None
+    assert cluster.node(NODE)["reason"] == "accelmon: GPU 2 xid: reboot_node"  # the drain as it was
 
 
 def test_restart_app_resumes_once_the_check_passes(site):
@@ -269,7 +325,7 @@ def test_a_repeat_within_the_window_is_drained_for_hardware_service(site):
     day = time.strftime("%Y-%m-%d", time.gmtime(start))
     assert node["reason"] == f"accelmon: GPU 2 ecc: hardware_service (failed again after reset_gpu on {day})"
     make(now=start + 3 * DAY).run(failing("reset_gpu", "ecc"), lambda r: healthy())
-    assert resets.read_text() == "2\n"  # one reset, never a second
+    assert resets.read_text() == "00000000:2A:00.0\n"  # one reset, never a second
 
 
 def test_a_repeat_after_the_window_is_repaired_again(site):
@@ -281,7 +337,7 @@ def test_a_repeat_after_the_window_is_repaired_again(site):
     make(now=later).run(failing("reset_gpu", "ecc"), lambda r: healthy())
     assert cluster.node(NODE)["reason"] == "accelmon: GPU 2 ecc: reset_gpu"  # a plain drain
     make(now=later).run(failing("reset_gpu", "ecc"), lambda r: healthy())
-    assert resets.read_text() == "2\n2\n" and cluster.node(NODE)["state"] == "IDLE"
+    assert resets.read_text() == "00000000:2A:00.0\n" * 2 and cluster.node(NODE)["state"] == "IDLE"
 
 
 def test_a_swapped_gpu_is_another_gpu(site):
@@ -326,10 +382,29 @@ def test_a_journal_that_cannot_be_trusted_repairs_nothing_and_says_why(site, tmp
 def test_the_journal_keeps_its_newest_records(tmp_path, monkeypatch):
     monkeypatch.setattr(remediation, "MAX_RECORDS", 3)
     journal = Journal.read(str(tmp_path / "j.jsonl"))
-    for n in range(5):
+    for n in range(30):
         assert journal.append(Record(float(n), NODE, "drained")) is None
-    assert [r.time for r in Journal.read(str(tmp_path / "j.jsonl")).records] == [2.0, 3.0, 4.0]
+    kept = [r.time for r in Journal.read(str(tmp_path / "j.jsonl")).records]
+    assert 3 <= len(kept) < 10 and kept == [float(n) for n in range(30 - len(kept), 30)]
     assert oct((tmp_path / "j.jsonl").stat().st_mode & 0o777) == "0o644"
+
+
+APPENDER = """
+import sys
+from accelmon.remediation import Journal, Record
+journal = Journal(sys.argv[1])
+for n in range(100):
+    journal.append(Record(float(n), sys.argv[2], "drained"))
+"""
+
+
+def test_two_writers_lose_no_record(tmp_path):
+    """The periodic check and a background repair both write: appends under a lock keep every line whole."""
+    path = str(tmp_path / "j.jsonl")
+    writers = [subprocess.Popen([sys.executable, "-c", APPENDER, path, f"w{n}"]) for n in range(4)]
+    assert all(writer.wait(timeout=60) == 0 for writer in writers)
+    read = Journal.read(path)
+    assert read.malformed == 0 and len(read.records) == 400
 
 
 def test_repairs_are_served_per_gpu_action_and_outcome(site, tmp_path):
@@ -351,7 +426,7 @@ def test_repairs_are_served_per_gpu_action_and_outcome(site, tmp_path):
 
 
 def test_the_breaker_counts_only_accelmons_reasons_from_scontrols_lines():
-    stamp = "[root@2026-11-27T03:00:00]"
+    stamp = "[root@2026-11-27T03:00:00] Comment=rack 4"  # the fields that follow a reason are not the reason
     text = "\n".join(
         [
             f"NodeName=a Arch=x86_64 State=IDLE+DRAIN ThreadsPerCore=1 Reason=accelmon: GPU 1 xid: reboot_node {stamp}",
@@ -364,11 +439,12 @@ def test_the_breaker_counts_only_accelmons_reasons_from_scontrols_lines():
     nodes = slurm_nodes.parse_nodes(text)
     assert [(n.name, n.accelmons, n.out, n.drained_idle) for n in nodes] == [
         ("a", True, True, True),
-        ("b", True, True, True),
+        ("b", True, True, False),  # down: not the repair loop's (Slurm's, or a person's)
         ("c", False, True, False),
         ("d", False, False, False),
     ]
-    assert remediation.breaker(nodes, 1, 0.5) == remediation.BreakerCount(out=2, listed=4, limit=2)
+    assert nodes[0].reason == "accelmon: GPU 1 xid: reboot_node" and nodes[0].comment == "rack 4"
+    assert nodes[0].reason_time == time.mktime((2026, 11, 27, 3, 0, 0, 0, 0, -1))
 
 
 # --- the health check as slurmd runs it ---------------------------------------------------------------------------
@@ -390,7 +466,7 @@ def test_the_health_check_resets_a_gpu_whose_xid_a_reset_clears(tmp_path, fake_n
 
     def check(mode: str) -> subprocess.CompletedProcess[str]:
         options = {"remediation": mode, "remediation_journal": str(tmp_path / "journal.jsonl"),
-                   "gpu_reset_command": f"{script} {{index}}"}  # fmt: skip
+                   "gpu_reset_command": f"{script} {{pci_bus_id}}", "gpu_holders": ""}  # fmt: skip
         config = tmp_path / "exporter.yml"
         config.write_text(yaml.safe_dump({"paths": {"procfs": str(procfs), "kmsg": str(kmsg)},
                                           "collectors": {"health": options}}))  # fmt: skip
@@ -407,7 +483,7 @@ def test_the_health_check_resets_a_gpu_whose_xid_a_reset_clears(tmp_path, fake_n
     assert "remediation (observe): would reset GPU 2" in said
     assert not (tmp_path / "resets").exists()
     said = check("act").stdout
-    assert (tmp_path / "resets").read_text() == "2\n"
+    assert (tmp_path / "resets").read_text() == "0000" + bus_id(2) + "\n"  # by its PCI bus id
     assert cluster.node(NODE) == {"state": "IDLE", "reason": ""}, said
     after = check("act").stdout
     assert "failure" not in after and "xid" not in after  # the XID before the reset is judged acted on
@@ -416,4 +492,4 @@ def test_the_health_check_resets_a_gpu_whose_xid_a_reset_clears(tmp_path, fake_n
     kmsg.write_text(kmsg.read_text() + record(2, again, xid_line(bus, 48, "DBE (double bit error) ECC error.")))
     check("act")
     assert "hardware_service (failed again after reset_gpu" in cluster.node(NODE)["reason"]
-    assert (tmp_path / "resets").read_text() == "2\n"
+    assert (tmp_path / "resets").read_text() == "0000" + bus_id(2) + "\n"

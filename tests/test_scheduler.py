@@ -3,7 +3,9 @@ that does not answer fails the sample (and its series goes, as every stale sampl
 
 from __future__ import annotations
 
+import socket
 import subprocess
+import time
 
 import pytest
 
@@ -29,7 +31,10 @@ from tests.support.waiting import wait_until
         ("DOWN*", "down"),
         ("IDLE+DRAIN+REBOOT_REQUESTED", "drained"),
         ("IDLE+RESERVED", "reserved"),
-        ("MIXED+MAINT", "reserved"),
+        ("MIXED+MAINT", "draining"),  # a maintenance reservation: no new jobs (Slurm before 21.08)
+        ("IDLE+MAINTENANCE", "drained"),  # 21.08 and later
+        ("IDLE+REBOOT_ISSUED", "drained"),  # being rebooted: no new jobs
+        ("MIXED+REBOOT_REQUESTED", "draining"),
         ("IDLE~", "idle"),  # powered down, still schedulable
         ("FUTURE", "unknown"),
         ("SOMETHING_NEW", "unknown"),
@@ -44,8 +49,31 @@ def test_one_series_of_the_nodes_state(tmp_path):
     collector = SchedulerCollector(str(cluster.command), "gpu-7")
     text = text_of(collector)
     assert series(text, "accelmon_node_scheduler_state") == [({"scheduler": "slurm", "state": "draining"}, 1.0)]
-    assert cluster.calls() == ["show node gpu-7 --oneliner"]
+    assert cluster.calls() == ["show node gpu-7 --json", "show node gpu-7 --oneliner"]  # 22.05: no --json
+    since = sample_value(text, "accelmon_node_out_by_accelmon_since_seconds", scheduler="slurm")
+    assert since is not None and abs(since - (time.time() - 3600)) < 5  # the reason's stamp (an hour ago here)
+    assert sample_value(text, "accelmon_remediation_paused", scheduler="slurm") == 0
+    text_of(collector)
+    assert cluster.calls()[2:] == ["show node gpu-7 --oneliner"]  # the form is decided once
     promtool_check(text)
+
+
+def test_the_node_is_slurms_name_for_it(tmp_path, monkeypatch):
+    """slurmd's NodeName may differ from the host's name: SLURMD_NODENAME, where the environment has it, is read."""
+    cluster = Cluster(tmp_path, {"node-a17": "IDLE+MAINTENANCE", "gpu-8": "IDLE"})
+    monkeypatch.setenv("SLURMD_NODENAME", "node-a17")
+    text = text_of(SchedulerCollector(str(cluster.command)))
+    assert series(text, "accelmon_node_scheduler_state") == [({"scheduler": "slurm", "state": "drained"}, 1.0)]
+    assert cluster.calls()[-1] == "show node node-a17 --oneliner"
+    monkeypatch.delenv("SLURMD_NODENAME")
+    assert SchedulerCollector(str(cluster.command)).node == socket.gethostname().split(".")[0]
+
+
+def test_the_pause_switch_is_served_by_the_node_that_carries_it(tmp_path):
+    cluster = Cluster(tmp_path, {"gpu-7": "IDLE"})
+    cluster.edit("gpu-7", comment="rack 4 accelmon-paused=1795748400:INC-42")
+    text = text_of(SchedulerCollector(str(cluster.command), "gpu-7"))
+    assert sample_value(text, "accelmon_remediation_paused", scheduler="slurm") == 1
 
 
 def test_a_controller_that_does_not_answer_fails_the_sample_and_the_state_goes(tmp_path):
@@ -79,7 +107,8 @@ def test_a_node_slurm_does_not_know_fails_the_sample(tmp_path):
 
 
 def test_golden(tmp_path):
-    cluster = Cluster(tmp_path, {"gpu-7": "IDLE+DRAIN|accelmon: GPU 2 xid: reboot_node"})
+    cluster = Cluster(tmp_path, {"gpu-7": "IDLE+DRAIN|accelmon: GPU 2 xid: reboot_node"}, json_form=True)
+    cluster.edit("gpu-7", stamp={"user": "root", "at": "2026-11-27T03:00:00", "epoch": 1795748400})  # stays still
     text = text_of(SchedulerCollector(str(cluster.command), "gpu-7"))
     promtool_check(text)
     check_golden("scheduler_drained.prom", text)

@@ -16,8 +16,12 @@ from tests.support.kernel_log_lines import BOOT, record, xid_line
 from tests.support.processes import exporter_env
 
 SCONTROL = """#!/bin/sh
-# Stand-in for Slurm's scontrol: records its arguments, answers `show node` with $NODE_STATE.
+# Stand-in for Slurm 22.05's scontrol: records its arguments, refuses --json as 22.05 does, answers `show node`
+# with $NODE_STATE.
 echo "$@" >> "{calls}"
+case "$*" in
+  *--json*) echo "scontrol: unrecognized option '--json'" >&2; exit 1 ;;
+esac
 case "$1" in
   show) echo "NodeName=gpu-7 Arch=x86_64 CoresPerSocket=1 State=$NODE_STATE ThreadsPerCore=1" ;;
   update) exit "${{UPDATE_STATUS:-0}}" ;;
@@ -61,9 +65,11 @@ def test_a_failing_gpu_drains_the_node_with_a_reason_naming_it(node):
     result, calls = node(XID_79_ON_GPU_2)
     assert result.returncode == 0, result.stderr
     assert calls == [
+        "show node gpu-7 --json",  # Slurm's JSON where scontrol has it (23.02+); 22.05 refuses: the text form
         "show node gpu-7 --oneliner",
         "show nodes --oneliner",  # the circuit breaker's count: this one node, none out
         "update NodeName=gpu-7 State=DRAIN Reason=accelmon: GPU 2 xid: reboot_node",
+        "show nodes --oneliner",  # the drain verified by Slurm's order of the claims
     ]
     assert "drained node gpu-7: accelmon: GPU 2 xid: reboot_node" in result.stderr
     assert "GPU 2     failure  xid" in result.stdout
@@ -79,7 +85,7 @@ def test_a_node_without_failure_is_never_touched_and_never_resumed(node):
 @pytest.mark.parametrize("state", ["IDLE+DRAIN", "DOWN*", "MIXED+DRAIN"])
 def test_a_node_already_out_keeps_its_state_and_reason(node, state):
     result, calls = node(XID_79_ON_GPU_2, state)
-    assert calls == ["show node gpu-7 --oneliner"]
+    assert calls == ["show node gpu-7 --json", "show node gpu-7 --oneliner"]
     assert f"node gpu-7 is already {state}: left as it is" in result.stderr
 
 
@@ -103,8 +109,10 @@ def test_faults_of_slurm_or_settings_never_fail_the_health_check(node, tmp_path)
 def test_dry_run_changes_nothing(node):
     result, calls = node(XID_79_ON_GPU_2, "IDLE", "--dry-run")
     # It reads Slurm (the node, the breaker's count) and changes nothing.
-    assert calls == ["show node gpu-7 --oneliner", "show nodes --oneliner"]
-    assert "would drain gpu-7: accelmon: GPU 2 xid: reboot_node" in result.stderr
+    assert calls == ["show node gpu-7 --json", "show node gpu-7 --oneliner", "show nodes --oneliner"]
+    assert "would drain gpu-7 within the circuit breaker (1 node(s) listed): accelmon: GPU 2 xid: reboot_node" in (
+        result.stderr
+    )
 
 
 DCGMI = """#!/bin/sh
@@ -152,9 +160,12 @@ def test_prolog_diag_that_fails_drains_and_fails_the_prolog(prolog):
     result, calls = prolog(diag_report("GPU Memory", "Denylist"), 226)
     assert result.returncode == 1, result.stderr  # Slurm requeues the job and keeps the node drained
     assert calls[0] == "dcgmi diag -r 1 -j"
-    assert (
-        calls[-1] == "update NodeName=gpu-7 State=DRAIN Reason=accelmon: dcgmi diag -r 1 failed: Denylist, GPU Memory"
-    )
+    # Through the circuit breaker, as the health check's drains (count, drain, verify).
+    assert calls[-3:] == [
+        "show nodes --oneliner",
+        "update NodeName=gpu-7 State=DRAIN Reason=accelmon: dcgmi diag -r 1 failed: Denylist, GPU Memory",
+        "show nodes --oneliner",
+    ]
 
 
 def test_prolog_diag_that_passes_or_cannot_run_never_blocks_a_job(prolog, tmp_path):
@@ -167,3 +178,23 @@ def test_prolog_diag_that_passes_or_cannot_run_never_blocks_a_job(prolog, tmp_pa
     assert "dcgmi diag gave no report (status 255)" in down.stderr
     missing, calls = prolog(diag_report(), 0, "--dcgmi", str(tmp_path / "no-dcgmi"))
     assert missing.returncode == 0 and calls == [] and "dcgmi diag could not run" in missing.stderr
+
+
+def test_prolog_diag_drains_through_the_breaker(tmp_path):
+    """A diagnostic failing everywhere (a bad driver roll-out) is the mass event the breaker exists for: with as many
+    nodes out by accelmon as it allows, the prolog drains nothing and lets the job run."""
+    from tests.support.fake_scontrol import Cluster
+
+    out = {f"gpu-{n}": "IDLE+DRAIN|accelmon: GPU 0 xid: reboot_node" for n in range(3)}
+    cluster = Cluster(tmp_path, {"gpu-7": "MIXED", **out, **{f"gpu-{n}": "IDLE" for n in range(10, 20)}})
+    dcgmi = tmp_path / "dcgmi"
+    dcgmi.write_text(DCGMI.format(calls=tmp_path / "dcgmi-calls"))
+    dcgmi.chmod(0o755)
+    (tmp_path / "report.json").write_text(diag_report("GPU Memory"))
+    env = exporter_env(None, None)
+    env.update(SLURMD_NODENAME="gpu-7", DIAG_REPORT=str(tmp_path / "report.json"), DIAG_STATUS="226")
+    command = [sys.executable, "-m", "accelmon.slurm.health", "--diag", "--scontrol", str(cluster.command)]
+    result = subprocess.run([*command, "--dcgmi", str(dcgmi)], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr  # the job runs
+    assert cluster.node("gpu-7") == {"state": "MIXED", "reason": ""}
+    assert "circuit breaker: 3 node(s) out by accelmon in 24 h of 14, limit 3: no drain" in result.stderr

@@ -34,6 +34,7 @@ class GpuHealth:
     uuid: str
     checks: list[Check] = field(default_factory=list)
     serial: str = ""  # the board's serial (NVML, amdsmi): the repair journal's key, "" where not reported
+    pci_bus_id: str = ""  # what a GPU reset names it by
 
     @property
     def verdict(self) -> str:
@@ -136,6 +137,7 @@ def evaluate(
                 for check in gpu_checks
             ],
             view.label(INFO, (index, uuid), "serial"),
+            view.label(INFO, (index, uuid), "pci_bus_id"),
         )
         for index, uuid in listed
     ]

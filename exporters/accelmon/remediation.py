@@ -4,8 +4,9 @@ and the journal of what was decided and done (docs/health.md, "From verdict to r
 The Slurm health check (accelmon.slurm.health) acts through Slurm's own primitives; this module holds what it
 decides with, free of Slurm's command line so that each rule is tested on its own:
 
-- `breaker`: a node is drained only while the nodes drained, draining or down with a reason accelmon wrote are
-  fewer than max(breaker_min_nodes, ceil(breaker_fraction x the nodes Slurm lists)). A mass event (a bad driver, a
+- the options of the circuit breaker and the repair pace, which accelmon.slurm.fleet keeps over the whole fleet: no
+  more than max(breaker_min_nodes, ceil(breaker_fraction x the nodes Slurm lists)) nodes out by accelmon's drains of
+  the last breaker_window_hours, and no more than max_repairs_per_hour repairs. A mass event (a bad driver, a
   kernel log replayed at boot, a threshold set wrong) then takes out a few nodes, not the fleet.
 - `plan_repair`: what a node that accelmon drained, and that runs no job, gets: Slurm's reboot for `reboot_node`, a
   GPU reset then a fresh scan for `reset_gpu`, a resume once the check passes for `restart_app`; never anything for
@@ -13,13 +14,15 @@ decides with, free of Slurm's command line so that each rule is tested on its ow
   `repeat_window_days` of a repair (that one is left for hardware service), nor for a drill (which says what it
   would have done). In `observe` mode (the default) every decision is said and journalled, nothing is done.
 - `Journal`: one JSON record a line in `remediation_journal` on the node (root's, readable by the exporter, kept
-  across reboots), keyed by GPU serial: a re-seated or swapped GPU is another GPU. A line that is not a record is
-  skipped and counted; a journal that cannot be read or written stops every repair (it could not say whether a GPU
-  is a repeat offender), never the health check.
+  across reboots), keyed by GPU serial: a re-seated or swapped GPU is another GPU. Append-only under a lock (the
+  periodic check and a background repair may both write); a repair is journalled when it starts and when it ends. A
+  line that is not a record is skipped and counted; a journal that cannot be read or written stops every repair (it
+  could not say whether a GPU is a repeat offender), never the health check.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import math
@@ -39,6 +42,9 @@ MODES = ("observe", "act")
 # What the repair loop may do, by the action a failing check asks for; anything else stays with a person.
 REPAIRS = ("reboot_node", "reset_gpu", "restart_app")
 MAX_RECORDS = 5000  # the journal keeps the newest records (years of repairs on one node); older ones are dropped
+# The systemd units that may hold a GPU open (a reset is refused while any process does): the exporter itself, DCGM's
+# host engine (Debian/Ubuntu and RHEL name it nvidia-dcgm) and dcgm-exporter.
+GPU_HOLDERS = "accelmon-exporter.service nvidia-dcgm.service dcgm-exporter.service"
 
 REMEDIATION = Option(
     "remediation",
@@ -74,16 +80,53 @@ BREAKER_FRACTION = Option(
     "the circuit breaker's share of the nodes Slurm lists (see breaker_min_nodes)",
     maximum=1.0,
 )
+BREAKER_WINDOW_HOURS = Option(
+    "breaker_window_hours",
+    24.0,
+    "the circuit breaker counts accelmon's drains of this many hours that are still out (older ones, sent for "
+    "service, no longer use the budget)",
+    minimum=0.1,
+    maximum=8760,
+)
+MAX_REPAIRS_PER_HOUR = Option(
+    "max_repairs_per_hour",
+    3.0,
+    "repairs (reboots, GPU resets) over the whole fleet in any hour, counted from what Slurm shows",
+    minimum=1,
+    maximum=100_000,
+    whole=True,
+)
 GPU_RESET_COMMAND = Option(
     "gpu_reset_command",
-    "nvidia-smi --gpu-reset -i {index}",
-    "the command that resets one GPU ({index}: its index), run by the Slurm health check in act mode",
+    "nvidia-smi --gpu-reset -i {pci_bus_id}",
+    "the command that resets one GPU, by {pci_bus_id} or {uuid} (an index shifts when a GPU falls off the bus), run "
+    "by the Slurm health check in act mode once gpu_holders are stopped",
+    must_contain=("{pci_bus_id}", "{uuid}"),
 )
-OPTIONS = (REMEDIATION, JOURNAL, REPEAT_WINDOW_DAYS, BREAKER_MIN_NODES, BREAKER_FRACTION, GPU_RESET_COMMAND)
+GPU_HOLDERS_OPTION = Option(
+    "gpu_holders",
+    GPU_HOLDERS,
+    "the systemd units stopped before a GPU reset and started again after it, whatever its outcome (space "
+    "separated; those not running are left alone): a reset is refused while any process holds the GPU",
+    empty=True,
+)
+OPTIONS = (
+    REMEDIATION, JOURNAL, REPEAT_WINDOW_DAYS, BREAKER_MIN_NODES, BREAKER_FRACTION, BREAKER_WINDOW_HOURS,
+    MAX_REPAIRS_PER_HOUR, GPU_RESET_COMMAND, GPU_HOLDERS_OPTION,
+)  # fmt: skip
 
 # The journal's events, bounded (they become label values).
-EVENTS = ("drained", "breaker_held", "repair", "would_repair", "left_for_person", "escalated", "resumed")
-OUTCOMES = ("requested", "resolved", "failed", "observed", "drill", "none")
+EVENTS = (
+    "drained", "breaker_held", "repair", "repair_held", "would_repair", "left_for_person", "escalated", "resumed",
+)  # fmt: skip
+# A repair: started (journalled before it runs), then requested (Slurm took the reboot), resolved or failed. A hold
+# (breaker_held, repair_held): held (the limit was reached), ranked_out (claimed, then taken back), paused, uncounted
+# (the controller could not be read).
+OUTCOMES = (
+    "started", "requested", "resolved", "failed", "observed", "drill", "held", "ranked_out", "paused", "uncounted",
+    "none",
+)  # fmt: skip
+REPAIRED = ("requested", "resolved")  # what the repeat rule counts: a command that failed is no repair
 
 
 @dataclass(frozen=True)
@@ -94,6 +137,7 @@ class FailingGpu:
     action: str  # the most disruptive action of its failing checks
     checks: tuple[str, ...]  # the names of its failing checks
     drill: bool = False
+    pci_bus_id: str = ""  # what the reset names it by (an index shifts when a GPU falls off the bus)
 
 
 @dataclass(frozen=True)
@@ -181,33 +225,57 @@ class Journal:
         return journal
 
     def append(self, record: Record) -> Optional[str]:
-        """Adds `record` (atomically: a reader never sees half a line; the newest MAX_RECORDS are kept); why it
-        could not be written, or None."""
+        """Appends `record` as one line under an exclusive lock of the file (two writers never lose a record; a
+        reader never sees half a line); past twice MAX_RECORDS lines the newest MAX_RECORDS are kept, rewritten
+        under the same lock. Why it could not be written, or None."""
         self.records.append(record)
-        kept = self.records[-MAX_RECORDS:]
         directory = os.path.dirname(self.path) or "."
         try:
             os.makedirs(directory, mode=0o755, exist_ok=True)
-            handle, temporary = tempfile.mkstemp(dir=directory, prefix=".remediation-")
-            try:
-                with os.fdopen(handle, "w", encoding="utf-8") as out:
-                    out.write("".join(r.as_json() + "\n" for r in kept))
-                os.chmod(temporary, 0o644)  # the exporter (another user) reads it; no secret in it
-                os.replace(temporary, self.path)
-            except BaseException:
-                os.unlink(temporary)
-                raise
+            while True:
+                descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                try:
+                    fcntl.flock(descriptor, fcntl.LOCK_EX)
+                    if os.fstat(descriptor).st_ino != os.stat(self.path).st_ino:
+                        continue  # compacted by another writer while this one waited: append to the new file
+                    os.fchmod(descriptor, 0o644)  # the exporter (another user) reads it; no secret in it
+                    os.write(descriptor, (record.as_json() + "\n").encode())
+                    if os.fstat(descriptor).st_size > 2 * MAX_RECORDS * 200:
+                        self.compact(directory)
+                    break
+                finally:
+                    os.close(descriptor)  # releases the lock
         except OSError as error:
             return f"the journal {self.path} cannot be written: {error.strerror or error}"
         self.missing = False
         return None
+
+    def compact(self, directory: str) -> None:
+        """Keeps the newest MAX_RECORDS lines (called holding the journal's lock)."""
+        with open(self.path, encoding="utf-8", errors="replace") as stream:
+            lines = stream.read().splitlines()
+        if len(lines) <= MAX_RECORDS:
+            return
+        handle, temporary = tempfile.mkstemp(dir=directory, prefix=".remediation-")
+        try:
+            with os.fdopen(handle, "w", encoding="utf-8") as out:
+                out.write("".join(line + "\n" for line in lines[-MAX_RECORDS:]))
+            os.chmod(temporary, 0o644)
+            os.replace(temporary, self.path)
+        except BaseException:
+            os.unlink(temporary)
+            raise
 
     def last_repair_of(self, serial: str, since: float) -> Optional[Record]:
         """The newest repair (carried out, not observed) of the GPU with this serial since `since`."""
         for record in reversed(self.records):
             if record.time < since:
                 break
-            if record.event == "repair" and any(g.get("serial") == serial for g in record.gpus):
+            if (
+                record.event == "repair"
+                and record.outcome in REPAIRED
+                and any(g.get("serial") == serial for g in record.gpus)
+            ):
                 return record
         return None
 
@@ -223,30 +291,11 @@ class Journal:
         whose action is reset_gpu, logged before the reset, has been acted on)."""
         found: dict[str, float] = {}
         for record in self.records:
-            if record.event == "repair" and record.action == "reset_gpu" and record.outcome != "failed":
+            if record.event == "repair" and record.action == "reset_gpu" and record.outcome == "resolved":
                 for gpu in record.gpus:
                     if gpu.get("uuid"):
                         found[gpu["uuid"]] = max(found.get(gpu["uuid"], 0.0), record.time)
         return found
-
-
-@dataclass(frozen=True)
-class BreakerCount:
-    out: int  # nodes drained, draining or down with a reason accelmon wrote
-    listed: int  # every node Slurm lists
-    limit: int  # drains go through while `out` is under it
-
-    @property
-    def allows(self) -> bool:
-        return self.out < self.limit
-
-    def words(self) -> str:
-        return f"{self.out} node(s) out by accelmon of {self.listed}, limit {self.limit}"
-
-
-def breaker(nodes: list[SlurmNode], min_nodes: float, fraction: float) -> BreakerCount:
-    limit = max(int(min_nodes), math.ceil(fraction * len(nodes)))
-    return BreakerCount(sum(1 for n in nodes if n.out and n.accelmons), len(nodes), limit)
 
 
 @dataclass(frozen=True)

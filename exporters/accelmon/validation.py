@@ -31,6 +31,7 @@ class Option:
     maximum: float | None = None  # numbers: the largest
     whole: bool = False  # numbers: whole numbers only
     empty: bool = False  # strings: the empty string is accepted (it means "not set")
+    must_contain: tuple[str, ...] = ()  # strings: at least one of these must appear (a command's placeholders)
     # Declared by several collectors as one setting (the job collectors' state_dir): set on one, it holds for all.
     shared: bool = False
 
@@ -47,6 +48,8 @@ class Option:
             raise ConfigError(f"{where}: expected {kind}, got {value!r}")
         if self.choices and value not in self.choices:
             raise ConfigError(f"{where}: expected one of {', '.join(self.choices)}, got {value!r}")
+        if self.must_contain and not any(part in value for part in self.must_contain):
+            raise ConfigError(f"{where}: expected {' or '.join(self.must_contain)} in it, got {value!r}")
         return value
 
     def _number(self, value: Any, where: str) -> float:

@@ -36,6 +36,7 @@ ONLY_WHILE = {
     "accelmon_gpu_remediation_repairs_total": "the repair loop repaired a GPU (tests/test_remediation.py)",
     "accelmon_node_remediation_events_total": "the Slurm health check decided something (tests/test_remediation.py)",
     "accelmon_node_drain_breaker_nodes": "the circuit breaker holds a drain back (tests/test_remediation.py)",
+    "accelmon_node_out_by_accelmon_since_seconds": "Slurm shows a node out by accelmon (tests/test_scheduler.py)",
     "node:accelmon_gpus_by_state:count": "a GPU is unhealthy or drained (master/prometheus/tests/ledger-test.yml)",
     "job:accelmon_hung:bool": "a job hangs (ledger-test.yml)",
     # The ledger's GPUs of each state: only while some GPU is in it (the counts, zeros included, always are).

@@ -1,87 +1,219 @@
-"""A stateful stand-in for Slurm's scontrol, for the health check's tests: the cluster's nodes (state and reason) in a
-JSON file, answered and changed as scontrol answers and changes them, every call logged.
+"""A stand-in for Slurm's controller, reached through a fake `scontrol`, for the health check's tests: the cluster's
+nodes in a JSON file, answered and changed as Slurm 22.05 answered and changed them on this machine (docs/slurm.md),
+every call logged.
 
-    show node NAME --oneliner     NodeName=NAME ... State=STATE ... Reason=REASON [root@...]
-    show nodes --oneliner         one such line a node
-    update NodeName=NAME State=DRAIN Reason=...    DRAIN added (IDLE+DRAIN, or MIXED+DRAIN for a busy node)
-    update NodeName=NAME State=RESUME              DRAIN and the reason gone
-    update NodeName=NAME Reason=...                the reason replaced
-    reboot ASAP nextstate=RESUME reason=... NAME   REBOOT_REQUESTED added
+Like slurmctld it serialises calls (each holds a lock on the state for its whole run) and stamps every reason it
+sets with the real time, to the second (`[root@2026-11-27T11:54:03]`). `meet` makes the first N listings wait for
+each other, so N health checks started together meet the controller at the same moment, as they do when slurmd
+starts every node's HealthCheckProgram in the same instant; `latency` makes every call that long.
 
-`Cluster` writes the state and the wrapper script and reads back the calls and the nodes.
+    show node NAME --oneliner | show nodes --oneliner      one line a node (Reason=... [user@stamp] Comment=...)
+    show node NAME --json | show nodes --json               Slurm 23.02's JSON with `json`, else 22.05's refusal
+    update NodeName=NAME State=DRAIN Reason=...            DRAIN added, the reason stamped
+    update NodeName=NAME State=UNDRAIN                     DRAIN and the reason gone, the base state kept
+    update NodeName=NAME State=RESUME                      DRAIN, DOWN, the reboot flags and the reason gone
+    update NodeName=NAME Reason=... | Comment=...          set
+    reboot [ASAP] [nextstate=S] [reason=R] NAME            the reboot issued at once (the node is idle): the node
+                                                           DOWN+DRAIN+REBOOT_ISSUED, its reason + " : reboot issued";
+                                                           ASAP without nextstate sets NextState=RESUME (as 22.05 does)
+
+`Cluster.boot(name)` is the node registering after its reboot: drained still, unless its NextState was RESUME.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 WRAPPER = """#!/bin/sh
 exec "{python}" "{script}" "{state}" "$@"
 """
 
 
-class Cluster:
-    """`nodes`: name -> state (a reason may follow after '|', e.g. "IDLE+DRAIN|maintenance")."""
+def stamp(user: str = "root") -> dict[str, Any]:
+    now = time.time()
+    return {"user": user, "at": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now)), "epoch": int(now)}
 
-    def __init__(self, directory: Path, nodes: dict[str, str]) -> None:
+
+class Cluster:
+    """`nodes`: name -> state (a reason may follow after '|', e.g. "IDLE+DRAIN|maintenance"; a reason given so is
+    stamped an hour ago unless `reason_age` says otherwise)."""
+
+    def __init__(
+        self, directory: Path, nodes: dict[str, str], json_form: bool = False, reason_age: float = 3600
+    ) -> None:
         self.state = directory / "slurm-state.json"
         self.command = directory / "scontrol"
         self.command.write_text(WRAPPER.format(python=sys.executable, script=__file__, state=self.state))
         self.command.chmod(0o755)
-        self.set(nodes)
+        self.json_form = json_form
+        self.set(nodes, reason_age=reason_age)
 
-    def set(self, nodes: dict[str, str], fail: tuple[str, ...] = ()) -> None:
-        parsed = {name: dict(zip(("state", "reason"), [*value.split("|", 1), ""][:2])) for name, value in nodes.items()}
-        self.state.write_text(json.dumps({"nodes": parsed, "calls": [], "fail": list(fail)}))
+    def set(self, nodes: dict[str, str], fail: tuple[str, ...] = (), reason_age: float = 3600, **settings: Any) -> None:
+        parsed = {}
+        for name, value in nodes.items():
+            state, reason = [*value.split("|", 1), ""][:2]
+            when = time.time() - reason_age
+            parsed[name] = {
+                "state": state, "reason": reason, "comment": "", "next_state": "",
+                "stamp": {"user": "root", "at": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(when)),
+                          "epoch": int(when)},
+            }  # fmt: skip
+        data = {"nodes": parsed, "calls": [], "fail": list(fail), "json": self.json_form, "listings": 0, **settings}
+        with Locked(self.state, fresh=data):
+            pass
+
+    def change(self, **settings: Any) -> None:
+        with Locked(self.state) as data:
+            data.update(settings)
 
     def calls(self) -> list[str]:
         return json.loads(self.state.read_text())["calls"]
 
     def node(self, name: str) -> dict[str, str]:
+        node = json.loads(self.state.read_text())["nodes"][name]
+        return {"state": node["state"], "reason": node["reason"]}
+
+    def raw(self, name: str) -> dict[str, Any]:
         return json.loads(self.state.read_text())["nodes"][name]
 
+    def nodes(self) -> dict[str, dict[str, str]]:
+        return {name: self.node(name) for name in json.loads(self.state.read_text())["nodes"]}
 
-def line(name: str, node: dict[str, str]) -> str:
-    reason = f" Reason={node['reason']} [root@2026-11-27T03:00:00]" if node["reason"] else ""
-    return f"NodeName={name} Arch=x86_64 CoresPerSocket=1 State={node['state']} ThreadsPerCore=1{reason}"
+    def edit(self, name: str, **fields: Any) -> None:
+        with Locked(self.state) as data:
+            data["nodes"][name].update(fields)
+
+    def boot(self, name: str) -> None:
+        """The node registers after its reboot (slurmd back, a new boot time)."""
+        with Locked(self.state) as data:
+            node = data["nodes"][name]
+            flags = [f for f in node["state"].split("+") if f not in ("DOWN", "REBOOT_ISSUED", "REBOOT_REQUESTED")]
+            if node.get("next_state") == "RESUME":
+                flags = [f for f in flags if f != "DRAIN"]
+                node["reason"] = ""
+            node["state"] = "+".join(["IDLE", *[f for f in flags if f != "IDLE"]])
+            node["next_state"] = ""
+
+
+class Locked:
+    """The controller's lock over its state, held for one call (slurmctld serialises them)."""
+
+    def __init__(self, path: Path, fresh: dict[str, Any] | None = None) -> None:
+        self.path, self.fresh = path, fresh
+
+    def __enter__(self) -> dict[str, Any]:
+        self.lock = open(str(self.path) + ".lock", "a")
+        fcntl.flock(self.lock, fcntl.LOCK_EX)
+        self.data: dict[str, Any] = self.fresh if self.fresh is not None else json.loads(self.path.read_text())
+        return self.data
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:  # replaced whole: a reader outside the lock (a test, `meet`) never sees half a state
+            temporary = self.path.with_suffix(f".{os.getpid()}.tmp")
+            temporary.write_text(json.dumps(self.data))
+            os.replace(temporary, self.path)
+        self.lock.close()
+
+
+def line(name: str, node: dict[str, Any]) -> str:
+    reason = f" Reason={node['reason']} [{node['stamp']['user']}@{node['stamp']['at']}]" if node["reason"] else ""
+    comment = f" Comment={node['comment']}" if node.get("comment") else ""
+    return (
+        f"NodeName={name} Arch=x86_64 CoresPerSocket=1 State={node['state']} ThreadsPerCore=1 "
+        f"NextState={node.get('next_state') or 'None'}{reason}{comment}"
+    )
+
+
+def as_json(name: str, node: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "state": node["state"].split("+"),
+        "reason": node["reason"],
+        "reason_changed_at": {
+            "set": True,
+            "infinite": False,
+            "number": node["stamp"]["epoch"] if node["reason"] else 0,
+        },
+        "reason_set_by_user": node["stamp"]["user"] if node["reason"] else "",
+        "comment": node.get("comment", ""),
+    }
+
+
+def meet(path: Path) -> None:
+    """The first `meet` listings wait until that many have arrived (outside the controller's lock)."""
+    with Locked(path) as data:
+        wanted = int(data.get("meet", 0))
+        data["listings"] = arrived = int(data.get("listings", 0)) + 1
+    if not wanted or arrived > wanted:
+        return
+    deadline = time.time() + 60
+    while time.time() < deadline and json.loads(path.read_text())["listings"] < wanted:
+        time.sleep(0.02)
 
 
 def main(state_path: str, args: list[str]) -> int:
     path = Path(state_path)
-    data = json.loads(path.read_text())
-    data["calls"].append(" ".join(args))
-    nodes = data["nodes"]
-    status = 0
-    if args[:1] and args[0] in data["fail"]:
-        print(f"slurm_{args[0]} error: Unable to contact slurm controller", file=sys.stderr)
-        status = 1
-    elif args[:2] == ["show", "node"]:
-        if args[2] in nodes:
-            print(line(args[2], nodes[args[2]]))
+    if args[:2] == ["show", "nodes"]:
+        meet(path)
+    with Locked(path) as data:
+        time.sleep(float(data.get("latency", 0)))
+        data["calls"].append(" ".join(args))
+        nodes = data["nodes"]
+        words = [a for a in args if a not in ("--oneliner", "--json")]
+        if "--json" in args and not data["json"]:
+            print(
+                "scontrol: unrecognized option '--json'\nTry \"scontrol --help\" for more information", file=sys.stderr
+            )
+            return 1
+        if (args[:1] and " ".join(words[:2]) in data["fail"]) or (args[:1] and args[0] in data["fail"]):
+            print(f"slurm_{args[0]} error: Unable to contact slurm controller (connect failure)", file=sys.stderr)
+            return 1
+        if words[:2] == ["show", "node"]:
+            if words[2] not in nodes:
+                print(f"Node {words[2]} not found", file=sys.stderr)
+                return 1
+            chosen = {words[2]: nodes[words[2]]}
+        elif words[:2] == ["show", "nodes"]:
+            chosen = nodes
         else:
-            print(f"Node {args[2]} not found", file=sys.stderr)
-            status = 1
-    elif args[:2] == ["show", "nodes"]:
-        for name, node in nodes.items():
-            print(line(name, node))
-    elif args[:1] == ["update"]:
-        fields = dict(arg.split("=", 1) for arg in args[1:])
-        node = nodes[fields["NodeName"]]
-        flags = node["state"].split("+")
-        if fields.get("State") == "DRAIN":
-            node["state"] = "+".join([*[f for f in flags if f != "DRAIN"], "DRAIN"])
-        elif fields.get("State") == "RESUME":
-            node["state"] = "+".join(f for f in flags if f not in ("DRAIN", "REBOOT_REQUESTED")) or "IDLE"
-            node["reason"] = ""
-        if "Reason" in fields:
-            node["reason"] = fields["Reason"]
-    elif args[:1] == ["reboot"]:
-        node = nodes[args[-1]]
-        node["state"] += "+REBOOT_REQUESTED"
-    path.write_text(json.dumps(data))
-    return status
+            chosen = {}
+        if chosen and "--json" in args:
+            print(json.dumps({"nodes": [as_json(name, node) for name, node in chosen.items()]}))
+        elif chosen:
+            print("\n".join(line(name, node) for name, node in chosen.items()))
+        elif args[:1] == ["update"]:
+            fields = dict(arg.split("=", 1) for arg in args[1:])
+            node = nodes[fields["NodeName"]]
+            flags = node["state"].split("+")
+            if fields.get("State") == "DRAIN":
+                node["state"] = "+".join([*[f for f in flags if f != "DRAIN"], "DRAIN"])
+            elif fields.get("State") == "UNDRAIN":
+                node["state"] = "+".join(f for f in flags if f != "DRAIN") or "IDLE"
+                node["reason"] = ""
+            elif fields.get("State") == "RESUME":
+                gone = ("DRAIN", "DOWN", "REBOOT_REQUESTED", "REBOOT_ISSUED")
+                node["state"] = "+".join(f for f in flags if f not in gone) or "IDLE"
+                node["reason"] = ""
+            if "Reason" in fields:
+                node["reason"], node["stamp"] = fields["Reason"], stamp()
+            if "Comment" in fields:
+                node["comment"] = fields["Comment"]
+        elif args[:1] == ["reboot"]:
+            node = nodes[args[-1]]
+            options = dict(arg.split("=", 1) for arg in args[1:-1] if "=" in arg)
+            node["next_state"] = options.get("nextstate", "RESUME" if "ASAP" in args else "").upper()
+            if "reason" in options:
+                node["reason"] = options["reason"]
+            node["reason"] += " : reboot issued"
+            node["stamp"] = stamp("slurm")
+            node["state"] = "DOWN+DRAIN+REBOOT_ISSUED"
+    return 0
 
 
 if __name__ == "__main__":

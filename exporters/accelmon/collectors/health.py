@@ -90,6 +90,21 @@ BREAKER_NODES = C.gauge(
     "The circuit breaker's counts when it held this node's drain back: nodes out by accelmon, nodes listed, limit.",
     ["count"],
 )
+# Why the check holds back now (accelmon.slurm.fleet), one series a reason: the fleet's limits as the alerts read them.
+HOLDS = ("breaker", "uncounted", "paused", "pace")
+HELD = C.gauge(
+    "accelmon_node_remediation_held",
+    "1 while the Slurm health check's latest decision on this failing node was a hold, by why: breaker (the circuit "
+    "breaker's limit, a drain held back or taken back), uncounted (the controller could not be read: nothing "
+    "drained), paused (accelmon-remediation pause), pace (the fleet's repairs of the hour); else 0.",
+    ["why"],
+)
+LIMIT = C.gauge(
+    "accelmon_remediation_limit",
+    "The fleet's limits this node's health check keeps, from its options: breaker_min_nodes, breaker_fraction, "
+    "breaker_window_seconds, max_repairs_per_hour (the alerts compare the fleet's state with them).",
+    ["limit"],
+)
 INTERVAL = seconds("interval_seconds", 5.0, "how often the checks run over the latest samples")
 
 
@@ -103,10 +118,12 @@ class HealthCollector(Collector):
         wall_clock: Callable[[], float] = time.time,
         journal: str = str(remediation.JOURNAL.default),
         mode: str = str(remediation.REMEDIATION.default),
+        limits: dict[str, float] | None = None,
     ) -> None:
         self._wall_clock = wall_clock
         self.drill_dir = drill_dir
         self.journal_path, self.mode = journal, mode
+        self.limits = limits or {}
         self._journal: tuple[tuple[int, int] | None, Journal] = (None, Journal(journal, missing=True))
         self.registrations: list[Registration] = []  # whose checks run: the running collectors' (`watch`)
         self.sources: list[Sampler] = []
@@ -126,6 +143,8 @@ class HealthCollector(Collector):
         node = health.evaluate(latest, now, self.registrations, drills, journal.resets())
         out = served(node)
         serve_journal(out, journal, node.verdict == "failure", self.mode)
+        for name, value in sorted(self.limits.items()):
+            out.add(LIMIT, [name], value)
         return out
 
     def journal(self) -> Journal:
@@ -153,13 +172,25 @@ def serve_journal(out: Samples, journal: Journal, failing: bool, mode: str) -> N
         out.add(EVENTS, [event, action], count)
     out.add(DRAINED_SECONDS, [], remediation.drained_seconds(journal.records))
     latest = next(
-        (r for r in reversed(journal.records) if r.event in ("drained", "escalated", "resumed", "breaker_held")), None
-    )
-    held = failing and latest is not None and latest.event == "breaker_held"
-    out.add(DRAIN_HELD, [], 1 if held else 0)
-    if held and latest is not None:
+        (r for r in reversed(journal.records)
+         if r.event in ("drained", "escalated", "resumed", "breaker_held", "repair", "repair_held")), None,
+    )  # fmt: skip
+    why = hold_of(latest) if failing or (latest is not None and latest.event == "repair_held") else None
+    out.add(DRAIN_HELD, [], 1 if why == "breaker" and latest is not None and latest.event == "breaker_held" else 0)
+    for name in HOLDS:
+        out.add(HELD, [name], 1 if why == name else 0)
+    if why == "breaker" and latest is not None and latest.event == "breaker_held":
         for name, count in zip(("out", "listed", "limit"), latest.breaker):
             out.add(BREAKER_NODES, [name], count)
+
+
+def hold_of(record: remediation.Record | None) -> str | None:
+    """Which of HOLDS a journal record is (a drain or a repair held back), None if it is no hold."""
+    if record is None or record.event not in ("breaker_held", "repair_held"):
+        return None
+    if record.outcome in ("uncounted", "paused"):
+        return record.outcome
+    return "pace" if record.event == "repair_held" else "breaker"  # held, ranked_out (or none: an older journal)
 
 
 def served(node: health.NodeHealth) -> Samples:
@@ -188,6 +219,12 @@ REGISTRATION = register(
             str(options["drill_dir"]),
             journal=str(options["remediation_journal"]),
             mode=str(options["remediation"]),
+            limits={
+                "breaker_min_nodes": float(options["breaker_min_nodes"]),
+                "breaker_fraction": float(options["breaker_fraction"]),
+                "breaker_window_seconds": float(options["breaker_window_hours"]) * 3600,
+                "max_repairs_per_hour": float(options["max_repairs_per_hour"]),
+            },
         ),
         catalogue=C,
         # The repair loop's options are the Slurm health check's (it reads the exporter's config); the collector

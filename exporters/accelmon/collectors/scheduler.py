@@ -15,7 +15,9 @@ success series says so, and the state is dropped as every stale sample is). Slur
 | DOWN (any flags), FAIL | down |
 | the DRAIN flag (or DRAINED, DRAINING), FAILING, with jobs (ALLOCATED, MIXED, COMPLETING) | draining |
 | the DRAIN flag without jobs | drained |
-| RESERVED or MAINT (a reservation holds it) | reserved |
+| REBOOT_REQUESTED, REBOOT_ISSUED, MAINTENANCE (MAINT before 21.08), with jobs | draining |
+| the same without jobs | drained |
+| RESERVED (a reservation holds it) | reserved |
 | ALLOCATED, COMPLETING | allocated |
 | MIXED | mixed |
 | IDLE | idle |
@@ -29,14 +31,14 @@ from __future__ import annotations
 
 import logging
 import shutil
-import socket
 import subprocess
 from typing import Any, Callable, Optional
 
 from accelmon.metrics import Catalogue, Samples
 from accelmon.registry import Option, Paths, Registration, register, seconds
 from accelmon.runtime import Collector
-from accelmon.slurm.nodes import STATES, ledger_state, parse_nodes
+from accelmon.slurm.fleet import pause_of
+from accelmon.slurm.nodes import STATES, Listing, ledger_state, node_name
 
 log = logging.getLogger("accelmon.scheduler")
 
@@ -52,10 +54,26 @@ STATE = C.gauge(
     "The node's state in its batch scheduler: one series, value 1, its state one of " + ", ".join(STATES) + ".",
     ["scheduler", "state"],
 )
+OUT_SINCE = C.gauge(
+    "accelmon_node_out_by_accelmon_since_seconds",
+    "While Slurm shows the node drained, draining or down with a reason accelmon wrote: when the reason was set "
+    "(the controller's stamp, Unix seconds). The circuit breaker's count over the fleet, for its overrun alert.",
+    ["scheduler"],
+)
+PAUSED = C.gauge(
+    "accelmon_remediation_paused",
+    "1 while this node's Slurm Comment carries accelmon's pause switch (accelmon-remediation pause: every node's "
+    "drains and repairs stop), else 0; the fleet is paused while any node serves 1.",
+    ["scheduler"],
+)
 INTERVAL = seconds("interval_seconds", 30.0, "how often the scheduler is asked for this node's state")
 SCONTROL = Option("scontrol", "scontrol", "Slurm's scontrol command (a name on PATH or a path)")
 NODE_NAME = Option(
-    "node_name", "", "Slurm's name of this node; empty: the host's short name, as slurmd names it", empty=True
+    "node_name",
+    "",
+    "Slurm's name of this node; empty: $SLURMD_NODENAME where the exporter's environment has it (a NodeName that "
+    "differs from the host's name), else the host's short name",
+    empty=True,
 )
 TIMEOUT = seconds("timeout_seconds", 10.0, "how long scontrol may take before the sample fails")
 
@@ -71,23 +89,28 @@ class SchedulerCollector(Collector):
 
     def __init__(self, scontrol: str = "scontrol", node: str = "", timeout: float = 10.0, runner: Run = run) -> None:
         self.scontrol = scontrol
-        self.node = node or socket.gethostname().split(".")[0]
+        self.node, source = node_name(node)
+        log.info("Slurm's name of this node: %s (from %s)", self.node, source)
         self.timeout = timeout
         self.runner = runner
+        self.listing = Listing(scontrol, lambda command: self.runner(command, self.timeout))
 
     def hardware_answering(self) -> Optional[bool]:
         return None  # not hardware: a controller that does not answer fails the sample instead
 
     def sample(self) -> Samples:
         try:
-            result = self.runner([self.scontrol, "show", "node", self.node, "--oneliner"], self.timeout)
+            found = self.listing.read(self.node)
         except subprocess.TimeoutExpired as error:
             raise RuntimeError(f"scontrol did not answer in {self.timeout:g} s") from error
-        if result.returncode != 0:
-            raise RuntimeError(f"scontrol show node {self.node}: {(result.stderr or result.stdout).strip()[:200]}")
-        found = parse_nodes(result.stdout)
+        if found is None:
+            raise RuntimeError(f"scontrol show node {self.node}: {self.listing.problem}")
+        node = next((n for n in found if n.name == self.node), found[0] if found else None)
         out = Samples()
-        out.add(STATE, ["slurm", ledger_state(found[0].state) if found else "unknown"], 1)
+        out.add(STATE, ["slurm", ledger_state(node.state) if node else "unknown"], 1)
+        if node is not None and node.out and node.accelmons and node.reason_time is not None:
+            out.add(OUT_SINCE, ["slurm"], node.reason_time)
+        out.add(PAUSED, ["slurm"], 1 if node is not None and pause_of([node]) else 0)
         return out
 
 

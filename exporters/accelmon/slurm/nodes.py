@@ -1,22 +1,53 @@
-"""Slurm's view of its nodes, read from `scontrol show node(s) --oneliner` (one line a node): the one parsing of
-a node's State= field for every part of accelmon that reads it (the scheduler collector's state for the ledger, the
-health check's circuit breaker and repair loop).
+"""Slurm's view of its nodes: the one reading of `scontrol show node(s)` for every part of accelmon that asks (the
+scheduler collector's state for the ledger, the health check's circuit breaker, repair pace, pause switch and repair
+loop). docs/slurm.md has what a real Slurm printed, which this module relies on.
 
-Slurm prints a base state and flags joined by `+` (`IDLE+DRAIN`, `MIXED+DRAIN`, `DOWN*+DRAIN`,
-`IDLE+DRAIN+REBOOT_REQUESTED`), with a suffix for a node not responding (`*`), powered down or powering (`~`, `#`,
-`!`, `%`, `$`): the suffixes are dropped, the flags kept.
+Two forms, the JSON one preferred where the installed scontrol has it (`--json`: Slurm 23.02 and later; Debian 12's
+22.05 answers `unrecognized option '--json'`), the one-line text form otherwise:
+
+- text: `NodeName=gpu-7 ... State=IDLE+DRAIN ... Reason=accelmon: GPU 2 xid: reboot_node [root@2026-11-27T11:54:03]
+  Comment=...`: a base state and flags joined by `+`, with a suffix for a node not responding (`*`) or powered down
+  or powering (`~`, `#`, `!`, `%`, `$`): the suffixes are dropped, the flags kept. The reason ends at Slurm's
+  `[user@time]` stamp (fields such as `Comment=` follow it on the line); the stamp is the controller's local time,
+  to the second.
+- JSON: `{"nodes": [{"name", "state": ["IDLE", "DRAIN"], "reason", "reason_changed_at", "reason_set_by_user",
+  "comment"}]}`, `reason_changed_at` an integer (23.02) or `{"set", "infinite", "number"}` (23.11 and later); the
+  22.05 shape (`"state": "idle"` and `"state_flags": [...]`) is read too.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import socket
+import subprocess
+import time
 from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 REASON_PREFIX = "accelmon"  # every drain reason accelmon writes starts with it: the breaker counts only those
 # The bounded states the scheduler collector serves for a node (docs/ledger.md).
 STATES = ("idle", "allocated", "mixed", "drained", "draining", "down", "reserved", "unknown")
 BUSY = {"ALLOCATED", "ALLOC", "MIXED", "COMPLETING"}  # running a job
 DRAINED = {"DRAIN", "DRAINED", "DRAINING"}
+# Slurm 21.08 and later print MAINTENANCE (a maintenance reservation holds the node); older ones MAINT.
+MAINTENANCE = {"MAINT", "MAINTENANCE"}
+REBOOTING = {"REBOOT_REQUESTED", "REBOOT_ISSUED", "REBOOT"}
+STAMP = re.compile(r"\s\[([^\s\[\]@]+)@(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})\]")
+FIELD = re.compile(r"\s[A-Z][A-Za-z_]*=")  # the start of the next field on a one-line node
+
+Run = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
+
+
+def node_name(configured: str = "") -> tuple[str, str]:
+    """Slurm's name of this node and where it came from: `configured` if set, else $SLURMD_NODENAME (slurmd sets it
+    for the programs it runs; a NodeName may differ from the host's name), else the short host name."""
+    if configured:
+        return configured, "configured"
+    if os.environ.get("SLURMD_NODENAME"):
+        return os.environ["SLURMD_NODENAME"], "SLURMD_NODENAME"
+    return socket.gethostname().split(".")[0], "hostname"
 
 
 def flags_of(state: str) -> set[str]:
@@ -25,13 +56,16 @@ def flags_of(state: str) -> set[str]:
 
 
 def ledger_state(state: str) -> str:
-    """One of STATES for Slurm's State= field."""
+    """One of STATES for Slurm's State= field. A node being rebooted or held for maintenance takes no new jobs:
+    drained, as a drained node (the ledger counts its GPUs out of service, not free)."""
     flags = flags_of(state)
     if flags & {"DOWN", "FAIL"}:
         return "down"
     if flags & (DRAINED | {"FAILING"}):
         return "draining" if flags & (BUSY | {"DRAINING", "FAILING"}) else "drained"
-    if flags & {"RESERVED", "MAINT"}:
+    if flags & (REBOOTING | MAINTENANCE):
+        return "draining" if flags & BUSY else "drained"
+    if "RESERVED" in flags:
         return "reserved"
     if flags & {"ALLOCATED", "ALLOC", "COMPLETING"}:
         return "allocated"
@@ -47,6 +81,9 @@ class SlurmNode:
     name: str
     state: str  # as scontrol prints it, e.g. IDLE+DRAIN, MIXED+DRAIN, DOWN*+DRAIN, IDLE+DRAIN+REBOOT_REQUESTED
     reason: str  # the reason text, without Slurm's [user@time] stamp
+    reason_time: Optional[float] = None  # when the controller set the reason (epoch seconds), None if not stamped
+    reason_user: str = ""
+    comment: str = ""  # the node's Comment ("" when unset)
 
     @property
     def flags(self) -> set[str]:
@@ -54,7 +91,7 @@ class SlurmNode:
 
     @property
     def takes_jobs(self) -> bool:
-        return not self.flags & (DRAINED | {"DOWN", "FAIL", "FAILING", "MAINT"})
+        return not self.flags & (DRAINED | MAINTENANCE | REBOOTING | {"DOWN", "FAIL", "FAILING"})
 
     @property
     def out(self) -> bool:
@@ -65,15 +102,33 @@ class SlurmNode:
     def drained_idle(self) -> bool:
         """Drained and running no job (Slurm's DRAINED, not DRAINING): what the repair loop may touch."""
         flags = self.flags
-        return bool(flags & {"DRAIN", "DRAINED"}) and not flags & BUSY
+        return bool(flags & {"DRAIN", "DRAINED"}) and not flags & BUSY and "DOWN" not in flags
 
     @property
     def reboot_pending(self) -> bool:
-        return bool(self.flags & {"REBOOT_REQUESTED", "REBOOT_ISSUED", "REBOOT"})
+        return bool(self.flags & REBOOTING)
 
     @property
     def accelmons(self) -> bool:
         return self.reason.startswith(REASON_PREFIX)
+
+
+def stamp_time(text: str) -> Optional[float]:
+    """Slurm's reason stamp (the controller's local time, to the second) as epoch seconds."""
+    try:
+        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+    except (ValueError, OverflowError):
+        return None
+
+
+def field_value(line: str, name: str) -> Optional[str]:
+    """The value of field `name` on a one-line node: up to the next field (values may hold spaces)."""
+    match = re.search(rf"(?:^|\s){name}=", line)
+    if not match:
+        return None
+    rest = line[match.end() :]
+    following = FIELD.search(rest)
+    return (rest[: following.start()] if following else rest).strip()
 
 
 def parse_nodes(text: str) -> list[SlurmNode]:
@@ -84,6 +139,88 @@ def parse_nodes(text: str) -> list[SlurmNode]:
         state = re.search(r"(?:^|\s)State=(\S+)", line)
         if not name or not state:
             continue
-        reason = re.search(r"\sReason=(.*?)(?:\s+\[[^\]]*@[^\]]*\])?\s*$", line)
-        nodes.append(SlurmNode(name.group(1), state.group(1), reason.group(1).strip() if reason else ""))
+        reason, when, user = "", None, ""
+        found = re.search(r"\sReason=", line)
+        if found:
+            rest = line[found.end() :]
+            stamp = STAMP.search(rest)
+            if stamp:  # the reason is everything before its stamp, whatever it holds
+                reason, user, when = rest[: stamp.start()].strip(), stamp.group(1), stamp_time(stamp.group(2))
+            else:
+                reason = field_value(line, "Reason") or ""
+        comment = field_value(line, "Comment") or ""
+        nodes.append(
+            SlurmNode(name.group(1), state.group(1), reason, when, user, "" if comment == "(null)" else comment)
+        )
     return nodes
+
+
+def number(value: Any) -> Optional[float]:
+    """Slurm's JSON numbers: a plain integer (23.02) or {"set": true, "infinite": false, "number": N} (23.11+)."""
+    if isinstance(value, dict):
+        if not value.get("set", True) or value.get("infinite"):
+            return None
+        value = value.get("number")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return None
+
+
+def parse_json(text: str) -> list[SlurmNode]:
+    """Every node in `scontrol show nodes --json`'s output; ValueError when it is not Slurm's JSON."""
+    data = json.loads(text)
+    if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
+        raise ValueError("no nodes list")
+    nodes = []
+    for raw in data["nodes"]:
+        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+            continue
+        state = raw.get("state", [])
+        flags = [state] if isinstance(state, str) else [str(s) for s in state if isinstance(s, str)]
+        flags += [str(s) for s in raw.get("state_flags", []) or [] if isinstance(s, str)]  # the 22.05 shape
+        nodes.append(
+            SlurmNode(
+                raw["name"],
+                "+".join(flag.upper() for flag in flags) or "UNKNOWN",
+                str(raw.get("reason") or ""),
+                number(raw.get("reason_changed_at")),
+                str(raw.get("reason_set_by_user") or ""),
+                str(raw.get("comment") or ""),
+            )
+        )
+    return nodes
+
+
+class Listing:
+    """Reads the nodes through `scontrol`: JSON where this scontrol has it, else the text form (decided at the first
+    listing, then kept for this process)."""
+
+    def __init__(self, scontrol: str, runner: Run) -> None:
+        self.scontrol, self.runner = scontrol, runner
+        self.json: Optional[bool] = None  # unknown until asked
+        self.problem = ""  # what scontrol said when it last failed
+
+    def read(self, *which: str) -> Optional[list[SlurmNode]]:
+        """`which`: () for every node, (NAME,) for one; None when the controller did not answer."""
+        what = ["show", "node", *which] if which else ["show", "nodes"]
+        if self.json is not False:
+            result = self.runner([self.scontrol, *what, "--json"])
+            if result.returncode == 0:
+                try:
+                    found = parse_json(result.stdout)
+                    self.json = True
+                    return found
+                except ValueError:
+                    pass
+            if self.json is None and "--json" in (result.stderr + result.stdout):  # this scontrol has no --json
+                self.json = False
+            elif self.json is None and result.returncode == 0:
+                self.json = False  # it answered something that is not JSON: the text form from now on
+            else:
+                self.problem = (result.stderr or result.stdout).strip()[-200:]
+                return None  # a controller that does not answer
+        result = self.runner([self.scontrol, *what, "--oneliner"])
+        if result.returncode != 0:
+            self.problem = (result.stderr or result.stdout).strip()[-200:]
+            return None
+        return parse_nodes(result.stdout)

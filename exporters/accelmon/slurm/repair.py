@@ -1,15 +1,17 @@
 """The Slurm side of "from verdict to repair" (docs/health.md): what accelmon-slurm-health does after its scan, through
-Slurm's own primitives only (`scontrol show node`, `show nodes`, `update`, `reboot`), deciding with
-accelmon.remediation's rules and keeping its journal.
+Slurm's own primitives only (`scontrol show node(s)`, `update`, `reboot`), deciding with accelmon.remediation's rules,
+keeping the fleet's limits with accelmon.slurm.fleet and keeping its journal.
 
-Each run of the health check, on its node:
-1. a failing node that still takes jobs is drained, unless the circuit breaker holds the drain back (then the node
-   keeps taking jobs and the output, the journal and the exporter say so); a drain that could not count the nodes
-   drains as before (a broken controller must not keep a bad GPU in service) and says so. A GPU that fails again
-   within the repeat window of a repair is drained for hardware_service, naming the earlier repair;
-2. a node that accelmon drained and that runs no job is repaired (mode `act`) or the repair is said (`observe`):
-   a reboot through Slurm's RebootProgram, Slurm resuming it after boot; a GPU reset then a fresh scan (and DCGM's
-   `dcgmi diag -r 2` where it is installed), resumed only when every check passes, else left for hardware service;
+Each run of the health check, on its node (one at a time: the check, a background repair and a scan never overlap):
+1. a failing node that still takes jobs is drained within the circuit breaker (accelmon.slurm.fleet): a drain the
+   breaker holds back, the pause switch stops or a controller that cannot be counted leaves the node taking jobs,
+   and the output, the journal and the exporter say why. A GPU that fails again within the repeat window of a
+   repair is drained for hardware_service, naming the earlier repair;
+2. a node that accelmon drained and that runs no job is repaired (mode `act`) or the repair is said (`observe`),
+   within the fleet's repair pace: a reboot through Slurm's RebootProgram, the node drained through the boot and
+   resumed by this check only once every check passes after it; a GPU reset, with what holds the GPU stopped and
+   started again, then a fresh scan (and DCGM's `dcgmi diag -r 2` where it is installed), resumed only when every
+   check passes, else drained for hardware_service naming the GPU that still fails;
 3. nothing else: a node drained by anyone else, or for anything else, is left as it is.
 """
 
@@ -30,14 +32,17 @@ from typing import Any, Callable, Optional
 from accelmon import health, remediation
 from accelmon.config import Settings
 from accelmon.remediation import FailingGpu, Journal, Record, RepairPlan
-from accelmon.slurm.nodes import SlurmNode, parse_nodes
+from accelmon.slurm.fleet import Decision, Fleet, Limits, pause_of
+from accelmon.slurm.nodes import SlurmNode
 
-log = logging.getLogger("accelmon.slurm.health")
+log = logging.getLogger("accelmon.slurm")
 
 Run = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
 Scan = Callable[[dict[str, float]], health.NodeHealth]  # a fresh scan, given the GPU resets to apply
 RESET_TIMEOUT_SECONDS = 120  # nvidia-smi --gpu-reset takes seconds; a GPU that hangs it is not reset
 DIAG_TIMEOUT_SECONDS = 600  # dcgmi diag -r 2: a few minutes on an H100
+REBOOT_PENDING = "accelmon: reboot pending"  # the reason through a reboot (Slurm appends ": reboot issued")
+LOCK_FD = "ACCELMON_REPAIR_LOCK_FD"  # a background repair inherits the check's lock through this descriptor
 
 
 @dataclass
@@ -45,9 +50,9 @@ class Options:
     mode: str
     journal: str
     repeat_window_seconds: float
-    breaker_min_nodes: float
-    breaker_fraction: float
+    limits: Limits
     reset_command: str
+    gpu_holders: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, settings: Settings) -> Options:
@@ -57,9 +62,14 @@ class Options:
             str(value["remediation"]),
             str(value["remediation_journal"]),
             float(value["repeat_window_days"]) * 86400,
-            float(value["breaker_min_nodes"]),
-            float(value["breaker_fraction"]),
+            Limits(
+                float(value["breaker_min_nodes"]),
+                float(value["breaker_fraction"]),
+                float(value["breaker_window_hours"]) * 3600,
+                float(value["max_repairs_per_hour"]),
+            ),
             str(value["gpu_reset_command"]),
+            tuple(str(value["gpu_holders"]).split()),
         )
 
 
@@ -72,10 +82,19 @@ def failing_gpus(node: health.NodeHealth) -> list[FailingGpu]:
             gpu.action,
             tuple(c.name for c in gpu.checks if c.verdict == "failure"),
             any(c.drill for c in gpu.checks if c.verdict == "failure"),
+            gpu.pci_bus_id,
         )
         for gpu in node.gpus
         if gpu.verdict == "failure"
     ]
+
+
+def still_failing(node: health.NodeHealth) -> str:
+    """What fails in a scan, for a reason: "GPU 3 ecc, GPU 5 xid" (the GPUs whose checks failed), or ""."""
+    named = [f"GPU {g.index} {'+'.join(c.name for c in g.checks if c.verdict == 'failure')}"
+             for g in node.gpus if g.verdict == "failure"]  # fmt: skip
+    named += [c.name for c in node.checks if c.verdict == "failure"]
+    return ", ".join(named)
 
 
 class SlurmRepair:
@@ -84,6 +103,7 @@ class SlurmRepair:
     def __init__(
         self, options: Options, node: str, scontrol: str, runner: Run, dry_run: bool = False,
         now: Optional[float] = None, dcgmi: str = "dcgmi", detach: Optional[Callable[[], bool]] = None,
+        fleet: Optional[Fleet] = None,
     ) -> None:  # fmt: skip
         self.options, self.node, self.scontrol, self.runner = options, node, scontrol, runner
         self.dry_run = dry_run
@@ -92,32 +112,19 @@ class SlurmRepair:
         self.detach = detach
         self.now = time.time() if now is None else now
         self.dcgmi = dcgmi
+        self.say: Callable[[str], None] = print  # its decisions, for slurmd's log (a test collects them)
+        self.fleet = fleet or Fleet(scontrol, runner, options.limits, now=lambda: self.now, dry_run=dry_run)
         self.journal = Journal.read(options.journal)
         if self.journal.problem:
             log.error("%s: no repair until it is fixed or moved away (drains go on)", self.journal.problem)
 
     # --- Slurm --------------------------------------------------------------------------------------------------
-    def scontrol_run(self, *args: str) -> Optional[subprocess.CompletedProcess[str]]:
-        try:
-            return self.runner([self.scontrol, *args])
-        except (OSError, subprocess.TimeoutExpired) as error:
-            log.error("scontrol failed (%s): %s", " ".join(args[:2]), error)
-            return None
-
-    def show_node(self) -> Optional[SlurmNode]:
-        result = self.scontrol_run("show", "node", self.node, "--oneliner")
-        found = parse_nodes(result.stdout) if result is not None and result.returncode == 0 else []
-        return next((n for n in found if n.name == self.node), found[0] if found else None)
-
     def update(self, *fields: str) -> bool:
-        if self.dry_run:
-            log.warning("would run: scontrol update NodeName=%s %s", self.node, " ".join(fields))
-            return False
-        result = self.scontrol_run("update", f"NodeName={self.node}", *fields)
-        if result is None or result.returncode != 0:
-            detail = (result.stderr or result.stdout).strip() if result is not None else "did not run"
-            what = "drain" if "State=DRAIN" in fields else "resume" if "State=RESUME" in fields else "update"
-            log.error("scontrol could not %s %s (%s): %s", what, self.node, " ".join(fields)[:120], detail)
+        failed = self.fleet.update(self.node, *fields)
+        if failed:
+            if not self.dry_run:
+                what = "drain" if "State=DRAIN" in fields else "resume" if "State=RESUME" in fields else "update"
+                log.error("scontrol could not %s %s (%s): %s", what, self.node, " ".join(fields)[:120], failed)
             return False
         return True
 
@@ -125,11 +132,12 @@ class SlurmRepair:
              detail: str = "", breaker: tuple[int, int, int] = (0, 0, 0), once: bool = False) -> None:  # fmt: skip
         """Journals a decision (`once`: unless it is the node's latest record already: a decision repeated every
         health check is journalled when it is first made)."""
-        record = Record(self.now, self.node, event, action, outcome, remediation.gpus_of(gpus), detail, breaker)
+        record = Record(time.time() if self.now is None else self.now, self.node, event, action, outcome,
+                        remediation.gpus_of(gpus), detail, breaker)  # fmt: skip
         if once:
             latest = next((r for r in reversed(self.journal.records) if r.node == self.node), None)
-            same = latest is not None and (latest.event, latest.action, latest.gpus, latest.detail) == (
-                record.event, record.action, record.gpus, record.detail,
+            same = latest is not None and (latest.event, latest.action, latest.outcome, latest.gpus, latest.detail) == (
+                record.event, record.action, record.outcome, record.gpus, record.detail,
             )  # fmt: skip
             if same:
                 return
@@ -146,7 +154,7 @@ class SlurmRepair:
         open_drain = self.journal.last_event(self.node, ("drained", "escalated", "resumed"))
         if not failing and not node_failing and (open_drain is None or open_drain.event == "resumed"):
             return  # healthy and nothing of accelmon's open: Slurm is not even asked
-        state = self.show_node()
+        state = self.fleet.node(self.node)
         if state is None:
             log.error("cannot read the state of node %s from Slurm: nothing done", self.node)
             return
@@ -161,7 +169,7 @@ class SlurmRepair:
             self.note("resumed", detail="taking jobs again (resumed by someone or something else)", once=True)
             return
         if state.accelmons and state.drained_idle:
-            self.repair(state, failing, node_failing, rescan)
+            self.repair(state, failing, node_failing, verdict, rescan)
 
     def drain(self, verdict: health.NodeHealth, failing: list[FailingGpu]) -> None:
         repeat = remediation.repeat_offender(failing, self.journal, self.options.repeat_window_seconds, self.now)
@@ -171,27 +179,23 @@ class SlurmRepair:
             gpu, earlier = repeat
             reason = self.repeat_reason(gpu, earlier)
             action = "hardware_service"
-        listing = self.scontrol_run("show", "nodes", "--oneliner")
-        if listing is not None and listing.returncode == 0 and parse_nodes(listing.stdout):
-            count = remediation.breaker(
-                parse_nodes(listing.stdout), self.options.breaker_min_nodes, self.options.breaker_fraction
-            )
-            if not count.allows:
-                words = f"circuit breaker: {count.words()}: node {self.node} not drained, it keeps taking jobs"
-                print(words)
-                log.warning("%s (would drain: %s)", words, reason)
-                self.note("breaker_held", action, gpus=tuple(failing), detail=reason,
-                          breaker=(count.out, count.listed, count.limit), once=True)  # fmt: skip
-                return
-            print(f"circuit breaker: {count.words()}: drain allowed")
-        else:
-            log.error("cannot count the drained nodes (scontrol show nodes failed): draining %s anyway", self.node)
         if self.dry_run:
-            log.warning("would drain %s: %s", self.node, reason)
+            nodes = self.fleet.nodes()
+            count = f"{len(nodes)} node(s) listed" if nodes else "the nodes cannot be listed"
+            log.warning("would drain %s within the circuit breaker (%s): %s", self.node, count, reason)
             return
-        if self.update("State=DRAIN", f"Reason={reason}"):
+        decision = self.fleet.drain(self.node, reason)
+        self.say(decision.words)
+        if decision.claimed:
             log.warning("drained node %s: %s", self.node, reason)
             self.note("escalated" if repeat else "drained", action, gpus=tuple(failing), detail=reason)
+        elif decision.outcome == "failed":
+            log.error("%s", decision.words)
+        else:
+            held = f"node {self.node} not drained, it keeps taking jobs"
+            log.warning("%s: %s (would drain: %s)", decision.words, held, reason)
+            self.say(f"{held}: {decision.outcome}")
+            self.note("breaker_held", action, decision.outcome, tuple(failing), reason, decision.counts, once=True)
 
     def repeat_reason(self, gpu: FailingGpu, earlier: Record) -> str:
         when = time.strftime("%Y-%m-%d", time.gmtime(earlier.time))
@@ -200,9 +204,16 @@ class SlurmRepair:
             f"(failed again after {earlier.action} on {when})"
         )[:200]
 
+    def escalate(self, reason: str, gpus: tuple[FailingGpu, ...]) -> None:
+        """Drains for hardware_service (State=DRAIN with the reason: a node resumed meanwhile is out again)."""
+        if self.update("State=DRAIN", f"Reason={reason[:200]}"):
+            self.say(f"remediation: node {self.node} drained for hardware_service: {reason}")
+            self.note("escalated", "hardware_service", gpus=gpus, detail=reason[:200])
+
     def repair(
-        self, state: SlurmNode, failing: list[FailingGpu], node_failing: list[tuple[str, str]], rescan: Scan
-    ) -> None:
+        self, state: SlurmNode, failing: list[FailingGpu], node_failing: list[tuple[str, str]],
+        verdict: health.NodeHealth, rescan: Scan,
+    ) -> None:  # fmt: skip
         opened = self.journal.last_event(self.node, ("drained", "escalated", "resumed"))
         if self.journal.problem or self.journal.missing or opened is None or opened.event == "resumed":
             why = self.journal.problem or (
@@ -210,87 +221,158 @@ class SlurmRepair:
                 if self.journal.missing
                 else f"the journal {self.options.journal} holds no open drain of {self.node} (emptied or replaced?)"
             )
-            print(f"remediation: no repair: {why}")
+            self.say(f"remediation: no repair: {why}")
+            return
+        if state.reason.startswith(REBOOT_PENDING) and self.options.mode == "act":
+            self.after_reboot(state, failing, node_failing, verdict)
             return
         plan = remediation.plan_repair(
             failing, node_failing, self.journal, state, self.options.repeat_window_seconds, self.now
         )
         if plan.step in ("wait", "leave"):
-            print(f"remediation: node {self.node} left drained: {plan.why}")
+            self.say(f"remediation: node {self.node} left drained: {plan.why}")
             if plan.step == "leave":
                 self.note("left_for_person", plan.action, gpus=plan.gpus, detail=plan.why, once=True)
             return
         if plan.step == "escalate":
-            if "hardware_service" not in state.reason and plan.earlier is not None:
-                reason = self.repeat_reason(plan.gpus[0], plan.earlier)
-                if self.options.mode == "act" and self.update(f"Reason={reason}"):
-                    self.note("escalated", "hardware_service", gpus=plan.gpus, detail=plan.why)
-            print(f"remediation: node {self.node} left for hardware_service: {plan.why}")
+            if "hardware_service" not in state.reason and plan.earlier is not None and self.options.mode == "act":
+                self.escalate(self.repeat_reason(plan.gpus[0], plan.earlier), plan.gpus)
+            self.say(f"remediation: node {self.node} left for hardware_service: {plan.why}")
             return
         if plan.drill:
-            print(f"remediation: DRILL, nothing done: {remediation.would(plan)} ({plan.why})")
+            self.say(f"remediation: DRILL, nothing done: {remediation.would(plan)} ({plan.why})")
             self.note("would_repair", plan.action, "drill", plan.gpus, f"DRILL: {plan.why}", once=True)
             return
         if self.options.mode != "act" or self.dry_run:
-            print(f"remediation (observe): {remediation.would(plan)} ({plan.why})")
+            self.say(f"remediation (observe): {remediation.would(plan)} ({plan.why})")
             self.note("would_repair", plan.action, "observed", plan.gpus, plan.why, once=True)
             return
-        if plan.step == "reboot":
-            self.reboot(plan)
-        elif plan.step == "reset" and self.detach is not None:
+        if plan.step == "resume":
+            self.resume(plan.action, plan.gpus, plan.why)
+        elif plan.step == "reboot":
+            self.reboot(state, plan)
+        elif self.detach is not None:
             started = self.detach()
-            print(f"remediation: {'reset started in the background' if started else 'a repair is already running'}")
-        elif plan.step == "reset":
-            self.reset(plan, rescan)
-        elif plan.step == "resume":
-            if self.update("State=RESUME"):
-                print(f"remediation: resumed node {self.node}: {plan.why}")
-                self.note("resumed", plan.action, "resolved", detail=plan.why)
+            self.say(f"remediation: {'reset started in the background' if started else 'a repair is already running'}")
+        else:
+            self.reset(state, plan, rescan)
 
-    def reboot(self, plan: RepairPlan) -> None:
-        reason = f"accelmon: reboot_node for GPU {', '.join(g.index for g in plan.gpus)}"[:200]
-        result = self.scontrol_run("reboot", "ASAP", "nextstate=RESUME", f"reason={reason}", self.node)
-        if result is None or result.returncode != 0:
-            detail = (result.stderr or result.stdout).strip() if result is not None else "did not run"
+    def resume(self, action: str, gpus: tuple[FailingGpu, ...], why: str) -> None:
+        """Returns the node to service, unless the pause switch is on (it stops every change accelmon makes)."""
+        nodes = self.fleet.nodes()
+        pause = pause_of(nodes) if nodes else None
+        if not nodes or pause is not None:
+            self.say(
+                f"remediation: node {self.node} not resumed: " + (pause.words() if pause else "cannot list the nodes")
+            )
+            return
+        if self.update("State=RESUME"):
+            self.say(f"remediation: resumed node {self.node}: {why}")
+            self.note("resumed", action, "resolved", gpus, why)
+
+    def held(self, decision: Decision, plan: RepairPlan) -> None:
+        self.say(f"remediation: no {plan.action} on {self.node} now: {decision.words}")
+        self.note("repair_held", plan.action, decision.outcome, plan.gpus, decision.words[:200], decision.counts,
+                  once=True)  # fmt: skip
+
+    def reboot(self, state: SlurmNode, plan: RepairPlan) -> None:
+        """Through Slurm's RebootProgram, without nextstate: the node stays drained through the boot (its reason says
+        the reboot is pending) and this check resumes it only once every check passes after it. Not `ASAP`: that
+        makes Slurm 22.05 set NextState=RESUME by itself (docs/slurm.md); the node is drained and idle already."""
+        reason = f"{REBOOT_PENDING}: reboot_node for GPU {', '.join(g.index for g in plan.gpus)}"[:150]
+        decision = self.fleet.claim_repair(state, reason)
+        if not decision.claimed:
+            self.held(decision, plan)
+            return
+        self.note("repair", "reboot_node", "started", plan.gpus, plan.why)
+        result = self.fleet.call([self.scontrol, "reboot", f"reason={reason}", self.node])
+        if result.returncode != 0:
+            detail = (result.stderr or result.stdout).strip() or f"status {result.returncode}"
             log.error("scontrol reboot %s failed: %s", self.node, detail)
             self.note("repair", "reboot_node", "failed", plan.gpus, f"scontrol reboot failed: {detail}"[:200])
+            self.update("State=DRAIN", f"Reason={state.reason}")  # the drain as it was: the next check tries again
             return
-        print(f"remediation: asked Slurm to reboot node {self.node} (it resumes the node after boot)")
+        self.say(f"remediation: asked Slurm to reboot node {self.node}: it stays drained until every check passes")
         self.note("repair", "reboot_node", "requested", plan.gpus, plan.why)
 
-    def reset(self, plan: RepairPlan, rescan: Scan) -> None:
+    def after_reboot(
+        self, state: SlurmNode, failing: list[FailingGpu], node_failing: list[tuple[str, str]],
+        verdict: health.NodeHealth,
+    ) -> None:  # fmt: skip
+        """The node is back from accelmon's reboot: resumed if every check passes, else drained for
+        hardware_service naming the reboot and what still fails."""
+        if state.reboot_pending:
+            self.say(f"remediation: node {self.node} left drained: the reboot is under way")
+            return
+        gpus = tuple(failing)
+        if failing or node_failing:
+            self.note("repair", "reboot_node", "failed", gpus, f"{still_failing(verdict)} still fails after the reboot")
+            self.escalate(f"accelmon: {still_failing(verdict)}: hardware_service (still fails after reboot_node)", gpus)
+            return
+        self.note("repair", "reboot_node", "resolved", detail="every check passed after the reboot")
+        self.resume("reboot_node", (), "every check passed after the reboot")
+
+    def stop_holders(self) -> list[str]:
+        """Stops the gpu_holders units that run; the ones stopped (to start again)."""
+        stopped = []
+        for unit in self.options.gpu_holders:
+            active = self.fleet.call(["systemctl", "is-active", "--quiet", unit])
+            if active.returncode != 0:
+                continue
+            result = self.fleet.call(["systemctl", "stop", unit])
+            if result.returncode != 0:
+                log.error("could not stop %s before the reset: %s", unit, (result.stderr or result.stdout).strip())
+            stopped.append(unit)
+        return stopped
+
+    def start_holders(self, stopped: list[str]) -> None:
+        for unit in stopped:
+            result = self.fleet.call(["systemctl", "start", unit])
+            if result.returncode != 0:
+                log.error(
+                    "could not start %s again after the reset: %s", unit, (result.stderr or result.stdout).strip()
+                )
+
+    def reset(self, state: SlurmNode, plan: RepairPlan, rescan: Scan) -> None:
+        indices = ", ".join(g.index for g in plan.gpus)
+        decision = self.fleet.claim_repair(state, f"accelmon: resetting GPU {indices} (reset_gpu)"[:200])
+        if not decision.claimed:
+            self.held(decision, plan)
+            return
+        self.note("repair", "reset_gpu", "started", plan.gpus, plan.why)
         failed = []
-        for gpu in plan.gpus:
-            command = shlex.split(self.options.reset_command.format(index=gpu.index))
-            try:
-                result = subprocess.run(command, capture_output=True, text=True, timeout=RESET_TIMEOUT_SECONDS)
-                if result.returncode != 0:
-                    failed.append(f"GPU {gpu.index} reset: {(result.stderr or result.stdout).strip()[-120:]}")
-            except (OSError, subprocess.TimeoutExpired) as error:
-                failed.append(f"GPU {gpu.index} reset: {error}")
-        resets = {**self.journal.resets(), **{gpu.uuid: time.time() for gpu in plan.gpus if gpu.uuid}}
+        stopped = self.stop_holders()
+        try:
+            for gpu in plan.gpus:
+                command = shlex.split(self.options.reset_command.format(pci_bus_id=gpu.pci_bus_id, uuid=gpu.uuid))
+                try:
+                    result = subprocess.run(command, capture_output=True, text=True, timeout=RESET_TIMEOUT_SECONDS)
+                    if result.returncode != 0:
+                        failed.append(f"GPU {gpu.index} reset: {(result.stderr or result.stdout).strip()[-120:]}")
+                except (OSError, subprocess.TimeoutExpired) as error:
+                    failed.append(f"GPU {gpu.index} reset: {error}")
+        finally:
+            self.start_holders(stopped)
+        blamed = plan.gpus
         if not failed:
+            resets = {**self.journal.resets(), **{gpu.uuid: time.time() for gpu in plan.gpus if gpu.uuid}}
             after = rescan(resets)
-            still = [f"GPU {g.index} {c.name}" for g in after.gpus for c in g.checks if c.verdict == "failure"]
-            still += [c.name for c in after.checks if c.verdict == "failure"]
-            failed += [f"{what} still fails" for what in still]
+            if still_failing(after):
+                failed.append(f"{still_failing(after)} still fails")
+                blamed = tuple(failing_gpus(after)) or plan.gpus
         if not failed and shutil.which(self.dcgmi):
             tests = diagnose(self.dcgmi, run_long, level="2")
             if tests:
                 failed.append("dcgmi diag -r 2 failed: " + ", ".join(tests))
         if failed:
             detail = "; ".join(failed)[:200]
-            print(f"remediation: the reset did not repair node {self.node}: {detail}")
+            self.say(f"remediation: the reset did not repair node {self.node}: {detail}")
             self.note("repair", "reset_gpu", "failed", plan.gpus, detail)
-            gpu = plan.gpus[0]
-            reason = f"accelmon: GPU {gpu.index} hardware_service: reset_gpu did not clear it ({detail})"[:200]
-            if self.update(f"Reason={reason}"):
-                self.note("escalated", "hardware_service", gpus=plan.gpus, detail=reason)
+            named = ", ".join(f"GPU {g.index}" for g in blamed)
+            self.escalate(f"accelmon: {named} hardware_service: reset_gpu did not clear it ({detail})", blamed)
             return
         self.note("repair", "reset_gpu", "resolved", plan.gpus, plan.why)
-        if self.update("State=RESUME"):
-            print(f"remediation: reset GPU {', '.join(g.index for g in plan.gpus)}, every check passes: resumed")
-            self.note("resumed", "reset_gpu", "resolved", plan.gpus, "every check passed after the reset")
+        self.resume("reset_gpu", plan.gpus, f"reset GPU {indices}, every check passed after it")
 
 
 def run_long(command: list[str]) -> subprocess.CompletedProcess[str]:
@@ -336,24 +418,28 @@ def diagnose(dcgmi: str, runner: Run, level: str = "1") -> Optional[list[str]]:
     return failed
 
 
-def in_background(argv: list[str], lock_path: str) -> bool:
+def in_background(argv: list[str], lock: int) -> bool:
     """Starts this health check again, detached, to carry out a repair that may outlast slurmd's 60 s limit on a
-    health check (a reset, then `dcgmi diag -r 2`); False if a repair is already running (its lock is held)."""
-    try:
-        with open(lock_path, "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            fcntl.flock(lock, fcntl.LOCK_UN)
-    except OSError:
-        return False
+    health check (a reset, then `dcgmi diag -r 2`). The node's lock passes to it (the same open file, inherited): no
+    check nor scan can slip in between this check's end and the repair's start."""
     subprocess.Popen(
         [sys.executable, "-m", "accelmon.slurm.health", *argv, "--foreground"],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        pass_fds=(lock,), env={**os.environ, LOCK_FD: str(lock)},
     )  # fmt: skip
     return True
 
 
 def holding_lock(lock_path: str) -> Optional[int]:
-    """The repair lock, held by this process (a file descriptor), or None if another repair holds it."""
+    """The node's lock (one thing at a time: the periodic check, a background repair, a scan), held by this process
+    (a file descriptor): inherited from the check that started this repair, or taken now; None if another holds it."""
+    inherited = os.environ.pop(LOCK_FD, "")
+    if inherited.isdigit():
+        try:
+            fcntl.flock(int(inherited), fcntl.LOCK_EX | fcntl.LOCK_NB)  # ours already: the same open file
+            return int(inherited)
+        except OSError:
+            pass
     os.makedirs(os.path.dirname(lock_path) or ".", exist_ok=True)
     descriptor = os.open(lock_path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:

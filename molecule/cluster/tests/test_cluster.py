@@ -429,12 +429,21 @@ def test_the_repair_loop_and_the_circuit_breaker_on_the_real_slurm(host):
     controller = testinfra.get_host(f"podman://{CLUSTER}-worker-1")
     name = f"{CLUSTER}-worker-2"
     worker = testinfra.get_host(f"podman://{name}")
-    acting = {"remediation": "act", "gpu_reset_command": "true {index}", "breaker_min_nodes": 1}
+    acting = {"remediation": "act", "gpu_reset_command": "true {pci_bus_id}", "breaker_min_nodes": 1}
     with slurm_health_checks(controller), health_options(worker, **acting), health_options(controller, **acting):
+        remediation = "/opt/accelmon/venv/bin/accelmon-remediation"
         try:
+            # The pause switch first (accelmon-remediation, through Slurm): the failing worker is not drained.
+            controller.check_output(f"{remediation} pause --reason 'molecule: pause stops a drain'")
             # An XID 48 logged long ago (5 s after boot): before any reset.
             old = record(20, 5.0, xid_line(bus_id(2).rsplit(".", 1)[0], 48, "DBE (double bit error) ECC error."))
             worker.check_output(f"printf '%s' {shlex.quote(old)} >> /opt/fake-kmsg")
+            paused = '"outcome": "paused"'
+            held = wait_for(lambda: paused in worker.run("cat /var/lib/accelmon/remediation.jsonl").stdout, 60)
+            assert held, worker.run("cat /var/lib/accelmon/remediation.jsonl").stdout
+            assert "DRAIN" not in node_line(controller, name)
+            assert "remediation paused since" in controller.check_output(f"{remediation} status")
+            controller.check_output(f"{remediation} resume")
             assert wait_for(lambda: "Reason=accelmon: GPU 2 xid: reset_gpu" in node_line(controller, name), 60), (
                 node_line(controller, name)
             )
@@ -468,6 +477,7 @@ def test_the_repair_loop_and_the_circuit_breaker_on_the_real_slurm(host):
             for each in (worker, controller):
                 each.run("truncate -s 0 /opt/fake-kmsg && systemctl restart accelmon-exporter")
             controller.run(f"scontrol update NodeName={name} State=RESUME")
+            controller.run(f"{remediation} resume")
     assert wait_for(lambda: "DRAIN" not in node_line(controller, name), timeout=30), node_line(controller, name)
 
 
