@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -58,12 +59,17 @@ def all_at_once(tmp_path: Path, cluster: Cluster, verdict: health.NodeHealth, **
         loop.run(verdict, lambda resets: verdict)
         said[node] = "\n".join(lines)
 
-    threads = [threading.Thread(target=check, args=(node,)) for node in NODES]
+    together(check, NODES)
+    return said
+
+
+def together(check: Callable[[str], None], nodes: list[str]) -> None:
+    """`check(node)` for every node, each in its own thread, all started at once."""
+    threads = [threading.Thread(target=check, args=(node,)) for node in nodes]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(timeout=120)
-    return said
 
 
 def out_by_accelmon(cluster: Cluster) -> list[str]:
@@ -146,11 +152,7 @@ def test_repairs_keep_the_fleets_pace(tmp_path, fleet_of_20):
         loop.run(failing("reset_gpu", "ecc"), lambda resets: healthy)
         said[node] = "\n".join(lines)
 
-    threads = [threading.Thread(target=repair, args=(node,)) for node in chosen]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
+    together(repair, chosen)
     repaired = [node for node in chosen if "DRAIN" not in cluster.node(node)["state"]]
     assert 1 <= len(repaired) <= 3, said
     waiting = [node for node in chosen if node not in repaired]

@@ -132,8 +132,7 @@ class SlurmRepair:
              detail: str = "", breaker: tuple[int, int, int] = (0, 0, 0), once: bool = False) -> None:  # fmt: skip
         """Journals a decision (`once`: unless it is the node's latest record already: a decision repeated every
         health check is journalled when it is first made)."""
-        record = Record(time.time() if self.now is None else self.now, self.node, event, action, outcome,
-                        remediation.gpus_of(gpus), detail, breaker)  # fmt: skip
+        record = Record(self.now, self.node, event, action, outcome, remediation.gpus_of(gpus), detail, breaker)
         if once:
             latest = next((r for r in reversed(self.journal.records) if r.node == self.node), None)
             same = latest is not None and (latest.event, latest.action, latest.outcome, latest.gpus, latest.detail) == (
