@@ -4,7 +4,9 @@ observe and act modes, the journal and its repeat offenders, over a stateful sta
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import subprocess
 import sys
 import time
@@ -202,6 +204,77 @@ def test_act_resets_the_gpu_rescans_and_resumes(site, capsys):
     events = [(r.event, r.action, r.outcome) for r in Journal.read(loop.options.journal).records]
     assert events[-2:] == [("repair", "reset_gpu", "resolved"), ("resumed", "reset_gpu", "resolved")]
     assert "reset GPU 2, every check passed after it" in capsys.readouterr().out
+
+
+def holders_and_a_refusing_reset(tmp_path: Path, running: list[str]) -> tuple[Path, Path, Path]:
+    """(bin, units, log): a `systemctl` on PATH that keeps each running unit as a file in `units`, and a reset that
+    refuses while any unit runs, as `nvidia-smi --gpu-reset` refuses while a process holds the GPU; both write what
+    they did to `log` in order."""
+    units, log, bin_dir = tmp_path / "units", tmp_path / "order", tmp_path / "bin"
+    units.mkdir()
+    bin_dir.mkdir()
+    for unit in running:
+        (units / unit).touch()
+    systemctl = bin_dir / "systemctl"
+    systemctl.write_text(
+        "#!/bin/sh\n"
+        f'units="{units}"\n'
+        'case "$1" in\n'
+        '  is-active) test -e "$units/$3" ;;\n'
+        f'  stop) rm -f "$units/$2"; echo "stop $2" >> "{log}" ;;\n'
+        f'  start) touch "$units/$2"; echo "start $2" >> "{log}" ;;\n'
+        "esac\n"
+    )
+    reset = bin_dir / "fake-gpu-reset"
+    reset.write_text(
+        "#!/bin/sh\n"
+        f'if [ -n "$(ls "{units}")" ]; then echo "reset $1 refused: in use by $(ls "{units}")" >> "{log}"; '
+        'echo "GPU $1 is in use by another client" >&2; exit 255; fi\n'
+        f'echo "reset $1" >> "{log}"\n'
+    )
+    for script in (systemctl, reset):
+        script.chmod(0o755)
+    return bin_dir, units, log
+
+
+def test_a_reset_stops_what_holds_the_gpu_and_starts_it_again(site, tmp_path, monkeypatch):
+    """A reset cannot succeed while a process holds the GPU (the exporter's NVML handle, nv-hostengine): the loop stops
+    the gpu_holders that run, resets, and starts them again; a holder that was not running stays stopped."""
+    cluster, make, _ = site
+    bin_dir, units, log = holders_and_a_refusing_reset(tmp_path, ["accelmon-exporter", "nvidia-dcgm"])
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    drained_by_accelmon(cluster, make, "reset_gpu", "ecc")
+    loop = make()
+    loop.options = dataclasses.replace(
+        loop.options,
+        reset_command=f"{bin_dir / 'fake-gpu-reset'} {{pci_bus_id}}",
+        gpu_holders=("accelmon-exporter", "nvidia-dcgm", "dcgm-exporter"),
+    )
+    loop.run(failing("reset_gpu", "ecc"), lambda given: healthy())
+    assert log.read_text().splitlines() == [
+        "stop accelmon-exporter", "stop nvidia-dcgm", "reset 00000000:2A:00.0",
+        "start accelmon-exporter", "start nvidia-dcgm",
+    ]  # fmt: skip
+    assert sorted(p.name for p in units.iterdir()) == ["accelmon-exporter", "nvidia-dcgm"]
+    assert cluster.node(NODE) == {"state": "IDLE", "reason": ""}
+
+
+def test_a_reset_with_a_holder_left_running_fails_and_the_holders_run_again(site, tmp_path, monkeypatch):
+    """Without gpu_holders the reset meets the exporter's hold and fails (what happened before this was built): the
+    GPU is left for hardware service, and nothing stopped stays stopped."""
+    cluster, make, _ = site
+    bin_dir, units, log = holders_and_a_refusing_reset(tmp_path, ["accelmon-exporter"])
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    drained_by_accelmon(cluster, make, "reset_gpu", "ecc")
+    loop = make()
+    loop.options = dataclasses.replace(loop.options, reset_command=f"{bin_dir / 'fake-gpu-reset'} {{pci_bus_id}}")
+    loop.run(failing("reset_gpu", "ecc"), lambda given: healthy())
+    assert log.read_text().splitlines() == ["reset 00000000:2A:00.0 refused: in use by accelmon-exporter"]
+    node = cluster.node(NODE)
+    assert "DRAIN" in node["state"]
+    refused = "GPU 2 reset: GPU 00000000:2A:00.0 is in use by another client"
+    assert f"reset_gpu did not clear it ({refused})" in node["reason"]
+    assert [p.name for p in units.iterdir()] == ["accelmon-exporter"]
 
 
 def test_a_reset_that_does_not_repair_leaves_the_node_for_hardware_service(site):

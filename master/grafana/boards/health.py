@@ -129,6 +129,37 @@ DASHBOARD = Dashboard(
             description="Failing nodes the breaker did not drain: they keep taking jobs (AccelmonDrainBreakerHolding).",
         ),
         Panel(
+            "Remediation paused",
+            "none",
+            [("max(accelmon_remediation_paused) or vector(0)", "paused")],
+            "stat",
+            6,
+            4,
+            description="1 while `accelmon-remediation pause` is in force: no node drains or repairs "
+            "(AccelmonRemediationPaused; `accelmon-remediation status` says who paused it and why).",
+        ),
+        Panel(
+            "Failing nodes not drained, by why",
+            "short",
+            [(f"sum by (why) (accelmon_node_remediation_held{{{N}}} == 1)", "{{why}}")],
+            "table",
+            6,
+            8,
+            description="breaker: the limit was reached; uncounted: the nodes could not be listed, so nothing was "
+            "drained (fail closed); paused: the pause switch; pace: max_repairs_per_hour was reached.",
+            expect_data=False,  # served only while a check holds
+        ),
+        Panel(
+            "Nodes out by accelmon, for how long",
+            "s",
+            [(f"time() - accelmon_node_out_by_accelmon_since_seconds{{{N}}}", "{{node}}")],
+            "table",
+            6,
+            8,
+            description="Each node Slurm shows drained by accelmon, and for how long: what the breaker counts.",
+            expect_data=False,  # a fleet with no node out by accelmon has none
+        ),
+        Panel(
             "Repairs by action and outcome",
             "short",
             [
