@@ -4,6 +4,7 @@ tables, and the HTML and PDF opened as a person would."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 import shutil
@@ -37,6 +38,7 @@ ACCOUNTS = {
 NODES = {("n7", "drained"): 3, ("n3", "unhealthy"): 2}
 DAYS = 7
 STEP = 60
+GAP_HOURS = 6  # on the fourth day the master was down: no state recorded for 6 hours
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +48,7 @@ def week(tmp_path_factory):
     work = tmp_path_factory.mktemp("fleet")
     end = (int(time.time()) // 3600 - 1) * 3600  # an hour boundary well inside the head's past
     start = end - DAYS * 86400
+    gap = range(start + 3 * 86400, start + 3 * 86400 + GAP_HOURS * 3600)
     lines = []
     for name, series in (
         ("cluster:accelmon_gpus_by_state:count", {f'state="{s}"': v for s, v in FLEET.items()}),
@@ -55,7 +58,8 @@ def week(tmp_path_factory):
     ):  # fmt: skip
         lines.append(f"# TYPE {name.replace(':', '_')} gauge")
         for labels, value in series.items():
-            lines += [f"{name}{{{labels}}} {value} {t}" for t in range(start, end + 1, STEP)]
+            # Each minute's counts recorded 15 s before the report's step falls (rules run on their own clock).
+            lines += [f"{name}{{{labels}}} {value} {t - 15}" for t in range(start, end + 1, STEP) if t not in gap]
     lines.append("# EOF")
     data = work / "week.om"
     data.write_text("\n".join(lines) + "\n")
@@ -106,7 +110,7 @@ def report(week, tmp_path_factory):
 
 def test_gpu_hours_per_state_add_up_to_the_fleet(report):
     _, summary, said = report
-    hours = DAYS * 24 + 1 / 60  # both ends of the range are samples: one minute more than the week
+    hours = DAYS * 24 + 1 / 60 - GAP_HOURS  # both ends of the range are samples: one minute more than the week
     assert summary["gpu_hours"] == pytest.approx(GPUS * hours, rel=1e-6)
     for state, gpus in FLEET.items():
         assert summary["gpu_hours_by_state"][state] == pytest.approx(gpus * hours, rel=1e-6)
@@ -117,13 +121,36 @@ def test_gpu_hours_per_state_add_up_to_the_fleet(report):
 def test_the_sentences_say_each_number(report):
     _, summary, _ = report
     text = " ".join(summary["sentences"])
-    assert "Of 16,802 GPU-hours, 10,081 (60.0 %) did useful work" in text
+    assert "Of 16,202 GPU-hours, 9,721 (60.0 %) did useful work" in text
     # 12 of 100 GPUs idle or hung, nlp's 8 of them.
     assert (
-        "2,016 of 16,802 GPU-hours (12.0 %) were held by jobs that used them under the idle threshold or hung; "
+        "1,944 of 16,202 GPU-hours (12.0 %) were held by jobs that used them under the idle threshold or hung; "
         "account nlp 66.7 % of it" in text
     )
-    assert "(5.0 %) were lost to failing GPUs (336) and to nodes out of service (504); most on n7 (504)" in text
+    assert (
+        "(5.0 %) were lost to failing GPUs (324), to nodes out of service (486) and to nodes that did not answer (0); "
+        "most on n7 (486)" in text
+    )
+
+
+def test_the_report_checks_itself_and_names_the_gap(report, week):
+    """The GPU-hours the fleet had (100 GPUs over the week and a minute) against those the ledger holds, in the first
+    sentences; the 6 hours without a recorded state named, to the minute."""
+    _, summary, _ = report
+    _, start, _ = week
+    assert summary["fleet_gpu_hours"] == pytest.approx(GPUS * (DAYS * 24 + 1 / 60), rel=1e-6)
+    assert summary["accounted_gpu_hours"] == pytest.approx(GPUS * (DAYS * 24 + 1 / 60 - GAP_HOURS), rel=1e-6)
+    (gap,) = summary["gaps"]
+    began = datetime.datetime.fromtimestamp(start + 3 * 86400 - STEP, datetime.timezone.utc)
+    assert (gap["from"], gap["gpu_hours"]) == (began.isoformat(), pytest.approx(GPUS * GAP_HOURS))
+    assert summary["sentences"][0] == (
+        "The fleet had 16,802 GPU-hours over the range; the ledger accounts for 16,202 of them (96.4 %)."
+    )
+    ended = began + datetime.timedelta(hours=GAP_HOURS)
+    assert summary["sentences"][1] == (
+        f"No state was recorded from {began.isoformat()[:16]} to {ended.isoformat()[:16]} UTC: 600 GPU-hours the "
+        "ledger cannot place (the master or its rules were not running, or a shard was down)."
+    )
 
 
 def test_tables_by_day_account_user_and_node(report):

@@ -65,8 +65,30 @@ def test_the_node_is_slurms_name_for_it(tmp_path, monkeypatch):
     text = text_of(SchedulerCollector(str(cluster.command)))
     assert series(text, "accelmon_node_scheduler_state") == [({"scheduler": "slurm", "state": "drained"}, 1.0)]
     assert cluster.calls()[-1] == "show node node-a17 --oneliner"
+    assert sample_value(text, "accelmon_node_scheduler_node_info", source="SLURMD_NODENAME") == 1
     monkeypatch.delenv("SLURMD_NODENAME")
     assert SchedulerCollector(str(cluster.command)).node == socket.gethostname().split(".")[0]
+
+
+def test_the_exporter_finds_its_node_by_its_host_name_and_says_how(tmp_path, monkeypatch):
+    """The exporter is not started by slurmd (no SLURMD_NODENAME): a NodeName that is not the host's name is found by
+    its NodeHostName, asked for by name from then on, and the info series says which name and why."""
+    host = socket.gethostname().split(".")[0]
+    cluster = Cluster(tmp_path, {"node-a17": "IDLE+DRAIN|maintenance", "gpu-8": "IDLE"})
+    cluster.edit("node-a17", host=host)
+    cluster.edit("gpu-8", host="gpu-8.example")
+    monkeypatch.delenv("SLURMD_NODENAME", raising=False)
+    collector = SchedulerCollector(str(cluster.command))
+    text = text_of(collector)
+    assert series(text, "accelmon_node_scheduler_state") == [({"scheduler": "slurm", "state": "drained"}, 1.0)]
+    info = series(text, "accelmon_node_scheduler_node_info")
+    assert info == [({"scheduler": "slurm", "scheduler_node": "node-a17", "source": "NodeHostName"}, 1.0)]
+    text_of(collector)
+    assert cluster.calls()[-1] == "show node node-a17 --oneliner"
+    # Where no node is this host, the sample fails and says what scontrol said.
+    cluster.edit("node-a17", host="elsewhere")
+    with pytest.raises(RuntimeError, match=f"scontrol show node {host}: Node {host} not found"):
+        SchedulerCollector(str(cluster.command)).sample()
 
 
 def test_the_pause_switch_is_served_by_the_node_that_carries_it(tmp_path):

@@ -33,6 +33,7 @@ VARIABLES = {
 # most of them (tests/support/simulated_node.py), and each one's own test serves it.
 ONLY_WHILE = {
     "accelmon_gpu_health_drill_active": "a drill is in force (tests/test_drill.py)",
+    "accelmon_gpu_mig_instance_info": "a GPU is split into MIG instances (tests/test_nvml.py)",
     "accelmon_gpu_remediation_repairs_total": "the repair loop repaired a GPU (tests/test_remediation.py)",
     "accelmon_node_remediation_events_total": "the Slurm health check decided something (tests/test_remediation.py)",
     "accelmon_node_drain_breaker_nodes": "the circuit breaker holds a drain back (tests/test_remediation.py)",
@@ -42,7 +43,7 @@ ONLY_WHILE = {
     # The ledger's GPUs of each state: only while some GPU is in it (the counts, zeros included, always are).
     **{
         f"gpu:accelmon_ledger_{state}:bool": f"a GPU is {state} (ledger-test.yml)"
-        for state in ("unhealthy", "hung", "idle", "straggling", "productive", "drained", "free")
+        for state in ("unreachable", "unhealthy", "hung", "idle", "straggling", "productive", "drained", "free")
     },
 }
 

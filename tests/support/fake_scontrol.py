@@ -125,7 +125,8 @@ def line(name: str, node: dict[str, Any]) -> str:
     reason = f" Reason={node['reason']} [{node['stamp']['user']}@{node['stamp']['at']}]" if node["reason"] else ""
     comment = f" Comment={node['comment']}" if node.get("comment") else ""
     return (
-        f"NodeName={name} Arch=x86_64 CoresPerSocket=1 State={node['state']} ThreadsPerCore=1 "
+        f"NodeName={name} Arch=x86_64 CoresPerSocket=1 NodeAddr={node.get('host') or name} "
+        f"NodeHostName={node.get('host') or name} State={node['state']} ThreadsPerCore=1 "
         f"NextState={node.get('next_state') or 'None'}{reason}{comment}"
     )
 
@@ -142,6 +143,7 @@ def as_json(name: str, node: dict[str, Any]) -> dict[str, Any]:
         },
         "reason_set_by_user": node["stamp"]["user"] if node["reason"] else "",
         "comment": node.get("comment", ""),
+        "hostname": node.get("host") or name,
     }
 
 

@@ -23,6 +23,10 @@ success series says so, and the state is dropped as every stale sample is). Slur
 | IDLE | idle |
 | anything else (FUTURE, UNKNOWN, a state this table does not know) | unknown |
 
+The node asked for is Slurm's name of this host: the `node_name` option where given, else $SLURMD_NODENAME (set for
+what slurmd starts), else the short host name; where Slurm has no node of that name, the node whose NodeHostName is
+this host (listed once, then asked for by name). `accelmon_node_scheduler_node_info{source}` says which.
+
 OAR's node states (Alive, Absent, Suspected, Dead) say nothing of jobs and are not read here: on OAR and on hosts
 without a scheduler, no series (the ledger counts their GPUs without a job as free).
 """
@@ -38,7 +42,7 @@ from accelmon.metrics import Catalogue, Samples
 from accelmon.registry import Option, Paths, Registration, register, seconds
 from accelmon.runtime import Collector
 from accelmon.slurm.fleet import pause_of
-from accelmon.slurm.nodes import STATES, Listing, ledger_state, node_name
+from accelmon.slurm.nodes import STATES, Listing, SlurmNode, by_host_name, ledger_state, node_name
 
 log = logging.getLogger("accelmon.scheduler")
 
@@ -66,6 +70,13 @@ PAUSED = C.gauge(
     "drains and repairs stop), else 0; the fleet is paused while any node serves 1.",
     ["scheduler"],
 )
+NODE_INFO = C.gauge(
+    "accelmon_node_scheduler_node_info",
+    "Which scheduler node this host is, and where the name came from: configured (the node_name option), "
+    "SLURMD_NODENAME, NodeHostName (the node whose NodeHostName is this host), or hostname (the short host name); "
+    "value is 1.",
+    ["scheduler", "scheduler_node", "source"],
+)
 INTERVAL = seconds("interval_seconds", 30.0, "how often the scheduler is asked for this node's state")
 SCONTROL = Option("scontrol", "scontrol", "Slurm's scontrol command (a name on PATH or a path)")
 NODE_NAME = Option(
@@ -89,8 +100,8 @@ class SchedulerCollector(Collector):
 
     def __init__(self, scontrol: str = "scontrol", node: str = "", timeout: float = 10.0, runner: Run = run) -> None:
         self.scontrol = scontrol
-        self.node, source = node_name(node)
-        log.info("Slurm's name of this node: %s (from %s)", self.node, source)
+        self.node, self.source = node_name(node)
+        log.info("Slurm's name of this node: %s (from %s)", self.node, self.source)
         self.timeout = timeout
         self.runner = runner
         self.listing = Listing(scontrol, lambda command: self.runner(command, self.timeout))
@@ -103,6 +114,8 @@ class SchedulerCollector(Collector):
             found = self.listing.read(self.node)
         except subprocess.TimeoutExpired as error:
             raise RuntimeError(f"scontrol did not answer in {self.timeout:g} s") from error
+        if found is None and self.source == "hostname" and "not found" in self.listing.problem:
+            found = self.find_by_host_name()
         if found is None:
             raise RuntimeError(f"scontrol show node {self.node}: {self.listing.problem}")
         node = next((n for n in found if n.name == self.node), found[0] if found else None)
@@ -111,7 +124,18 @@ class SchedulerCollector(Collector):
         if node is not None and node.out and node.accelmons and node.reason_time is not None:
             out.add(OUT_SINCE, ["slurm"], node.reason_time)
         out.add(PAUSED, ["slurm"], 1 if node is not None and pause_of([node]) else 0)
+        out.add(NODE_INFO, ["slurm", self.node, self.source], 1)
         return out
+
+    def find_by_host_name(self) -> Optional[list[SlurmNode]]:
+        """No node of the host's name: the one whose NodeHostName is this host, asked for by name from then on."""
+        every = self.listing.read()
+        node = by_host_name(every or [])
+        if node is None:
+            return None
+        log.info("Slurm's name of this node: %s (its NodeHostName is this host)", node.name)
+        self.node, self.source = node.name, "NodeHostName"
+        return [node]
 
 
 def _slurm_here(paths: Paths, options: dict[str, Any]) -> bool:

@@ -5,7 +5,10 @@
 Reads the ledger's recorded counts (no new scrape): every GPU in one state at every evaluation, by the fleet, by
 account and user, and the lost states by node. Each sample stands for one step of the range query, so a state's
 GPU-hours are the sum of its counts times the step; a count that is absent (an account with no GPU in that state)
-is zero. Writes into DIR:
+is zero. Each step reads the last count recorded within it (not Prometheus's five-minute lookback, which would
+bridge a gap). The report checks itself: the GPU-hours the fleet had (its GPUs at each step, the nearest recorded
+count standing in for a step with none) against those the ledger accounts for, and the gaps (steps with no recorded
+states: a master restarted, a shard down) named. Writes into DIR:
 
 - `report.html`: the ledger at a glance, every number explained in a sentence, opening offline (plots embedded);
 - `report.pdf`: the same, for a ticket or a finance team;
@@ -19,12 +22,13 @@ import base64
 import datetime
 import io
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from accelmon.report.query import Prometheus, ReportError, step_for
 
-STATES = ("productive", "straggling", "idle", "hung", "free", "drained", "unhealthy")
+STATES = ("productive", "straggling", "idle", "hung", "free", "drained", "unhealthy", "unreachable")
 HELD = ("productive", "straggling", "idle", "hung")
 WASTED_HELD = ("idle", "hung")
 MIN_STEP = 60.0  # the rules' evaluation interval is 15-60 s: a finer step would count one evaluation several times
@@ -36,7 +40,9 @@ COLOURS = {
     "free": "#90a4ae",
     "drained": "#6a1b9a",
     "unhealthy": "#212121",
+    "unreachable": "#b0bec5",
 }
+MAX_GAPS_NAMED = 10
 
 
 def parse_time(text: str) -> float:
@@ -68,7 +74,7 @@ def collect(prometheus: Prometheus, start: float, end: float) -> tuple[list[dict
         "node": "node:accelmon_gpus_by_state:count",
     }
     for scope, query in queries.items():
-        for series in prometheus.range(query, start, end, step):
+        for series in prometheus.range(within_step(query, step), start, end, step):
             labels = series["metric"]
             state = labels.get("state", "")
             if state not in STATES:
@@ -86,11 +92,54 @@ def collect(prometheus: Prometheus, start: float, end: float) -> tuple[list[dict
     return table, step
 
 
+def within_step(query: str, step: float) -> str:
+    """`query`'s last sample within each step: a step with none stays empty (a gap), where a plain range query would
+    carry the last sample over Prometheus's five-minute lookback."""
+    return f"last_over_time({query}[{int(step)}s])"
+
+
+def coverage(prometheus: Prometheus, start: float, end: float, step: float) -> dict[str, Any]:
+    """The GPU-hours the fleet had over the range and the gaps in the ledger: at each step, the fleet's GPUs are the
+    sum of its recorded counts; a step with none is a gap, its GPUs the last recorded step's (the first one's for a
+    gap at the start). With no count at all nothing is known of the fleet, and nothing is claimed."""
+    answer = prometheus.range(f"sum({within_step('cluster:accelmon_gpus_by_state:count', step)})", start, end, step)
+    counted = {round(float(stamp), 3): float(value) for stamp, value in (answer[0]["values"] if answer else [])}
+    first = end - math.ceil((end - start) / step) * step  # the range query's points (Prometheus.range)
+    stamps = [round(first + k * step, 3) for k in range(round((end - first) / step) + 1)]
+    recorded = [t for t in stamps if t in counted]
+    had = 0.0
+    gaps: list[dict[str, Any]] = []
+    last_known = counted[recorded[0]] if recorded else 0.0  # a gap before the first count: the first count's GPUs
+    for stamp in stamps:
+        if stamp in counted:
+            last_known = counted[stamp]
+            had += last_known * step / 3600
+            continue
+        if not recorded:
+            continue
+        hours = last_known * step / 3600
+        had += hours
+        if gaps and round(stamp - gaps[-1]["_last"], 3) == round(step, 3):
+            gaps[-1].update(_last=stamp, gpu_hours=gaps[-1]["gpu_hours"] + hours)
+        else:
+            gaps.append({"_first": stamp, "_last": stamp, "gpu_hours": hours})
+    named = [
+        {"from": iso(g["_first"] - step), "to": iso(g["_last"]), "gpu_hours": g["gpu_hours"]} for g in gaps
+    ]  # a step's sample stands for the step before it
+    return {"fleet_gpu_hours": had, "gaps": named}
+
+
+def iso(stamp: float) -> str:
+    return datetime.datetime.fromtimestamp(stamp, datetime.timezone.utc).isoformat()
+
+
 def percent(part: float, whole: float) -> str:
     return f"{100 * part / whole:.1f} %" if whole else "n/a"
 
 
-def summarize(table: list[dict[str, Any]], start: float, end: float, step: float) -> dict[str, Any]:
+def summarize(
+    table: list[dict[str, Any]], start: float, end: float, step: float, checked: dict[str, Any]
+) -> dict[str, Any]:
     fleet = [r for r in table if r["scope"] == "fleet"]
     by_state = {state: sum(r["gpu_hours"] for r in fleet if r["state"] == state) for state in STATES}
     total = sum(by_state.values())
@@ -117,6 +166,9 @@ def summarize(table: list[dict[str, Any]], start: float, end: float, step: float
         "to": datetime.datetime.fromtimestamp(end, datetime.timezone.utc).isoformat(),
         "step_seconds": step,
         "gpu_hours": total,
+        "fleet_gpu_hours": checked["fleet_gpu_hours"],
+        "accounted_gpu_hours": total,
+        "gaps": checked["gaps"],
         "gpu_hours_by_state": by_state,
         "goodput": by_state["productive"] / total if total else None,
         "allocation": held / total if total else None,
@@ -135,7 +187,21 @@ def sentences(summary: dict[str, Any], wasted: float) -> list[str]:
     hours = summary["gpu_hours_by_state"]
     if not total:
         return ["The ledger holds no GPU in this range: its rules were not running, or the range is outside the data."]
+    had = summary["fleet_gpu_hours"]
     said = [
+        f"The fleet had {had:,.0f} GPU-hours over the range; the ledger accounts for {total:,.0f} of them "
+        f"({percent(total, had)})."
+    ]
+    gaps = summary["gaps"]
+    for gap in gaps[:MAX_GAPS_NAMED]:
+        said.append(
+            f"No state was recorded from {gap['from'][:16]} to {gap['to'][:16]} UTC: {gap['gpu_hours']:,.0f} "
+            "GPU-hours the ledger cannot place (the master or its rules were not running, or a shard was down)."
+        )
+    if len(gaps) > MAX_GAPS_NAMED:
+        rest = sum(g["gpu_hours"] for g in gaps[MAX_GAPS_NAMED:])
+        said.append(f"{len(gaps) - MAX_GAPS_NAMED} more gaps: {rest:,.0f} GPU-hours (summary.json lists them).")
+    said += [
         f"Of {total:,.0f} GPU-hours, {hours['productive']:,.0f} ({percent(hours['productive'], total)}) did useful "
         "work: held by jobs that were neither hung, idle nor straggling. That is the fleet's goodput.",
         f"Jobs held {sum(hours[s] for s in HELD):,.0f} GPU-hours ({percent(sum(hours[s] for s in HELD), total)}, "
@@ -153,13 +219,14 @@ def sentences(summary: dict[str, Any], wasted: float) -> list[str]:
             f"{hours['straggling']:,.0f} GPU-hours ({percent(hours['straggling'], total)}) ran slower than the rest "
             "of their job (stragglers): a synchronous job waits for its slowest GPU."
         )
-    lost = hours["unhealthy"] + hours["drained"]
+    lost = hours["unhealthy"] + hours["drained"] + hours["unreachable"]
     if lost:
         nodes = summary["top_nodes_lost"]
         where = f"; most on {nodes[0]['node']} ({nodes[0]['gpu_hours']:,.0f})" if nodes else ""
         said.append(
-            f"{lost:,.0f} GPU-hours ({percent(lost, total)}) were lost to failing GPUs ({hours['unhealthy']:,.0f}) "
-            f"and to nodes out of service ({hours['drained']:,.0f}){where}."
+            f"{lost:,.0f} GPU-hours ({percent(lost, total)}) were lost to failing GPUs ({hours['unhealthy']:,.0f}), "
+            f"to nodes out of service ({hours['drained']:,.0f}) and to nodes that did not answer "
+            f"({hours['unreachable']:,.0f}){where}."
         )
     said.append(f"{hours['free']:,.0f} GPU-hours ({percent(hours['free'], total)}) were free: no job asked for them.")
     return said
@@ -222,7 +289,7 @@ td.l,th.l{text-align:left}table{border-collapse:collapse}tr:nth-child(even){back
 {% if s.top_users_idle_or_hung %}<table><tr><th class="l">user</th><th>GPU-hours</th></tr>
 {% for u in s.top_users_idle_or_hung %}<tr><td class="l">{{ u.user }}</td><td>{{ "{:,.1f}".format(u.gpu_hours) }}</td>
 </tr>{% endfor %}</table>{% else %}<p>None: no job held a GPU idle or hung.</p>{% endif %}
-<h2>GPU-hours lost by node (unhealthy, drained)</h2>
+<h2>GPU-hours lost by node (unreachable, unhealthy, drained)</h2>
 {% if s.top_nodes_lost %}<table><tr><th class="l">node</th><th>GPU-hours</th></tr>
 {% for n in s.top_nodes_lost %}<tr><td class="l">{{ n.node }}</td><td>{{ "{:,.1f}".format(n.gpu_hours) }}</td></tr>
 {% endfor %}</table>{% else %}<p>None.</p>{% endif %}
@@ -280,7 +347,7 @@ def write_fleet_report(prometheus: Prometheus, start: float, end: float, out: Pa
     if end <= start:
         raise ReportError("--to must be after --from", 2)
     table, step = collect(prometheus, start, end)
-    summary = summarize(table, start, end, step)
+    summary = summarize(table, start, end, step, coverage(prometheus, start, end, step))
     images = plots(summary)
     out.mkdir(parents=True, exist_ok=True)
     frame = pandas.DataFrame(table, columns=["day", "scope", "account", "user", "node", "state", "gpu_hours"])

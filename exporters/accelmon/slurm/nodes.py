@@ -50,6 +50,13 @@ def node_name(configured: str = "") -> tuple[str, str]:
     return socket.gethostname().split(".")[0], "hostname"
 
 
+def by_host_name(nodes: list[SlurmNode]) -> Optional[SlurmNode]:
+    """The node whose NodeHostName is this host (short or fully qualified): how a process that slurmd did not start
+    (the exporter) finds a NodeName that differs from the host's name."""
+    names = {socket.gethostname(), socket.gethostname().split(".")[0], socket.getfqdn()}
+    return next((node for node in nodes if node.host and node.host in names), None)
+
+
 def flags_of(state: str) -> set[str]:
     """Slurm's State= field as its base state and flags, without the power and responding suffixes."""
     return set(re.sub(r"[*~#!%$@^]", "", state.upper()).split("+"))
@@ -84,6 +91,7 @@ class SlurmNode:
     reason_time: Optional[float] = None  # when the controller set the reason (epoch seconds), None if not stamped
     reason_user: str = ""
     comment: str = ""  # the node's Comment ("" when unset)
+    host: str = ""  # NodeHostName: the host's name, where it differs from the NodeName ("" when not given)
 
     @property
     def flags(self) -> set[str]:
@@ -149,9 +157,9 @@ def parse_nodes(text: str) -> list[SlurmNode]:
             else:
                 reason = field_value(line, "Reason") or ""
         comment = field_value(line, "Comment") or ""
-        nodes.append(
-            SlurmNode(name.group(1), state.group(1), reason, when, user, "" if comment == "(null)" else comment)
-        )
+        host = field_value(line, "NodeHostName") or ""
+        comment = "" if comment == "(null)" else comment
+        nodes.append(SlurmNode(name.group(1), state.group(1), reason, when, user, comment, host))
     return nodes
 
 
@@ -186,6 +194,7 @@ def parse_json(text: str) -> list[SlurmNode]:
                 number(raw.get("reason_changed_at")),
                 str(raw.get("reason_set_by_user") or ""),
                 str(raw.get("comment") or ""),
+                str(raw.get("hostname") or ""),
             )
         )
     return nodes

@@ -22,8 +22,8 @@ def top_hours(count: int, by: str, series: str) -> str:
 DASHBOARD = Dashboard(
     "accelmon-ledger",
     "accelmon / Fleet ledger",
-    "Where the fleet's GPU-hours went: every GPU in exactly one state at every evaluation (unhealthy, drained, hung, "
-    "idle, straggling, productive, free; docs/ledger.md), over the dashboard's time range.",
+    "Where the fleet's GPU-hours went: every GPU the fleet had in exactly one state at every evaluation (unreachable, "
+    "unhealthy, drained, hung, idle, straggling, productive, free; docs/ledger.md), over the dashboard's time range.",
     [
         Panel(
             "Goodput (productive / all GPU-hours)",
@@ -52,11 +52,21 @@ DASHBOARD = Dashboard(
             max=1,
         ),
         Panel(
+            "GPUs unreachable now",
+            "none",
+            [(f'sum({COUNTS}{{state="unreachable"}})', "GPUs")],
+            "stat",
+            6,
+            4,
+            description="GPUs the fleet had whose exporter does not answer (a node crashed, hung, rebooting or off "
+            "the network): capacity lost that no other state shows.",
+        ),
+        Panel(
             "GPU-hours by state",
             "short",
             [(f"sum by (state) (avg_over_time({COUNTS}[$__range])) * {HOURS}", "{{state}}")],
             "bargauge",
-            12,
+            6,
             4,
         ),
         Panel(
@@ -65,7 +75,8 @@ DASHBOARD = Dashboard(
             [(f"sum by (state) ({COUNTS})", "{{state}}")],
             width=24,
             height=8,
-            description="Each state's GPUs at each evaluation; they add up to every GPU Prometheus knows.",
+            description="Each state's GPUs at each evaluation; they add up to every GPU the fleet had (seen within "
+            "the ledger's memory, accelmon_master_ledger_memory), unreachable ones included.",
         ),
         Panel(
             "Top accounts by idle and hung GPU-hours",
@@ -98,13 +109,14 @@ DASHBOARD = Dashboard(
             expect_data=False,
         ),
         Panel(
-            "GPU-hours lost by node (unhealthy, drained)",
+            "GPU-hours lost by node (unreachable, unhealthy, drained)",
             "short",
             [(top_hours(20, "node, state", "node:accelmon_gpus_by_state:count"), "{{node}} {{state}}")],
             "table",
             24,
             8,
-            description="GPU-hours of each node's GPUs that were lost or failing, or on a node that took no jobs.",
+            description="GPU-hours of each node's GPUs whose exporter did not answer, that were lost or failing, or "
+            "on a node that took no jobs.",
             expect_data=False,  # a healthy fleet loses none
         ),
     ],
