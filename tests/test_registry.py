@@ -208,7 +208,7 @@ def test_a_toy_collector_reaches_the_roles_config_and_unit(toy_tree, tmp_path):
     assert refused.returncode != 0
     assert "collectors.toy.colour: expected one of blue, red" in refused.stdout
     off = {"enabled": False}
-    nvml_readers = {"nvml": off, "fabric": off, "gpu_processes": off, "jobs": off}
+    nvml_readers = {"nvml": off, "fabric": off, "gpu_processes": off, "jobs": off, "nccl": off}
     accepted = preflight({"toy": {"enabled": True, "colour": "red"}, **nvml_readers})
     assert accepted.returncode == 0, accepted.stdout + accepted.stderr
     written = yaml.safe_load((tmp_path / "exporter.yml").read_text())
@@ -267,16 +267,16 @@ def test_an_option_several_collectors_share_is_set_once(tmp_path):
     """The job collectors' state_dir and oar_runtime_dir are one setting each: set on one collector, every job
     collector reads it (and the role's prolog, through the plan, writes there); two different values are refused."""
     sharing = [name for name, registration in collectors().items() if "state_dir" in registration.defaults]
-    assert set(sharing) == {"jobs", "job_resources", "job_perf"}
+    assert set(sharing) == {"jobs", "job_resources", "job_perf", "nccl"}
     config = tmp_path / "exporter.yml"
     config.write_text("collectors:\n  job_resources: {state_dir: /run/jobs, oar_runtime_dir: ''}\n")
     options = plan(load(str(config)))["collectors"]
     assert {options[name]["options"]["state_dir"] for name in sharing} == {"/run/jobs"}
-    assert {options[name]["options"]["oar_runtime_dir"] for name in sharing} == {""}
+    assert {options[name]["options"]["oar_runtime_dir"] for name in sharing if name != "nccl"} == {""}
     config.write_text("collectors:\n  jobs: {state_dir: /run/a}\n  job_perf: {state_dir: /run/b}\n")
     with pytest.raises(
         ConfigError,
-        match="state_dir is one setting shared by job_perf, job_resources, jobs; it was given different values",
+        match="state_dir is one setting shared by job_perf, job_resources, jobs, nccl; it was given different values",
     ):
         load(str(config))
 

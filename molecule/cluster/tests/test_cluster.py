@@ -481,6 +481,26 @@ def test_the_repair_loop_and_the_circuit_breaker_on_the_real_slurm(host):
     assert wait_for(lambda: "DRAIN" not in node_line(controller, name), timeout=30), node_line(controller, name)
 
 
+def test_a_worker_that_stops_answering_is_unreachable_capacity_not_gone(host):
+    """The ledger on the real master (docs/ledger.md): worker-2's exporter stopped, its 8 GPUs become unreachable
+    within a few evaluations, and the fleet's states still add up to its 16 GPUs; started again, they are back."""
+    name = f"{CLUSTER}-worker-2"
+    worker = testinfra.get_host(f"podman://{name}")
+    unreachable = f'count by (node) (gpu:accelmon_ledger_unreachable:bool{{node="{name}"}})'
+    total = "sum(cluster:accelmon_gpus_by_state:count)"
+    assert wait_for(lambda: ledger(host, total) == {"": 16.0}, timeout=60), ledger(host, total)
+    worker.check_output("systemctl stop accelmon-exporter")
+    try:
+        assert wait_for(lambda: ledger(host, unreachable) == {name: 8.0}, timeout=90), ledger(host, unreachable)
+        assert wait_for(lambda: ledger(host, total) == {"": 16.0}, timeout=30), ledger(host, total)
+        by_state = ledger(host, "sum by (state) (cluster:accelmon_gpus_by_state:count)")
+        assert by_state["unreachable"] == 8.0 and sum(by_state.values()) == 16.0, by_state
+    finally:
+        worker.check_output("systemctl start accelmon-exporter")
+    assert wait_for(lambda: ledger(host, unreachable) == {}, timeout=90), ledger(host, unreachable)
+    assert wait_for(lambda: up_workers(host) == WORKERS, timeout=60)
+
+
 def test_day_two_keeps_the_metrics(host):
     wait_for(lambda: up_workers(host) == WORKERS)
     time.sleep(5)

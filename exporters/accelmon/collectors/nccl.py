@@ -1,0 +1,274 @@
+"""NCCL's own view of each job on this node (its RAS socket, NCCL 2.24+): which communicators answer, which ranks
+are missing or dead, and which ranks stand behind on their collective count while the others move on: the rank a
+hung job waits for (docs/jobs.md, "NCCL RAS").
+
+Example exposition lines::
+
+    accelmon_nccl_communicator_ranks{job_id="4242",communicator="0xae94423cfbb2ef4a",state="missing"} 1.0
+    accelmon_nccl_rank_missing{job_id="4242",communicator="0xae94...",rank="21",host="10.0.0.13",pid="3487984",
+        nvml_dev="5",uuid="",dead="true"} 1.0
+
+Which sockets: each job record of this node (the jobs collector's `state_dir`) that carries `nccl_ras_port` (the
+role's prolog records it, its TaskProlog gives the job NCCL_RAS_ADDR=localhost:PORT), asked only where the record
+says this node asks for the job (`nccl_ras_query=1`: the job's first node, so that one node a job asks, not every
+one: RAS gathers from every process of the job for each query); and the `addresses` always asked. Each query is
+bounded by `timeout_seconds` and the answer by MAX_ANSWER_BYTES; every query's result is counted
+(`accelmon_nccl_queries_total{result}`): refused (nothing listening: a job without NCCL, or not yet initialised) is
+no error, the others are. Series are summaries plus outliers: per communicator its size and ranks answering and
+missing, its status and highest collective count; per rank only the missing or dead ones and those behind, at most
+`max_ranks` of each per communicator. A rank on this node (its host one of this node's addresses) carries its GPU's
+UUID. The job's user and account come from joining `accelmon_gpu_job_info` on `job_id`: no label here.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+from collections import Counter
+from typing import Callable, Optional
+
+from accelmon import nccl_ras
+from accelmon.job_sources import has_job_records
+from accelmon.job_sources.slurm import STATE_DIR, read_record, record_names
+from accelmon.metrics import Catalogue, Samples
+from accelmon.nccl_ras import JobStatus, Rank, RasError
+from accelmon.nvidia import NVML_DEVICES, NvmlSession
+from accelmon.registry import Option, Paths, Registration, register, seconds
+from accelmon.runtime import Collector
+
+log = logging.getLogger("accelmon.nccl")
+
+MAX_ANSWER_BYTES = 32 * 1024 * 1024  # a 4,096-rank job's JSON is about 4 MiB
+RESULTS = ("ok", "refused", "timeout", "cut_short", "malformed", "protocol", "too_large")
+RANK_LABELS = ["job_id", "communicator", "rank", "host", "pid", "nvml_dev", "uuid"]
+
+C = Catalogue(
+    "nccl",
+    "NCCL's view of running jobs (RAS)",
+    "Source: each NCCL job's RAS socket on this node (NCCL 2.24+; JSON from 2.28.7, else the text answer's Errors "
+    "and Warnings), asked every interval_seconds by one node of the job; docs/jobs.md. Job series carry `job_id` "
+    "only: join `accelmon_gpu_job_info` for user and account.",
+)
+COMM_SIZE = C.gauge(
+    "accelmon_nccl_communicator_size", "Ranks of the communicator (its size).", ["job_id", "communicator"]
+)
+COMM_RANKS = C.gauge(
+    "accelmon_nccl_communicator_ranks",
+    "Ranks of the communicator that answered RAS (state answering) and that did not (missing).",
+    ["job_id", "communicator", "state"],
+)
+COMM_STATUS = C.gauge(
+    "accelmon_nccl_communicator_status",
+    "The communicator's status, value 1: ok, init (a rank still initialising), mismatch (ranks at different "
+    "collective counts), incomplete (ranks missing), error (a rank's NCCL error or abort).",
+    ["job_id", "communicator", "status"],
+)
+COMM_COLLECTIVES = C.gauge(
+    "accelmon_nccl_communicator_collectives_max",
+    "The highest count of collective operations any rank of the communicator launched (all kinds): a hung "
+    "communicator's stands still.",
+    ["job_id", "communicator"],
+)
+RANK_MISSING = C.gauge(
+    "accelmon_nccl_rank_missing",
+    "A rank that did not answer RAS (dead: unreachable for 60 s, RAS considers its process dead), with its host, "
+    "process and GPU (NVML index; UUID where it runs on this node); value is 1. At most max_ranks a communicator.",
+    [*RANK_LABELS, "dead"],
+)
+RANK_BEHIND = C.gauge(
+    "accelmon_nccl_rank_collectives_behind",
+    "A rank whose collective count stands below its communicator's highest: by how many operations. The rank the "
+    "others wait for when it stays so. At most max_ranks a communicator, the furthest behind first.",
+    RANK_LABELS,
+)
+RANK_COLLECTIVES = C.gauge(
+    "accelmon_nccl_rank_collectives",
+    "The collective operations a rank that stands behind has launched (all kinds): stands still while it is stuck.",
+    RANK_LABELS,
+)
+DEAD_PROCESS = C.gauge(
+    "accelmon_nccl_process_dead",
+    "A process of the job RAS considers dead (NCCL's text answer names processes, not ranks); value is 1.",
+    ["job_id", "host", "pid", "nvml_dev", "uuid"],
+)
+QUERIES = C.counter(
+    "accelmon_nccl_queries_total",
+    "RAS queries by result: ok; refused (nothing listening: no NCCL in the job, or not yet); timeout, cut_short, "
+    "malformed, protocol (not a RAS server, or a protocol version this does not read), too_large: errors.",
+    ["result"],
+)
+JOBS_ASKED = C.gauge(
+    "accelmon_nccl_jobs_asked", "RAS sockets asked at the latest interval (this node's share of the jobs).", ()
+)
+
+ADDRESSES = Option(
+    "addresses",
+    "",
+    "RAS sockets always asked besides the jobs' own (HOST:PORT, space separated; e.g. localhost:28028, NCCL's "
+    "default, where jobs do not get a port of their own): counted for the node's only job, if it has one",
+    empty=True,
+)
+TIMEOUT = seconds("timeout_seconds", 10.0, "how long one RAS query may take, connection to last byte")
+MAX_RANKS = Option(
+    "max_ranks", 8.0, "ranks served per communicator, of each kind (missing, behind)", minimum=1, maximum=1024,
+    whole=True,
+)  # fmt: skip
+
+Ask = Callable[[str, int, float, int], "tuple[str, str]"]
+
+
+def local_addresses(procfs: str) -> set[str]:
+    """This node's IP addresses, as RAS writes a rank's host: IPv4 from `net/fib_trie` (its LOCAL entries), IPv6
+    from `net/if_inet6`."""
+    found = {"127.0.0.1", "::1"}
+    try:
+        with open(os.path.join(procfs, "net", "fib_trie"), encoding="utf-8") as stream:
+            last = ""
+            for line in stream:
+                words = line.split()
+                if len(words) == 2 and words[0] in ("|--", "+--"):
+                    last = words[1]
+                elif words[:3] == ["/32", "host", "LOCAL"] and last:
+                    found.add(last)
+    except OSError:
+        pass
+    try:
+        with open(os.path.join(procfs, "net", "if_inet6"), encoding="utf-8") as stream:
+            for line in stream:
+                raw = line.split()[0] if line.split() else ""
+                if len(raw) == 32:
+                    found.add(str(ipaddress.IPv6Address(bytes.fromhex(raw))))
+    except (OSError, ValueError):
+        pass
+    return found
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    return host.strip("[]") or "localhost", int(port)
+
+
+class NcclCollector(Collector):
+    name = "nccl"
+
+    def __init__(
+        self, state_dir: str, addresses: str, timeout: float, max_ranks: int, procfs: str,
+        nvml: Optional[NvmlSession] = None, asker: Ask = nccl_ras.ask,
+    ) -> None:  # fmt: skip
+        self.state_dir = state_dir
+        self.addresses = [parse_address(a) for a in addresses.split()]
+        self.timeout = timeout
+        self.max_ranks = max_ranks
+        self.procfs = procfs
+        self.nvml = nvml
+        self.asker = asker
+        self.results: Counter[str] = Counter({result: 0 for result in RESULTS})
+        self._told: set[tuple[str, str]] = set()
+
+    def targets(self) -> list[tuple[str, str, int]]:
+        """(job id, host, port) of every RAS socket this node asks: the jobs' own, then the configured addresses
+        (counted for the node's job where it has exactly one, unless that job is asked from another node)."""
+        records = []
+        for name in record_names(self.state_dir):
+            try:
+                records.append(read_record(os.path.join(self.state_dir, name))[0])
+            except OSError:
+                continue  # the job ended between the listing and the read
+        asked_here = [r for r in records if r.get("job_id") and r.get("nccl_ras_query", "1") != "0"]
+        jobs = [(r["job_id"], "localhost", int(r["nccl_ras_port"])) for r in asked_here
+                if r.get("nccl_ras_port", "").isdigit()]  # fmt: skip
+        owners = {r.get("job_id", "") for r in records} - {""}
+        if len(owners) == 1 and not asked_here:
+            return jobs  # the node's only job is asked by its first node
+        owner = next(iter(owners)) if len(owners) == 1 else ""
+        taken = {(host, port) for _, host, port in jobs}
+        return jobs + [(owner, host, port) for host, port in self.addresses if (host, port) not in taken]
+
+    def uuids(self) -> dict[int, str]:
+        found = self.nvml.gpus() if self.nvml is not None else None
+        return {index: uuid for index, _, uuid in found or []}
+
+    def sample(self) -> Samples:
+        out = Samples()
+        targets = self.targets()
+        local, uuids = (local_addresses(self.procfs), self.uuids()) if targets else (set(), {})
+        for job, host, port in targets:
+            try:
+                form, text = self.asker(host, port, self.timeout, MAX_ANSWER_BYTES)
+                status = nccl_ras.parse(form, text, self.max_ranks)
+            except RasError as error:
+                self.results[error.kind] += 1
+                if error.kind != "refused" and (job, error.kind) not in self._told:
+                    self._told.add((job, error.kind))  # once per job and kind: a stuck socket is not a log flood
+                    log.warning("NCCL RAS of job %s at %s:%d: %s", job or "?", host, port, error)
+                continue
+            self.results["ok"] += 1
+            self.serve(out, job, status, local, uuids)
+        out.add(JOBS_ASKED, (), len(targets))
+        for result, count in self.results.items():
+            out.add(QUERIES, (result,), count)
+        return out
+
+    def serve(self, out: Samples, job: str, status: JobStatus, local: set[str], uuids: dict[int, str]) -> None:
+        def labels(comm: str, rank: Rank) -> list[str]:
+            uuid = uuids.get(rank.nvml_dev, "") if rank.host in local else ""
+            return [job, comm, str(rank.rank), rank.host, str(rank.pid), str(rank.nvml_dev), uuid]
+
+        for comm in status.communicators:
+            if comm.size:
+                out.add(COMM_SIZE, (job, comm.hash), comm.size)
+                out.add(COMM_RANKS, (job, comm.hash, "answering"), comm.answering)
+                out.add(COMM_RANKS, (job, comm.hash, "missing"), max(len(comm.missing), comm.size - comm.answering))
+            out.add(COMM_STATUS, (job, comm.hash, comm.status), 1)
+            if comm.max_collectives is not None:
+                out.add(COMM_COLLECTIVES, (job, comm.hash), comm.max_collectives)
+            for rank in comm.missing:
+                out.add(RANK_MISSING, [*labels(comm.hash, rank), "true" if rank.dead else "false"], 1)
+            for rank in comm.behind:
+                if rank.collectives is not None and comm.max_collectives is not None:
+                    out.add(RANK_BEHIND, labels(comm.hash, rank), comm.max_collectives - rank.collectives)
+                    out.add(RANK_COLLECTIVES, labels(comm.hash, rank), rank.collectives)
+        for process in status.dead_processes:
+            uuid = uuids.get(process.nvml_dev, "") if process.host in local else ""
+            out.add(DEAD_PROCESS, [job, process.host, str(process.pid), str(process.nvml_dev), uuid], 1)
+
+    def stop(self) -> None:
+        if self.nvml is not None:
+            self.nvml.close()
+
+
+def _build(options: dict[str, object], paths: Paths) -> NcclCollector:
+    return NcclCollector(
+        str(options["state_dir"]),
+        str(options["addresses"]),
+        float(options["timeout_seconds"]),  # type: ignore[arg-type]
+        int(options["max_ranks"]),  # type: ignore[call-overload]
+        paths.procfs,
+        NvmlSession("no GPU UUID for the ranks on this node", retry_seconds=300),
+    )
+
+
+def _jobs_or_addresses(paths: Paths, options: dict[str, object]) -> bool:
+    """On where job records are kept (the ports come from them) or addresses are given."""
+    return bool(options["addresses"]) or has_job_records(paths, {**options, "oar_runtime_dir": ""})
+
+
+REGISTRATION = register(
+    Registration(
+        name="nccl",
+        help="NCCL's RAS view of the node's jobs: missing and dead ranks, ranks behind (default: on where job "
+        "records are kept)",
+        build=_build,
+        catalogue=C,
+        options=(
+            seconds("interval_seconds", 30.0, "how often each job's RAS socket is asked"),
+            TIMEOUT,
+            ADDRESSES,
+            MAX_RANKS,
+            STATE_DIR,
+        ),
+        enabled_by_default=_jobs_or_addresses,
+        devices=NVML_DEVICES,  # NVML is opened to name the GPUs of the ranks on this node
+    )
+)

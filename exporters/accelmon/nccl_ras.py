@@ -1,0 +1,291 @@
+"""NCCL's RAS socket: the client protocol and its answers, read into what the `nccl` collector serves.
+
+Every NCCL process since 2.24 runs a RAS thread that answers on a local TCP socket (`localhost:28028`, or the job's
+`NCCL_RAS_ADDR`) with the job's global view. The protocol is plain text, one command a line (NVIDIA/nccl
+src/ras/client.cc and client_support.cc; docs/jobs.md, "NCCL RAS"):
+
+    -> CLIENT PROTOCOL 2            <- SERVER PROTOCOL 2
+    -> TIMEOUT 3                    <- OK            (how long RAS waits for each leg of its own collection)
+    -> SET FORMAT json              <- OK            (2.28.7+; older: "ERROR: Unknown command ...": text instead)
+    -> STATUS                       <- the answer, until the socket closes
+
+JSON (2.28.7+) lists every communicator with its ranks (host, pid, nvml_dev, collective counts by operation) and its
+missing ranks (unresponsive, considered dead). The text form (2.24-2.28) names only what is wrong: the `Errors` and
+`Warnings` sections (a dead process, a communicator missing ranks, ranks behind on their collective count); that is
+what is read from it. Everything here is bounded: a deadline for the whole exchange, a cap on the answer's bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+DEFAULT_PORT = 28028
+# Ports for jobs that share a node: the role's TaskProlog sets NCCL_RAS_ADDR=localhost:(JOB_PORT_BASE + job id
+# modulo JOB_PORTS) and the prolog records it; two jobs on one node collide only if their ids differ by a multiple
+# of JOB_PORTS.
+JOB_PORT_BASE = 28100
+JOB_PORTS = 1000
+PROTOCOLS = (1, 2)  # the versions whose answers this reads (NCCL 2.24 to 2.29 answer 2)
+MAX_LINE = 4096
+STATUSES = ("ok", "init", "mismatch", "incomplete", "error")
+
+
+class RasError(Exception):
+    """A query that did not give an answer to read; `kind` is one of the collector's results."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(f"{kind}: {detail}")
+        self.kind = kind
+
+
+@dataclass
+class Rank:
+    rank: int
+    host: str = ""
+    pid: int = -1
+    nvml_dev: int = -1
+    collectives: Optional[int] = None  # collective operations launched (all kinds), where RAS said
+    dead: bool = False  # missing for 60 s or more: RAS considers the process dead
+
+
+@dataclass
+class Communicator:
+    hash: str
+    size: int = 0
+    answering: int = 0
+    missing: list[Rank] = field(default_factory=list)
+    behind: list[Rank] = field(default_factory=list)  # ranks whose collective count stands below the others'
+    max_collectives: Optional[int] = None
+    status: str = "ok"  # one of STATUSES
+
+
+@dataclass
+class JobStatus:
+    format: str  # json or text
+    communicators: list[Communicator]
+    dead_processes: list[Rank]  # processes RAS considers dead (text form; in JSON they are the dead missing ranks)
+
+
+def job_port(job_id: str) -> int:
+    return JOB_PORT_BASE + int(job_id) % JOB_PORTS
+
+
+class Exchange:
+    """One connection to a RAS socket under one deadline."""
+
+    def __init__(self, host: str, port: int, timeout: float, max_bytes: int) -> None:
+        self.deadline = time.monotonic() + timeout
+        self.max_bytes = max_bytes
+        self.buffer = b""
+        try:
+            self.sock = socket.create_connection((host, port), timeout=timeout)
+        except ConnectionRefusedError as error:
+            raise RasError("refused", f"{host}:{port}: nothing listening") from error
+        except socket.timeout as error:
+            raise RasError("timeout", f"{host}:{port}: no connection in {timeout:g} s") from error
+        except OSError as error:
+            raise RasError("refused", f"{host}:{port}: {error}") from error
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def _receive(self) -> bytes:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise RasError("timeout", "no complete answer before the deadline")
+        self.sock.settimeout(left)
+        try:
+            return self.sock.recv(65536)
+        except socket.timeout as error:
+            raise RasError("timeout", "no complete answer before the deadline") from error
+        except OSError as error:
+            raise RasError("cut_short", str(error)) from error
+
+    def send(self, line: str) -> None:
+        try:
+            self.sock.sendall(line.encode() + b"\n")
+        except OSError as error:
+            raise RasError("cut_short", f"sending {line!r}: {error}") from error
+
+    def line(self) -> str:
+        while b"\n" not in self.buffer:
+            if len(self.buffer) > MAX_LINE:
+                raise RasError("protocol", "a reply line without an end")
+            chunk = self._receive()
+            if not chunk:
+                raise RasError("cut_short", "the socket closed before a reply")
+            self.buffer += chunk
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return line.decode(errors="replace").strip()
+
+    def rest(self) -> str:
+        """Everything until the server closes the socket, at most max_bytes."""
+        parts, size = [self.buffer], len(self.buffer)
+        while True:
+            chunk = self._receive()
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > self.max_bytes:
+                raise RasError("too_large", f"an answer of more than {self.max_bytes} bytes")
+            parts.append(chunk)
+        return b"".join(parts).decode(errors="replace")
+
+
+def ask(host: str, port: int, timeout: float, max_bytes: int) -> tuple[str, str]:
+    """(format, answer) of one STATUS query: JSON where this NCCL has it, else text. RasError when there is none."""
+    exchange = Exchange(host, port, timeout, max_bytes)
+    try:
+        exchange.send("CLIENT PROTOCOL 2")
+        reply = exchange.line()
+        found = re.fullmatch(r"(?i)SERVER PROTOCOL (\d+)", reply)
+        if not found:
+            raise RasError("protocol", f"not a RAS server: {reply[:80]!r}")
+        if int(found.group(1)) not in PROTOCOLS:
+            raise RasError("protocol", f"RAS protocol {found.group(1)}, not one this reads ({PROTOCOLS})")
+        # RAS waits this long for each leg of its collection from the job's processes: within our own deadline.
+        exchange.send(f"TIMEOUT {max(1, int(timeout / 3))}")
+        if exchange.line().upper() != "OK":
+            raise RasError("protocol", "TIMEOUT refused")
+        exchange.send("SET FORMAT json")
+        form = "json" if exchange.line().upper() == "OK" else "text"  # before 2.28.7: "ERROR: Unknown command"
+        exchange.send("STATUS")
+        return form, exchange.rest()
+    finally:
+        exchange.close()
+
+
+def parse(form: str, text: str, max_ranks: int) -> JobStatus:
+    return parse_json(text, max_ranks) if form == "json" else parse_text(text, max_ranks)
+
+
+def _int(value: Any, default: int = -1) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def parse_json(text: str, max_ranks: int) -> JobStatus:
+    """RAS's JSON answer (2.28.7+); RasError("malformed") when it is not that."""
+    start = text.find("{")
+    try:
+        data, _ = json.JSONDecoder().raw_decode(text[start:]) if start >= 0 else (None, 0)
+    except ValueError as error:
+        raise RasError("malformed", f"not JSON: {error}") from error
+    if not isinstance(data, dict) or not isinstance(data.get("communicators"), list):
+        raise RasError("malformed", "no communicators list")
+    communicators = []
+    for raw in data["communicators"]:
+        if not isinstance(raw, dict) or not isinstance(raw.get("hash"), str):
+            continue
+        comm = Communicator(raw["hash"][:32], size=max(0, _int(raw.get("size"), 0)))
+        ranks = [r for r in raw.get("ranks") or [] if isinstance(r, dict)]
+        comm.answering = len(ranks)
+        states = set()
+        counted: list[Rank] = []
+        for entry in ranks:
+            status = entry["status"] if isinstance(entry.get("status"), dict) else {}
+            init = _int(status.get("init_state"), 0)
+            if _int(status.get("async_error"), 0) or status.get("abort_flag") is True or init not in (0, 7):
+                states.add("error")
+            elif init == 7:
+                states.add("init")
+            counts = entry.get("collective_counts")
+            total = sum(_int(v, 0) for v in counts.values()) if isinstance(counts, dict) else None
+            counted.append(Rank(_int(entry.get("rank")), str(entry.get("host", ""))[:64], _int(entry.get("pid")),
+                                _int(entry.get("nvml_dev")), total))  # fmt: skip
+        for entry in [m for m in raw.get("missing_ranks") or [] if isinstance(m, dict)]:
+            status = entry["status"] if isinstance(entry.get("status"), dict) else {}
+            comm.missing.append(
+                Rank(_int(entry.get("rank")), str(entry.get("host", ""))[:64], _int(entry.get("pid")),
+                     _int(entry.get("nvml_dev")), dead=status.get("considered_dead") is True)
+            )  # fmt: skip
+        totals = [r.collectives for r in counted if r.collectives is not None]
+        if totals:
+            comm.max_collectives = max(totals)
+            behind = sorted((r for r in counted if r.collectives is not None and r.collectives < max(totals)),
+                            key=lambda r: (r.collectives, r.rank))  # fmt: skip
+            comm.behind = behind[:max_ranks]
+            if behind:
+                states.add("mismatch")
+        comm.missing = sorted(comm.missing, key=lambda r: (not r.dead, r.rank))[:max_ranks]
+        if _int(raw.get("missing_ranks_count"), len(comm.missing)) or comm.missing:
+            states.add("incomplete")
+        comm.status = next((s for s in reversed(STATUSES) if s in states), "ok")
+        communicators.append(comm)
+    return JobStatus("json", communicators, [])
+
+
+PROCESS = re.compile(r"Process (\d+) on node (\S+) managing GPU ([\d,]+)")
+RANK = re.compile(r"Rank (\d+) -- GPU (\d+)(?: \(NVML (\d+)\))? managed by process (\d+) on node (\S+)")
+COMM = re.compile(r"^#(\d+)-(\d+) \(([0-9a-fA-F]+)\) (.+)$")
+LAUNCHED = re.compile(r"(\d+) ranks? ha(?:s|ve) launched up to operation (\d+)")
+SUMMARY = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s+\S+\s+(\d+)\s+(\d+)\s+([A-Z_]+)\s+([A-Z_]+)\s*$")
+
+
+def parse_text(text: str, max_ranks: int) -> JobStatus:
+    """RAS's text answer (2.24-2.28): the communicators named in its Errors and Warnings sections and the dead
+    processes. The text is meant for people and changes between releases: what is not recognised is left out."""
+    if "Communicators" not in text and "Job summary" not in text:
+        raise RasError("malformed", "not a RAS status answer")
+    sizes: dict[int, int] = {}
+    for line in text.splitlines():
+        row = SUMMARY.match(line)
+        if row:
+            sizes[int(row.group(1))] = int(row.group(4))
+    communicators: dict[str, Communicator] = {}
+    dead: list[Rank] = []
+    current: Optional[Communicator] = None
+    section = ""
+    launched: Optional[int] = None
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped in ("Errors", "Warnings"):
+            section, current = stripped, None
+            continue
+        found = COMM.match(stripped)
+        if found:
+            key = found.group(3).lower()
+            current = communicators.setdefault(key, Communicator(key, size=sizes.get(int(found.group(1)), 0)))
+            words = found.group(4).split()
+            for word in words:
+                if word.lower() in STATUSES:
+                    current.status = max(current.status, word.lower(), key=STATUSES.index)
+            launched = None
+            continue
+        if stripped == "DEAD" and section == "Errors":
+            current, launched = None, None
+            section = "DEAD"
+            continue
+        process = PROCESS.search(stripped)
+        if process and section == "DEAD" and len(dead) < max_ranks:
+            gpu = int(process.group(3).split(",")[0])
+            dead.append(Rank(-1, process.group(2)[:64], int(process.group(1)), gpu, dead=True))
+            continue
+        if current is None:
+            continue
+        missing = re.match(r"The missing ranks?: ([\d, ]+)", stripped)
+        if missing:
+            for number in re.findall(r"\d+", missing.group(1))[:max_ranks]:
+                current.missing.append(Rank(int(number)))
+            continue
+        many = LAUNCHED.search(stripped)
+        if many:
+            launched = int(many.group(2))
+            current.max_collectives = max(current.max_collectives or 0, launched)
+            continue
+        rank = RANK.search(stripped)
+        if rank and launched is not None:
+            nvml = int(rank.group(3) or rank.group(2))
+            current.behind.append(Rank(int(rank.group(1)), rank.group(5)[:64], int(rank.group(4)), nvml, launched))
+    for comm in communicators.values():
+        top = comm.max_collectives
+        comm.behind = sorted((r for r in comm.behind if top is not None and (r.collectives or 0) < top),
+                             key=lambda r: (r.collectives, r.rank))[:max_ranks]  # fmt: skip
+        comm.answering = max(0, comm.size - len(comm.missing)) if comm.size else 0
+        if comm.missing and comm.status == "ok":
+            comm.status = "incomplete"
+    return JobStatus("text", list(communicators.values()), dead)

@@ -1,0 +1,231 @@
+"""The nccl collector over stand-ins for NCCL's RAS socket on loopback (tests/support/fake_ras.py): what a job's
+communicators say (JSON from NCCL 2.28.7, the text answer before), the rank the others wait for, one node asking per
+job, and every way a socket can misbehave, bounded in time and memory and counted."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from accelmon import nccl_ras
+from accelmon.collectors.nccl import NcclCollector, local_addresses
+from accelmon.nccl_ras import RasError
+from tests.support.exposition import check_golden, promtool_check, sample_value, series, text_of
+from tests.support.fake_ras import TEXT_ANSWER, FakeRas, communicator, json_answer, missing_rank, rank
+
+pytestmark = pytest.mark.unit
+
+HERE = "10.0.0.12"  # this node's address in the fixture procfs
+
+
+class Gpus:
+    """NVML's index -> UUID, as NvmlSession.gpus() answers."""
+
+    def gpus(self):
+        return [(i, object(), f"GPU-{i:08d}") for i in range(8)]
+
+    def close(self):
+        pass
+
+
+def procfs(root: Path) -> Path:
+    """A procfs whose net/fib_trie shows this node's LOCAL addresses (10.0.0.12) as Linux prints them."""
+    (root / "net").mkdir(parents=True, exist_ok=True)
+    (root / "net" / "fib_trie").write_text(
+        "Main:\n  +-- 0.0.0.0/0 3 0 5\n     |-- 10.0.0.0\n        /24 link UNICAST\n     |-- 10.0.0.12\n"
+        "        /32 host LOCAL\n     |-- 127.0.0.1\n        /32 host LOCAL\n"
+    )
+    return root
+
+
+def job_record(state: Path, job: str, port: int | None, query: str = "1") -> None:
+    state.mkdir(exist_ok=True)
+    lines = ["scheduler=slurm", f"job_id={job}", "user=ann", "account=ml", "gpus=0,1"]
+    if port is not None:
+        lines += [f"nccl_ras_port={port}", f"nccl_ras_query={query}"]
+    (state / f"slurm-{job}").write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture
+def node(tmp_path):
+    servers: list[FakeRas] = []
+
+    def make(*, max_ranks: int = 8, timeout: float = 5.0, addresses: str = "") -> NcclCollector:
+        return NcclCollector(str(tmp_path / "jobs"), addresses, timeout, max_ranks, str(procfs(tmp_path / "proc")),
+                             Gpus())  # fmt: skip
+
+    def serve(**options) -> FakeRas:
+        server = FakeRas(**options)
+        servers.append(server)
+        return server
+
+    yield make, serve, tmp_path / "jobs"
+    for server in servers:
+        server.stop()
+
+
+def stuck_job() -> str:
+    """A 4-rank communicator: rank 3 (this node, GPU 3) stuck at 100 AllReduces while the others launched 250;
+    rank 1 (another node) missing and considered dead."""
+    ranks = [rank(0, 250, HERE, dev=0), rank(2, 250, "10.0.0.13", dev=2), rank(3, 100, HERE, dev=3)]
+    return json_answer([communicator("0xae94423cfbb2ef4a", ranks, [missing_rank(1, "10.0.0.13", 7001, 1, True)])])
+
+
+def test_json_names_the_missing_rank_and_the_rank_behind(node):
+    make, serve, state = node
+    server = serve(answer=stuck_job())
+    job_record(state, "4242", server.port)
+    text = text_of(make())
+    comm = {"job_id": "4242", "communicator": "0xae94423cfbb2ef4a"}
+    assert sample_value(text, "accelmon_nccl_communicator_size", **comm) == 4
+    assert sample_value(text, "accelmon_nccl_communicator_ranks", **comm, state="answering") == 3
+    assert sample_value(text, "accelmon_nccl_communicator_ranks", **comm, state="missing") == 1
+    assert series(text, "accelmon_nccl_communicator_status") == [({**comm, "status": "incomplete"}, 1.0)]
+    assert sample_value(text, "accelmon_nccl_communicator_collectives_max", **comm) == 250
+    assert series(text, "accelmon_nccl_rank_missing") == [(
+        {**comm, "rank": "1", "host": "10.0.0.13", "pid": "7001", "nvml_dev": "1", "uuid": "", "dead": "true"}, 1.0
+    )]  # fmt: skip
+    behind = {**comm, "rank": "3", "host": HERE, "pid": "1003", "nvml_dev": "3", "uuid": "GPU-00000003"}
+    assert series(text, "accelmon_nccl_rank_collectives_behind") == [(behind, 150.0)]  # its GPU's UUID: on this node
+    assert series(text, "accelmon_nccl_rank_collectives") == [(behind, 100.0)]
+    assert sample_value(text, "accelmon_nccl_queries_total", result="ok") == 1
+    assert server.commands == ["CLIENT PROTOCOL 2", "TIMEOUT 1", "SET FORMAT json", "STATUS"]
+    promtool_check(text)
+
+
+def test_the_text_answer_before_2_28_7(node):
+    """NCCL 2.24-2.28 refuse SET FORMAT: the text answer's Errors and Warnings are read on the same connection."""
+    make, serve, state = node
+    server = serve(answer=TEXT_ANSWER, json_format=False)
+    job_record(state, "77", server.port)
+    text = text_of(make())
+    assert server.commands == ["CLIENT PROTOCOL 2", "TIMEOUT 1", "SET FORMAT json", "STATUS"]
+    statuses = {c["communicator"]: c["status"] for c, _ in series(text, "accelmon_nccl_communicator_status")}
+    assert statuses == {"cf264af53edbe986": "incomplete", "27a079b828ff1a75": "mismatch"}
+    missing = series(text, "accelmon_nccl_rank_missing")
+    assert [(m["rank"], m["dead"]) for m, _ in missing] == [("21", "false")]
+    assert sample_value(text, "accelmon_nccl_communicator_ranks", job_id="77", communicator="cf264af53edbe986",
+                        state="missing") == 1  # fmt: skip
+    behind = series(text, "accelmon_nccl_rank_collectives_behind")
+    assert [(b["rank"], b["pid"], b["host"], v) for b, v in behind] == [
+        (r, str(483072 + int(r)), "172.16.64.210", 1.0) for r in ("0", "2", "3", "4", "5", "7")
+    ]
+    assert series(text, "accelmon_nccl_process_dead") == [(
+        {"job_id": "77", "host": "172.16.64.213", "pid": "3487984", "nvml_dev": "5", "uuid": ""}, 1.0
+    )]  # fmt: skip
+    promtool_check(text)
+
+
+def test_a_4096_rank_job_serves_summaries_and_outliers(node):
+    make, serve, state = node
+    ranks = [rank(n, 900 if n % 512 else 880, f"10.1.{n // 256}.{n % 256}", dev=n % 8) for n in range(4096)]
+    missing = [missing_rank(n, "10.2.0.1", 9000 + n, 0, False) for n in range(4096, 4096 + 20)]
+    server = serve(answer=json_answer([communicator("0x1", ranks, missing)]))
+    job_record(state, "5", server.port)
+    text = text_of(make(max_ranks=4))
+    assert len(series(text, "accelmon_nccl_rank_missing")) == 4
+    behind = series(text, "accelmon_nccl_rank_collectives_behind")
+    assert [(b["rank"], v) for b, v in behind] == [("0", 20.0), ("512", 20.0), ("1024", 20.0), ("1536", 20.0)]
+    assert sample_value(text, "accelmon_nccl_communicator_ranks", job_id="5", communicator="0x1", state="missing") == 20
+    assert len(text.splitlines()) < 60  # no series per rank of the 4,116
+
+
+def test_one_node_asks_per_job(node):
+    """The prolog records nccl_ras_query=0 on every node of a job but its first: those ask nothing for it."""
+    make, serve, state = node
+    server = serve(answer=stuck_job())
+    job_record(state, "10", server.port, query="0")
+    text = text_of(make(addresses=f"localhost:{server.port}"))  # nor through an address given for the node's job
+    assert server.commands == []
+    assert sample_value(text, "accelmon_nccl_jobs_asked") == 0
+    assert series(text, "accelmon_nccl_communicator_status") == []
+
+
+def test_two_jobs_on_one_node_each_on_its_own_port(node):
+    make, serve, state = node
+    first, second = serve(answer=stuck_job()), serve(answer=json_answer([communicator("0x2", [rank(0, 5)], [])]))
+    job_record(state, "1", first.port)
+    job_record(state, "2", second.port)
+    text = text_of(make())
+    found = {(labels["job_id"], labels["communicator"], labels["status"])
+             for labels, _ in series(text, "accelmon_nccl_communicator_status")}  # fmt: skip
+    assert found == {("1", "0xae94423cfbb2ef4a", "incomplete"), ("2", "0x2", "ok")}
+
+
+def test_the_default_port_counts_for_the_nodes_only_job(node):
+    """Without the TaskProlog, `addresses` (NCCL's default localhost:28028 here on another port) is asked and what
+    it says is the node's one job's."""
+    make, serve, state = node
+    server = serve(answer=stuck_job())
+    job_record(state, "31", None)
+    text = text_of(make(addresses=f"127.0.0.1:{server.port}"))
+    assert {labels["job_id"] for labels, _ in series(text, "accelmon_nccl_communicator_status")} == {"31"}
+
+
+def test_no_nccl_job_serves_nothing_and_is_no_error(node):
+    make, _, state = node
+    text = text_of(make())
+    assert sample_value(text, "accelmon_nccl_jobs_asked") == 0
+    closed = FakeRas()
+    port = closed.port
+    closed.stop()  # nothing listens there now: a job that does not use NCCL, or not yet
+    job_record(state, "8", port)
+    text = text_of(make())
+    assert sample_value(text, "accelmon_nccl_queries_total", result="refused") == 1
+    assert series(text, "accelmon_nccl_communicator_status") == []
+
+
+@pytest.mark.parametrize(
+    ("options", "result"),
+    [
+        ({"behaviour": "silent"}, "timeout"),  # accepts, never answers
+        ({"behaviour": "cut"}, "cut_short"),  # closes before its first reply
+        ({"answer": '{"communicators": [{"hash": "0x1", "ranks": ['}, "malformed"),  # an answer cut short
+        ({"answer": "not json at all"}, "malformed"),
+        ({"answer": stuck_job(), "protocol": 9}, "protocol"),  # a version this does not read
+        ({"behaviour": "flood"}, "too_large"),  # 100 MiB
+    ],
+    ids=["silent", "cut", "truncated-json", "not-json", "unknown-protocol", "100-MiB"],
+)
+def test_a_misbehaving_socket_is_bounded_and_counted(node, options, result):
+    make, serve, state = node
+    server = serve(**options)
+    job_record(state, "9", server.port)
+    collector = make(timeout=2.0)
+    began = time.monotonic()
+    text = text_of(collector)
+    assert time.monotonic() - began < 5  # within the timeout and the answer cap, never a stalled sample
+    assert sample_value(text, "accelmon_nccl_queries_total", result=result) == 1
+    assert sample_value(text, "accelmon_nccl_queries_total", result="ok") == 0
+    assert series(text, "accelmon_nccl_communicator_status") == []
+
+
+def test_the_answer_is_capped_in_memory():
+    server = FakeRas(behaviour="flood")
+    try:
+        with pytest.raises(RasError) as raised:
+            nccl_ras.ask("127.0.0.1", server.port, 10.0, 4 * 1024 * 1024)
+        assert raised.value.kind == "too_large"
+    finally:
+        server.stop()
+
+
+def test_this_nodes_addresses_come_from_procfs(tmp_path):
+    assert {"10.0.0.12", "127.0.0.1"} <= local_addresses(str(procfs(tmp_path)))
+    assert "10.0.0.0" not in local_addresses(str(procfs(tmp_path / "again")))
+
+
+def test_a_jobs_port_is_its_id_modulo_the_range():
+    assert nccl_ras.job_port("4242") == 28100 + 242
+    assert nccl_ras.job_port("1000") == 28100
+
+
+def test_golden(node):
+    make, serve, state = node
+    server = serve(answer=stuck_job())
+    job_record(state, "4242", server.port)
+    text = text_of(make())
+    promtool_check(text)
+    check_golden("nccl_stuck_job.prom", text)
