@@ -4,6 +4,7 @@ job, and every way a socket can misbehave, bounded in time and memory and counte
 
 from __future__ import annotations
 
+import subprocess
 import time
 from pathlib import Path
 
@@ -12,10 +13,9 @@ import pytest
 from accelmon import nccl_ras
 from accelmon.collectors.nccl import NcclCollector, local_addresses
 from accelmon.nccl_ras import RasError
+from tests.support.ansible import render_role_template
 from tests.support.exposition import check_golden, promtool_check, sample_value, series, text_of
 from tests.support.fake_ras import TEXT_ANSWER, FakeRas, communicator, json_answer, missing_rank, rank
-
-pytestmark = pytest.mark.unit
 
 HERE = "10.0.0.12"  # this node's address in the fixture procfs
 
@@ -229,3 +229,37 @@ def test_golden(node):
     text = text_of(make())
     promtool_check(text)
     check_golden("nccl_stuck_job.prom", text)
+
+
+@pytest.mark.e2e  # the role's prolog and TaskProlog, rendered by ansible-playbook
+def test_the_roles_task_prolog_gives_the_job_the_port_the_prolog_records(tmp_path):
+    """Two jobs on one node: the TaskProlog gives each job's NCCL its own RAS port (NCCL_RAS_ADDR), the prolog
+    records the same port for the collector, which asks it; a job that set NCCL_RAS_ADDR itself keeps it."""
+    state = tmp_path / "jobs"
+    state.mkdir()
+    for script in ("prolog", "task-prolog"):
+        render_role_template("accelmon_exporter", f"slurm-{script}.sh.j2", tmp_path / f"{script}.sh",
+                             {"__accelmon_exporter_jobs_dir": str(state)})  # fmt: skip
+    job = "4242"
+    prolog = subprocess.run(["/bin/sh", str(tmp_path / "prolog.sh")], env={"SLURM_JOB_ID": job, "SLURM_JOB_GPUS": "0"},
+                            capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert prolog.returncode == 0, prolog.stderr
+    record = dict(line.split("=", 1) for line in (state / f"slurm-{job}").read_text().splitlines())
+    assert (record["nccl_ras_port"], record["nccl_ras_query"]) == ("28342", "1")  # no node list here: it asks
+    task = subprocess.run(["/bin/sh", str(tmp_path / "task-prolog.sh")], env={"SLURM_JOB_ID": job},
+                          capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert task.stdout == "export NCCL_RAS_ADDR=localhost:28342\n"
+    own = subprocess.run(["/bin/sh", str(tmp_path / "task-prolog.sh")],
+                         env={"SLURM_JOB_ID": job, "NCCL_RAS_ADDR": "localhost:30000"},
+                         capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert own.stdout == ""
+    try:
+        server = FakeRas(answer=stuck_job(), port=28342)
+    except OSError:
+        pytest.skip("port 28342 is taken on this machine")
+    try:
+        collector = NcclCollector(str(state), "", 5.0, 8, str(procfs(tmp_path / "proc")), Gpus())
+        text = text_of(collector)
+        assert {labels["job_id"] for labels, _ in series(text, "accelmon_nccl_communicator_status")} == {job}
+    finally:
+        server.stop()

@@ -34,6 +34,10 @@ VARIABLES = {
 ONLY_WHILE = {
     "accelmon_gpu_health_drill_active": "a drill is in force (tests/test_drill.py)",
     "accelmon_gpu_mig_instance_info": "a GPU is split into MIG instances (tests/test_nvml.py)",
+    "accelmon_nccl_rank_missing": "an NCCL job's rank does not answer RAS (tests/test_nccl.py)",
+    "accelmon_nccl_rank_collectives_behind": "an NCCL job's rank stands behind (tests/test_nccl.py)",
+    "accelmon_nccl_rank_collectives": "an NCCL job's rank stands behind (tests/test_nccl.py)",
+    "accelmon_nccl_communicator_collectives_max": "an NCCL job answers RAS (tests/test_nccl.py)",
     "accelmon_gpu_remediation_repairs_total": "the repair loop repaired a GPU (tests/test_remediation.py)",
     "accelmon_node_remediation_events_total": "the Slurm health check decided something (tests/test_remediation.py)",
     "accelmon_node_drain_breaker_nodes": "the circuit breaker holds a drain back (tests/test_remediation.py)",

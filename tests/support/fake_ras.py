@@ -13,13 +13,15 @@ from typing import Any
 
 
 class FakeRas:
-    def __init__(self, answer: str = "", json_format: bool = True, behaviour: str = "normal", protocol: int = 2):
+    def __init__(
+        self, answer: str = "", json_format: bool = True, behaviour: str = "normal", protocol: int = 2, port: int = 0
+    ) -> None:
         self.answer = answer
         self.json_format = json_format
         self.behaviour = behaviour
         self.protocol = protocol
         self.commands: list[str] = []
-        self.server = socket.create_server(("127.0.0.1", 0))
+        self.server = socket.create_server(("127.0.0.1", port))
         self.port = self.server.getsockname()[1]
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)

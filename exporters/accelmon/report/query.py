@@ -326,11 +326,12 @@ def hardware(prometheus: Prometheus, job: Job) -> list[dict[str, Any]]:
 
 def live_alerts(prometheus: Prometheus, job: Job) -> list[dict[str, Any]]:
     """The live judgements that fired on the job while it ran (the master role's accelmon-live-jobs.yml, at
-    whatever thresholds the master role set): each alert's name, its reason or signals, the node and GPU it named,
-    and when it first and last fired. Empty where the Prometheus asked evaluates no alerts."""
+    whatever thresholds the master role set) and what NCCL's RAS said of its ranks (AccelmonNccl*): each alert's
+    name, its reason or signals (or the rank RAS named), the node and GPU it named, and when it first and last
+    fired. Empty where the Prometheus asked evaluates no alerts."""
     query = (
-        'max by (alertname, reason, signals, node, gpu) (ALERTS{alertstate="firing", alertname=~"AccelmonJob.+",'
-        f' job_id="{job.job_id}"}})'
+        "max by (alertname, reason, signals, node, gpu, rank) "
+        f'(ALERTS{{alertstate="firing", alertname=~"AccelmonJob.+|AccelmonNccl.+", job_id="{job.job_id}"}})'
     )
     found = []
     for one in prometheus.range(query, job.start, job.end + job.step, job.step):
@@ -338,7 +339,9 @@ def live_alerts(prometheus: Prometheus, job: Job) -> list[dict[str, Any]]:
         found.append(
             {
                 "alert": labels.get("alertname", ""),
-                "reason": labels.get("reason") or labels.get("signals", ""),
+                "reason": labels.get("reason")
+                or labels.get("signals")
+                or (f"rank {labels['rank']}" if labels.get("rank") else ""),
                 "node": labels.get("node", ""),
                 "gpu": labels.get("gpu", ""),
                 "first_firing": min(stamps),

@@ -149,6 +149,33 @@ DASHBOARD = Dashboard(
                 )
             ],
         ),
+        # NCCL's own view of the job (collector nccl, docs/jobs.md "NCCL RAS"): the rank the others wait for.
+        Panel(
+            "NCCL: ranks missing or behind",
+            "short",
+            [
+                (f"accelmon_nccl_rank_missing{{{J}}}", "missing rank {{rank}} {{host}} pid {{pid}} GPU {{nvml_dev}}"),
+                (
+                    f"accelmon_nccl_rank_collectives_behind{{{J}}}",
+                    "behind rank {{rank}} {{host}} pid {{pid}} GPU {{nvml_dev}}",
+                ),
+            ],
+            "table",
+            12,
+            8,
+            description="From NCCL's RAS (NCCL 2.24+), asked by the job's first node: ranks that do not answer (dead: "
+            "unreachable for 60 s) and ranks whose collective count stands below their communicator's (by how many "
+            "operations). A rank behind that stays so is the one a hung job waits for.",
+            expect_data=False,  # a job without NCCL, or a healthy one, has none
+        ),
+        Panel(
+            "NCCL: collectives launched per communicator",
+            "short",
+            [(f"accelmon_nccl_communicator_collectives_max{{{J}}}", "{{communicator}}")],
+            width=12,
+            description="The highest collective count of each communicator: a hung communicator's stands still.",
+            expect_data=False,  # a job without NCCL has none
+        ),
     ],
     [("job_id", "label_values(accelmon_gpu_job_info, job_id)")],
 )
