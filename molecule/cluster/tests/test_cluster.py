@@ -148,8 +148,14 @@ def test_a_slurm_job_is_attributed_while_it_runs_and_reported_after(host, tmp_pa
     power_cap, no other GPU, and clears after the job ends; the report lists the alert and names the straggler."""
     controller = testinfra.get_host(f"podman://{CLUSTER}-worker-1")
     slowed_worker = testinfra.get_host(f"podman://{CLUSTER}-worker-2")
+    # Each task writes the NCCL_RAS_ADDR accelmon's TaskProlog gave it (docs/jobs.md, "NCCL RAS"), then sleeps.
+    task = 'echo "$NCCL_RAS_ADDR" > "/tmp/ras-$SLURM_JOB_ID-$(hostname)"; sleep 45'
+    for worker in WORKERS:
+        testinfra.get_host(f"podman://{worker}").check_output(
+            f"printf '%s\\n' {shlex.quote(task)} > /tmp/ras-task.sh && chmod 0755 /tmp/ras-task.sh"
+        )
     job = controller.check_output(
-        "su alice -c 'sbatch --parsable --chdir=/tmp --nodes=2 --gres=gpu:2 --wrap \"srun sleep 45\"'"
+        "su alice -c 'sbatch --parsable --chdir=/tmp --nodes=2 --gres=gpu:2 --wrap \"srun sh /tmp/ras-task.sh\"'"
     ).strip()
     attributed = f"/api/v1/query?query=accelmon_gpu_job_info%7Bjob_id%3D%22{job}%22%7D"
     series = wait_for(lambda: len(query(host, attributed)["result"]) == 4 and query(host, attributed)["result"])
@@ -159,6 +165,15 @@ def test_a_slurm_job_is_attributed_while_it_runs_and_reported_after(host, tmp_pa
         held = {r["metric"]["uuid"] for r in series if r["metric"]["node"] == worker}
         assert held == {expected["0"], expected["1"]}, (worker, held, expected)
     assert {r["metric"]["user"] for r in series} == {"alice"}
+    # The prolog recorded the job's RAS port on both nodes, and that only its first node (worker-1) asks RAS; the
+    # TaskProlog gave each task that port.
+    port = 28100 + int(job) % 1000
+    for worker, asks in ((f"{CLUSTER}-worker-1", "1"), (f"{CLUSTER}-worker-2", "0")):
+        on = testinfra.get_host(f"podman://{worker}")
+        record = on.check_output(f"cat /run/accelmon/jobs/slurm-{job}")
+        assert f"nccl_ras_port={port}\nnccl_ras_query={asks}" in record, (worker, record)
+        given = wait_for(lambda on=on, worker=worker: on.run(f"cat /tmp/ras-{job}-{worker}").stdout.strip(), 20)
+        assert given == f"localhost:{port}", (worker, given)
     # Slurm's GPU 1 (device minor 1) of worker-2 is NVML's GPU 3 here: no clock event of its own until slowed.
     slowed = {r["metric"]["gpu"] for r in series if r["metric"]["node"] == f"{CLUSTER}-worker-2"} & {"3"}
     assert slowed == {"3"}, series
