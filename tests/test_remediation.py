@@ -337,6 +337,12 @@ def test_a_reboot_slurm_refuses_is_no_repair(site):
     assert [(r.event, r.outcome) for r in journal.records[-2:]] == [("repair", "started"), ("repair", "failed")]
     assert journal.last_repair_of("S2", 0) is None
     assert cluster.node(NODE)["reason"] == "accelmon: GPU 2 xid: reboot_node"  # the drain as it was
+    # The next check does not ask again (Slurm would refuse the same way: no RebootProgram, say): a person's now.
+    calls = len(cluster.calls())
+    make().run(failing("reboot_node"), lambda r: healthy())
+    assert not [c for c in cluster.calls()[calls:] if c.startswith("reboot")]
+    last = Journal.read(str(cluster.state.parent / "remediation.jsonl")).records[-1]
+    assert (last.event, last.action) == ("left_for_person", "reboot_node") and "failed on this drain" in last.detail
 
 
 def test_restart_app_resumes_once_the_check_passes(site):

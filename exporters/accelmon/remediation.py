@@ -359,6 +359,12 @@ def plan_repair(
     if any(not gpu.serial for gpu in chosen) and worst == "reset_gpu":
         return RepairPlan("leave", worst, chosen, "a GPU without a serial cannot be told from its replacement", drill)
     step = {"reboot_node": "reboot", "reset_gpu": "reset", "restart_app": "resume"}[worst]
+    opened = journal.last_event(node.name, ("drained", "escalated"))
+    tried = journal.last_event(node.name, ("repair",))
+    if tried and tried.outcome == "failed" and tried.action == worst and opened and tried.time >= opened.time:
+        # Slurm refused the command (no RebootProgram, say): the next check would only fail the same way.
+        why = f"{worst} failed on this drain ({tried.detail}): a person's now"
+        return RepairPlan("leave", worst, chosen, why, drill)
     if step == "resume":
         return RepairPlan("wait", worst, chosen, "restart_app: the job was the problem; resumed once the check passes")
     return RepairPlan(step, worst, chosen, f"{worst} for GPU {', '.join(g.index for g in chosen)}", drill)
