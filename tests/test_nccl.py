@@ -4,7 +4,9 @@ job, and every way a socket can misbehave, bounded in time and memory and counte
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -263,3 +265,26 @@ def test_the_roles_task_prolog_gives_the_job_the_port_the_prolog_records(tmp_pat
         assert {labels["job_id"] for labels, _ in series(text, "accelmon_nccl_communicator_status")} == {job}
     finally:
         server.stop()
+
+
+def test_the_text_answer_can_be_asked_for():
+    """bench/nccl_ras_probe.py keeps both of a real job's answers: the text one is asked without SET FORMAT."""
+    server = FakeRas(answer=TEXT_ANSWER)
+    try:
+        form, text = nccl_ras.ask("127.0.0.1", server.port, 5.0, 1 << 20, want="text")
+        assert (form, server.commands) == ("text", ["CLIENT PROTOCOL 2", "TIMEOUT 1", "STATUS"])
+        assert len(nccl_ras.parse(form, text, 8).communicators) == 2
+    finally:
+        server.stop()
+
+
+def test_the_real_job_probe_says_when_it_cannot_run(tmp_path):
+    """bench/nccl_ras_probe.py, for the next session with a GPU: without PyTorch or a GPU it asks nothing, says so
+    and exits 2 (CI never runs it on a GPU)."""
+    if importlib.util.find_spec("torch") is not None:
+        pytest.skip("PyTorch is installed here: the probe would start a real job")
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, "-m", "bench.nccl_ras_probe", "--out", str(tmp_path)],
+                            capture_output=True, text=True, timeout=60, cwd=root)  # fmt: skip
+    assert result.returncode == 2 and "nothing to ask" in result.stderr
+    assert not (tmp_path / "ras.json").exists()

@@ -137,8 +137,9 @@ class Exchange:
         return b"".join(parts).decode(errors="replace")
 
 
-def ask(host: str, port: int, timeout: float, max_bytes: int) -> tuple[str, str]:
-    """(format, answer) of one STATUS query: JSON where this NCCL has it, else text. RasError when there is none."""
+def ask(host: str, port: int, timeout: float, max_bytes: int, want: str = "json") -> tuple[str, str]:
+    """(format, answer) of one STATUS query: JSON where this NCCL has it (or text when `want` says so), else text.
+    RasError when there is none."""
     exchange = Exchange(host, port, timeout, max_bytes)
     try:
         exchange.send("CLIENT PROTOCOL 2")
@@ -152,8 +153,10 @@ def ask(host: str, port: int, timeout: float, max_bytes: int) -> tuple[str, str]
         exchange.send(f"TIMEOUT {max(1, int(timeout / 3))}")
         if exchange.line().upper() != "OK":
             raise RasError("protocol", "TIMEOUT refused")
-        exchange.send("SET FORMAT json")
-        form = "json" if exchange.line().upper() == "OK" else "text"  # before 2.28.7: "ERROR: Unknown command"
+        form = "text"
+        if want == "json":
+            exchange.send("SET FORMAT json")
+            form = "json" if exchange.line().upper() == "OK" else "text"  # before 2.28.7: "ERROR: Unknown command"
         exchange.send("STATUS")
         return form, exchange.rest()
     finally:
