@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from tests.support.ansible import render_role_template
-from tests.support.dashboards import METRIC, concrete, contract, generate, panel_params
+from tests.support.dashboards import METRIC, concrete, contract, generate, panel_params, served_or_recorded
 from tests.support.paths import ROOT
 from tests.support.rules import master_rules, rule_files
 from tests.support.simulated_node import get
@@ -248,13 +248,6 @@ def query(base: str, expr: str) -> list:
     answer = get(f"{base}/api/v1/query?query={urllib.parse.quote(concrete(expr))}")
     assert answer["status"] == "success", expr
     return answer["data"]["result"]
-
-
-def served_or_recorded() -> set[str]:
-    from accelmon.registry import collectors
-
-    served = {spec.name for registration in collectors().values() for spec in registration.catalogue.specs}
-    return served | {r.values[0]["record"] for r in rule_expressions() if "record" in r.values[0]}
 
 
 @pytest.mark.parametrize(("expr", "expect_data"), list(panel_params()))

@@ -19,10 +19,25 @@ import contract
 import generate
 from contract import METRIC, concrete, panel_queries
 
-__all__ = ["METRIC", "concrete", "contract", "generate", "panel_params", "panel_queries"]
+__all__ = ["METRIC", "concrete", "contract", "generate", "panel_params", "panel_queries", "served_or_recorded"]
 
 
 def panel_params() -> Iterator[object]:
     """Every panel query as a pytest parameter (expression, whether it must return data), named by its panel."""
     for entry in panel_queries():
         yield pytest.param(entry.expr, entry.expect_data, id=f"{entry.dashboard}:{entry.panel}:{entry.expr[:40]}")
+
+
+def served_or_recorded() -> set[str]:
+    """Every metric a collector declares and every recording rule: where a series served only while something is so
+    (contract.ONLY_WHILE) is checked, since a simulated fleet never is so."""
+    import yaml
+
+    from accelmon.registry import collectors
+    from tests.support.rules import rule_files
+
+    served = {spec.name for registration in collectors().values() for spec in registration.catalogue.specs}
+    for path in rule_files():
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            served |= {rule["record"] for rule in group["rules"] if "record" in rule}
+    return served

@@ -496,38 +496,6 @@ def test_the_repair_loop_and_the_circuit_breaker_on_the_real_slurm(host):
     assert wait_for(lambda: "DRAIN" not in node_line(controller, name), timeout=30), node_line(controller, name)
 
 
-def test_the_repair_loop_reboots_through_slurm_and_resumes_only_after_a_passing_check(host):
-    """A reboot through the real Slurm (docs/health.md, "Reboot"), remediation act on worker-2: an XID 79 on GPU 5
-    (fallen off the bus: reboot_node) drains it; the repair loop asks Slurm to reboot it without nextstate (the
-    container's RebootProgram, slurm.yml: slurmd back with a new boot time, the kernel log empty). Through the boot
-    the node stays drained with a reason saying a reboot is pending; the first check that passes after it resumes it,
-    and it runs a job again."""
-    controller = testinfra.get_host(f"podman://{CLUSTER}-worker-1")
-    name = f"{CLUSTER}-worker-2"
-    worker = testinfra.get_host(f"podman://{name}")
-    acting = {"remediation": "act", "breaker_min_nodes": 1}
-    with slurm_health_checks(controller), health_options(worker, **acting):
-        try:
-            uptime = float(worker.check_output("cut -d' ' -f1 /proc/uptime"))
-            xid = record(40, uptime, xid_line(bus_id(5).rsplit(".", 1)[0], 79, "GPU has fallen off the bus."))
-            worker.check_output(f"printf '%s' {shlex.quote(xid)} >> /opt/fake-kmsg")
-            pending = wait_for(lambda: "Reason=accelmon: reboot pending" in node_line(controller, name), 90)
-            assert pending, node_line(controller, name) + worker.run("cat /var/lib/accelmon/remediation.jsonl").stdout
-            seen: list[str] = []
-            resumed = wait_for(lambda: "DRAIN" not in (seen.append(node_line(controller, name)) or seen[-1]), 180)
-            states = [re.search(r" State=(\S+)", line).group(1) for line in seen]  # type: ignore[union-attr]
-            assert resumed, f"{states}\n{seen[-1]}\n" + worker.run("cat /var/lib/accelmon/remediation.jsonl").stdout
-            assert all("DRAIN" in state for state in states[:-1]), states  # never in service before a passing check
-            journal = worker.check_output("cat /var/lib/accelmon/remediation.jsonl")
-            resolved = '"action": "reboot_node", "breaker": [0, 0, 0], "detail": "every check passed after the reboot"'
-            assert resolved in journal, f"{states}\n{journal}"
-            assert runs_on(controller, f"--nodelist={name}") == name
-        finally:
-            worker.run("truncate -s 0 /opt/fake-kmsg && systemctl restart accelmon-exporter")
-            controller.run(f"scontrol update NodeName={name} State=RESUME")
-    assert wait_for(lambda: "DRAIN" not in node_line(controller, name), timeout=30), node_line(controller, name)
-
-
 def test_a_worker_that_stops_answering_is_unreachable_capacity_not_gone(host):
     """The ledger on the real master (docs/ledger.md): worker-2's exporter stopped, its 8 GPUs become unreachable
     within a few evaluations, and the fleet's states still add up to its 16 GPUs; started again, they are back."""
