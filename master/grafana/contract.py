@@ -34,6 +34,7 @@ VARIABLES = {
 ONLY_WHILE = {
     "accelmon_gpu_health_drill_active": "a drill is in force (tests/test_drill.py)",
     "accelmon_gpu_mig_instance_info": "a GPU is split into MIG instances (tests/test_nvml.py)",
+    "accelmon_remediation_paused": "the scheduler collector reads Slurm (tests/test_scheduler.py)",
     "accelmon_nccl_rank_missing": "an NCCL job's rank does not answer RAS (tests/test_nccl.py)",
     "accelmon_nccl_rank_collectives_behind": "an NCCL job's rank stands behind (tests/test_nccl.py)",
     "accelmon_nccl_rank_collectives": "an NCCL job's rank stands behind (tests/test_nccl.py)",

@@ -137,6 +137,7 @@ DASHBOARD = Dashboard(
             4,
             description="1 while `accelmon-remediation pause` is in force: no node drains or repairs "
             "(AccelmonRemediationPaused; `accelmon-remediation status` says who paused it and why).",
+            expect_data=False,  # served where the scheduler collector reads Slurm: a fleet without Slurm has none
         ),
         Panel(
             "Failing nodes not drained, by why",
