@@ -5,7 +5,14 @@ CPU: the fake driver's cost model burns, on the calling thread, the CPU each NVM
 sample every 1 s with nothing scraping them; printed: CPU ms per GPU per second, our ratio to nvitop-exporter's,
 profiling's extra CPU, peak RSS against the floor of Python + prometheus_client + pynvml + the driver library.
 Latency: with every fake call sleeping 2 ms (no CPU), scrape latency p50/p99 over 1000 scrapes.
-Run: .venv/bin/python -m bench.exporter_bench [--gpus 8] [--cpu-seconds 30]
+CPU is read from each process's CPU clock (to the nanosecond, tests.support.processes.cpu_seconds) over repeated
+windows of 30 s (a multiple of every collector's interval), until the 95 % confidence interval of the mean is within
+`--uncertainty` (default 5 %) of it or `--max-windows` are spent: each figure is printed with its interval.
+Run: .venv/bin/python -m bench.exporter_bench [--gpus 8] [--uncertainty 0.05]
+     .venv/bin/python -m bench.exporter_bench --compare 08d0b7f main [--compare-args host]: two commits, each
+     installed from its own git worktree into its own venv (.cache/bench-commits), run at the same time over the
+     same fake, side by side with nvitop-exporter, measured over the same windows; the ratio per window, its mean
+     and interval (a paired measure: what the machine does in a window, it does to both).
 (nvitop-exporter is installed into .cache/bench-nvitop on first use; --no-peer skips it.)
 For the same measurement on a real GPU, see bench/real_gpu.py.
 """
@@ -13,14 +20,17 @@ For the same measurement on a real GPU, see bench/real_gpu.py.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import http.client
+import math
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,16 +84,21 @@ class RunningExporter:
         args: list[str] | None = None,
         command: list[str] | None = None,
         ready: bytes = b"accelmon_gpu_up",
+        python: str = sys.executable,
     ) -> None:
         self.port = free_port()
         self.ready = ready
         env = {**os.environ, "LD_LIBRARY_PATH": str(fake_dir), "FAKE_NVML_CONFIG": str(config)}
         if command is None:
-            command = [sys.executable, "-m", "accelmon", f"--web.listen-address=127.0.0.1:{self.port}"]
+            command = [python, "-m", "accelmon", f"--web.listen-address=127.0.0.1:{self.port}"]
             command += ["--log.level=warning", *(args if args is not None else ACCELMON_ONLY_NVML)]
         else:
             command = [*command, "--port", str(self.port)]
-        self.process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if python != sys.executable:  # a commit's own venv: its installed package, not this checkout's
+            env.pop("PYTHONPATH", None)
+        self.process = subprocess.Popen(
+            command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=Path(python).parent
+        )
 
     def __enter__(self) -> RunningExporter:
         deadline = time.monotonic() + 60
@@ -103,11 +118,77 @@ class RunningExporter:
         self.process.terminate()
         self.process.wait(10)
 
-    def cpu_fraction(self, seconds: float) -> float:
-        """CPU share of one core over `seconds` of sampling, with no scrapes."""
-        cpu_before, wall_before = cpu_seconds(self.process.pid), time.monotonic()
-        time.sleep(seconds)
-        return (cpu_seconds(self.process.pid) - cpu_before) / (time.monotonic() - wall_before)
+    def cpu_fraction(self, window: Window) -> Estimate:
+        """CPU share of one core, sampling with no scrapes, over windows until `window` is satisfied."""
+        return window.measure([self])[0]
+
+
+@dataclass
+class Estimate:
+    """A mean over windows and its 95 % confidence half-width (Student's t)."""
+
+    values: list[float]
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.values)
+
+    @property
+    def half_width(self) -> float:
+        if len(self.values) < 2:
+            return math.inf
+        n = len(self.values)
+        return T_975.get(n - 1, 1.96) * statistics.stdev(self.values) / math.sqrt(n)
+
+    @property
+    def relative(self) -> float:
+        return self.half_width / abs(self.mean) if self.mean else math.inf
+
+    def scaled(self, factor: float) -> Estimate:
+        return Estimate([v * factor for v in self.values])
+
+    def words(self, unit: str = "ms", digits: int = 3) -> str:
+        return (
+            f"{self.mean:.{digits}f} ± {self.half_width:.{digits}f} {unit} (95 %, {len(self.values)} windows, "
+            f"±{self.relative * 100:.1f} %)"
+        )
+
+
+# Student's t at 97.5 % by degrees of freedom (a 95 % two-sided interval); 1.96 past 30.
+T_975 = {1: 12.71, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+         11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
+         20: 2.086, 25: 2.060, 30: 2.042}  # fmt: skip
+for _dof in range(21, 30):
+    T_975.setdefault(_dof, 2.07)
+
+
+@dataclass
+class Window:
+    """Repeated windows of `seconds` (30: every interval of a GPU host's defaults divides it, so each window holds
+    the same reads), at least `least`, until every figure's interval is within `uncertainty` of it, or `most`."""
+
+    seconds: float = 30.0
+    uncertainty: float = 0.05
+    least: int = 4
+    most: int = 20
+
+    def measure(self, exporters: list[RunningExporter], ratios: bool = False) -> list[Estimate]:
+        """CPU share of one core of each exporter, measured over the same windows (they run together)."""
+        shares: list[list[float]] = [[] for _ in exporters]
+        while True:
+            before = [cpu_seconds(e.process.pid) for e in exporters]
+            started = time.monotonic()
+            time.sleep(self.seconds)
+            wall = time.monotonic() - started
+            for share, exporter, cpu in zip(shares, exporters, before):
+                share.append((cpu_seconds(exporter.process.pid) - cpu) / wall)
+            estimates = [Estimate(share) for share in shares]
+            judged = estimates
+            if ratios and len(exporters) > 1:  # a comparison is judged by its paired ratios
+                judged = [Estimate([b / a for a, b in zip(shares[0], share)]) for share in shares[1:]]
+            done = len(shares[0]) >= self.least and all(e.relative <= self.uncertainty / 2 for e in judged)
+            if done or len(shares[0]) >= self.most:
+                return estimates
 
 
 def infiniband_cost(work: Path, devices: int = 8, rounds: int = 200) -> tuple[float, float, int]:
@@ -177,26 +258,23 @@ def rss_floor_mib(fake_dir: Path, config: Path) -> float:
     return int(result.stdout) / 1024
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--gpus", type=int, default=8)
-    parser.add_argument("--latency-ms", type=float, default=2.0, help="per-call sleep for the latency run")
-    parser.add_argument("--scrapes", type=int, default=1000)
-    parser.add_argument("--cpu-seconds", type=float, default=30.0, help="how long to measure each exporter's CPU")
-    parser.add_argument("--no-peer", action="store_true", help="skip nvitop-exporter")
-    args = parser.parse_args()
-    gpus = args.gpus
+@dataclass
+class Host:
+    """The fakes every run shares: the driver library, an H100 board, a GPU host's board, procfs and kernel log."""
 
-    work = Path(tempfile.mkdtemp(prefix="accelmon-bench-"))
+    fake_dir: Path
+    h100: Path  # NVML alone, GPM supported
+    host: Path  # a GPU host: 18 NVLink links and fabric state per GPU, a process on each GPU
+    host_defaults: list[str]  # the exporter's arguments for that host (kernel_log, fabric, gpu_processes, health)
+    sleepy: Path  # every call sleeping, for the latency run
+
+
+def make_host(work: Path, gpus: int, latency_ms: float) -> Host:
     fake_dir = build_fake_nvml(work).parent
     h100 = work / "h100.conf"
     h100.write_text(f"gpus {gpus}\nprofile h100\n" + "".join(f"gpm {i}\n" for i in range(gpus)))
     sleepy = work / "sleepy.conf"
-    sleepy.write_text(f"gpus {gpus}\nlatency_us {int(args.latency_ms * 1000)}\nunsupported nvmlDeviceGetFanSpeed\n")
-
-    def ms_per_gpu_second(fraction: float) -> float:
-        return fraction * 1000 / gpus
-
+    sleepy.write_text(f"gpus {gpus}\nlatency_us {int(latency_ms * 1000)}\nunsupported nvmlDeviceGetFanSpeed\n")
     # A GPU host as the exporter finds it: the driver's procfs (kernel_log, fabric and gpu_processes turn on by
     # themselves), a kernel log of boot chatter, 18 NVLink links and fabric state per GPU, a process on each GPU.
     host = work / "gpu-host.conf"
@@ -208,14 +286,93 @@ def main() -> None:
     kmsg.write_text("".join(record(n, n * 0.01, f"usb 1-{n % 7}: new device number {n}") for n in range(2000)))
     host_defaults = ["--no-collector.infiniband", "--no-collector.neuron", f"--path.procfs={procfs}",
                      f"--path.kmsg={kmsg}"]  # fmt: skip
+    return Host(fake_dir, h100, host, host_defaults, sleepy)
 
+
+# What --compare measures: (name, fake board, arguments) for a Host.
+SETUPS = {
+    "host": lambda h: (h.host, h.host_defaults),
+    "nvml": lambda h: (h.h100, ACCELMON_ONLY_NVML),
+    "gpm": lambda h: (h.h100, ["--no-collector.infiniband", "--no-collector.neuron", "--collector.profiling"]),
+}
+
+
+def commit_python(ref: str) -> tuple[str, str]:
+    """The short hash of `ref` and a Python with that commit's accelmon installed: its tree from `git archive`, in a
+    venv of its own under .cache/bench-commits (made once, kept)."""
+    sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=10", ref], capture_output=True, text=True,
+                         check=True).stdout.strip()  # fmt: skip
+    home = ROOT / ".cache" / "bench-commits" / sha
+    python = home / "venv" / "bin" / "python"
+    if not python.exists():
+        tree = home / "tree"
+        tree.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", sha], capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+        subprocess.run([sys.executable, "-m", "venv", str(home / "venv")], check=True)
+        subprocess.run([str(home / "venv" / "bin" / "pip"), "install", "-q", str(tree)], check=True)
+    return sha, str(python)
+
+
+def compare(refs: list[str], setups: list[str], host: Host, window: Window, gpus: int, peer: list[str] | None) -> None:
+    """Each commit in its own venv, run at the same time with nvitop-exporter over the same fake, measured over the
+    same windows: each one's figure, and each against the first by the ratio of every window."""
+    built = [commit_python(ref) for ref in refs]
+    for setup in setups:
+        board, arguments = SETUPS[setup](host)
+        with contextlib.ExitStack() as running:
+            exporters = [running.enter_context(RunningExporter(host.fake_dir, board, args=arguments, python=python))
+                         for _, python in built]  # fmt: skip
+            if peer is not None:
+                exporters.append(running.enter_context(
+                    RunningExporter(host.fake_dir, host.h100, command=peer, ready=b"gpu_utilization")
+                ))  # fmt: skip
+            shares = window.measure(exporters, ratios=True)
+        print(f"{setup}: CPU per GPU-second, {len(shares[0].values)} windows of {window.seconds:g} s, run together")
+        for (sha, _), share in zip(built, shares):
+            print(f"  {sha}: {share.scaled(1000 / gpus).words()}")
+        first = shares[0].values
+        for (sha, _), share in zip(built[1:], shares[1:]):
+            ratio = Estimate([b / a for a, b in zip(first, share.values)])
+            print(f"  {sha} / {built[0][0]}: {ratio.words(unit='', digits=3)}")
+        if peer is not None:
+            theirs = shares[-1].values
+            print(f"  nvitop-exporter (NVML alone, 1 s): {shares[-1].scaled(1000 / gpus).words()}")
+            for (sha, _), share in zip(built, shares):
+                ratio = Estimate([a / b for a, b in zip(share.values, theirs)])
+                print(f"  {sha} / nvitop-exporter: {ratio.words(unit='', digits=3)}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--latency-ms", type=float, default=2.0, help="per-call sleep for the latency run")
+    parser.add_argument("--scrapes", type=int, default=1000)
+    parser.add_argument("--window-seconds", type=float, default=30.0, help="one CPU window (default 30)")
+    parser.add_argument("--uncertainty", type=float, default=0.05,
+                        help="the difference to resolve: windows are added until each figure's 95 %% interval is "
+                             "within half of it (default 0.05)")  # fmt: skip
+    parser.add_argument("--max-windows", type=int, default=20)
+    parser.add_argument("--no-peer", action="store_true", help="skip nvitop-exporter")
+    parser.add_argument("--compare", nargs="+", metavar="COMMIT", help="compare commits (the first is the base)")
+    parser.add_argument("--setups", default="host", help=f"what --compare measures, of {','.join(SETUPS)}")
+    args = parser.parse_args()
+    gpus = args.gpus
+    window = Window(args.window_seconds, args.uncertainty, most=args.max_windows)
+    work = Path(tempfile.mkdtemp(prefix="accelmon-bench-"))
+    host = make_host(work, gpus, args.latency_ms)
+    fake_dir, h100, sleepy = host.fake_dir, host.h100, host.sleepy
+    peer = None if args.no_peer else nvitop_exporter()
     print(f"host: {gpus} fake H100s, each NVML call burning the CPU it cost on a real H100 (driver 580); 1 s samples")
-    with RunningExporter(fake_dir, h100) as exporter:
-        ours = exporter.cpu_fraction(args.cpu_seconds)
-        rss = peak_rss_kib(exporter.process.pid) / 1024
-    with RunningExporter(fake_dir, host, args=host_defaults) as exporter:
-        at_host_defaults = exporter.cpu_fraction(args.cpu_seconds)
-        host_rss = peak_rss_kib(exporter.process.pid) / 1024
+    if args.compare:
+        compare(args.compare, args.setups.split(","), host, window, gpus, peer)
+        return
+
+    def ms(share: Estimate) -> str:
+        return share.scaled(1000 / gpus).words()
+
+    # Every configuration at once, over the same windows (each process's CPU is its own; the fake burns thread CPU
+    # time, so that running together changes no figure, and a busy moment of the machine falls on all of them).
     # The same host with its counters read every 60 s rather than 30: what an operator who wants a lower floor
     # buys (the driver's own cost of the counter reads is most of what is left: docs/benchmarks.md).
     slower = work / "counters-60s.yaml"
@@ -223,38 +380,38 @@ def main() -> None:
         "collectors:\n  nvml: {slow_interval_seconds: 60, pcie_interval_seconds: 60}\n"
         "  fabric: {interval_seconds: 60}\n"
     )
-    with RunningExporter(fake_dir, host, args=[*host_defaults, f"--config={slower}"]) as exporter:
-        counters_60s = exporter.cpu_fraction(args.cpu_seconds)
-    with RunningExporter(
-        fake_dir, h100, args=["--no-collector.infiniband", "--no-collector.neuron", "--collector.profiling"]
-    ) as exporter:
-        with_profiling = exporter.cpu_fraction(args.cpu_seconds)
-    print(
-        f"accelmon-exporter, NVML at defaults: {ms_per_gpu_second(ours):.3f} ms CPU per GPU per second "
-        f"= {ours * 100 / gpus:.3f} % of a core per GPU (target: at most 1 ms)"
-    )
-    print(
-        f"  + GPM profiling at defaults: {ms_per_gpu_second(with_profiling - ours):+.3f} ms CPU per GPU per "
-        "second (target: at most +0.3 ms)"
-    )
+    with contextlib.ExitStack() as running:
+        start = lambda *a, **k: running.enter_context(RunningExporter(fake_dir, *a, **k))  # noqa: E731
+        nvml_alone = start(h100)
+        at_host = start(host.host, args=host.host_defaults)
+        counters_60s = start(host.host, args=[*host.host_defaults, f"--config={slower}"])
+        profiling = start(h100, args=["--no-collector.infiniband", "--no-collector.neuron", "--collector.profiling"])
+        exporters = [nvml_alone, at_host, counters_60s, profiling]
+        if peer is not None:
+            exporters.append(start(h100, command=peer, ready=b"gpu_utilization"))
+        shares = window.measure(exporters, ratios=False)
+        rss = peak_rss_kib(nvml_alone.process.pid) / 1024
+        host_rss = peak_rss_kib(at_host.process.pid) / 1024
+        their_rss = peak_rss_kib(exporters[-1].process.pid) / 1024 if peer is not None else 0.0
+    ours, at_host_defaults, slower_share, with_profiling = shares[:4]
+    gpm = Estimate([b - a for a, b in zip(ours.values, with_profiling.values)])
+    print(f"accelmon-exporter, NVML at defaults: {ms(ours)} CPU per GPU-second (target: at most 1 ms)")
+    print(f"  + GPM profiling at defaults: {ms(gpm)} (target: at most +0.25 ms)")
     print(
         "accelmon-exporter at a GPU host's defaults (nvml, kernel_log, fabric, gpu_processes, health): "
-        f"{ms_per_gpu_second(at_host_defaults):.3f} ms CPU per GPU per second (target: at most 0.5 ms); "
-        f"peak RSS {host_rss:.1f} MiB (target: at most 40)"
+        f"{ms(at_host_defaults)} CPU per GPU-second (target: at most 0.40 ms); peak RSS {host_rss:.1f} MiB "
+        "(target: at most 40)"
     )
-    print(f"  the same with counters read every 60 s, not 30: {ms_per_gpu_second(counters_60s):.3f} ms")
-    peer = None if args.no_peer else nvitop_exporter()
+    print(f"  the same with counters read every 60 s, not 30: {ms(slower_share)}")
     if peer is None:
         print("nvitop-exporter: skipped" + ("" if args.no_peer else " (could not be installed)"))
     else:
-        with RunningExporter(fake_dir, h100, command=peer, ready=b"gpu_utilization") as exporter:
-            theirs = exporter.cpu_fraction(args.cpu_seconds)
-            their_rss = peak_rss_kib(exporter.process.pid) / 1024
-        print(
-            f"nvitop-exporter 1 s, same fake: {ms_per_gpu_second(theirs):.3f} ms CPU per GPU per second; "
-            f"accelmon / nvitop-exporter = {ours / theirs:.2f} with NVML alone, "
-            f"{at_host_defaults / theirs:.2f} at a GPU host's defaults (target: at most 0.2)"
-        )
+        theirs = shares[-1]
+        alone = Estimate([a / b for a, b in zip(ours.values, theirs.values)])
+        at_host_ratio = Estimate([a / b for a, b in zip(at_host_defaults.values, theirs.values)])
+        print(f"nvitop-exporter 1 s, same fake: {ms(theirs)} CPU per GPU-second")
+        print(f"  accelmon / nvitop-exporter, NVML alone: {alone.words(unit='', digits=3)}")
+        print(f"  accelmon / nvitop-exporter, a GPU host's defaults: {at_host_ratio.words(unit='', digits=3)}")
         print(f"  peak RSS: nvitop-exporter {their_rss:.1f} MiB")
     floor = rss_floor_mib(fake_dir, h100)
     print(

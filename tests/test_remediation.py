@@ -312,6 +312,44 @@ def test_a_reboot_keeps_the_node_out_until_a_check_passes_after_it(site, capsys)
     ]  # fmt: skip
 
 
+@pytest.mark.parametrize("passes_after", [True, False])
+def test_a_reboot_slurm_times_out_is_drained_again_before_the_node_can_register(site, passes_after):
+    """Slurm 22.05 timing a reboot out clears the drain (DOWN alone: docs/slurm.md), so that the node's next
+    registration would return it to service unchecked (ReturnToService=2). The next check, or the one slurmd runs
+    before it registers, drains it again; once it is back, it is judged as after any reboot."""
+    cluster, make, _ = site
+    drained_by_accelmon(cluster, make, "reboot_node")
+    make().run(failing("reboot_node"), lambda r: healthy())
+    cluster.time_out_reboot(NODE)
+    assert cluster.node(NODE)["state"] == "DOWN"
+    make().run(healthy(), lambda r: healthy())
+    node = cluster.node(NODE)
+    assert node["state"] == "DOWN+DRAIN"
+    assert node["reason"].startswith("accelmon: reboot pending") and node["reason"].endswith(": reboot timed out")
+    journal = Journal.read(str(cluster.state.parent / "remediation.jsonl"))
+    assert (journal.records[-1].event, journal.records[-1].outcome) == ("repair", "timed_out")
+    cluster.boot(NODE)  # it registers at last: still drained
+    assert cluster.node(NODE)["state"] == "IDLE+DRAIN"
+    make().run(healthy() if passes_after else failing("reboot_node"), lambda r: healthy())
+    node = cluster.node(NODE)
+    if passes_after:
+        assert node == {"state": "IDLE", "reason": ""}
+    else:
+        assert node["state"] == "IDLE+DRAIN" and "hardware_service (still fails after reboot_node)" in node["reason"]
+
+
+def test_a_node_held_down_after_a_timed_out_reboot_is_resumed_by_a_passing_check(site):
+    """Where ReturnToService is 0 or 1 the node stays DOWN+DRAIN after the reboot timed out: the check on the node
+    (which runs, so the node is up) resumes it once everything passes."""
+    cluster, make, _ = site
+    drained_by_accelmon(cluster, make, "reboot_node")
+    make().run(failing("reboot_node"), lambda r: healthy())
+    cluster.time_out_reboot(NODE)
+    make().run(healthy(), lambda r: healthy())  # drained again
+    make().run(healthy(), lambda r: healthy())  # judged: passes
+    assert cluster.node(NODE) == {"state": "IDLE", "reason": ""}
+
+
 def test_a_check_that_still_fails_after_the_reboot_keeps_the_node_for_hardware_service(site):
     cluster, make, _ = site
     drained_by_accelmon(cluster, make, "reboot_node")

@@ -119,12 +119,13 @@ OPTIONS = (
 EVENTS = (
     "drained", "breaker_held", "repair", "repair_held", "would_repair", "left_for_person", "escalated", "resumed",
 )  # fmt: skip
-# A repair: started (journalled before it runs), then requested (Slurm took the reboot), resolved or failed. A hold
+# A repair: started (journalled before it runs), then requested (Slurm took the reboot), resolved or failed, or
+# timed_out (Slurm gave up waiting for the reboot: the node drained again). A hold
 # (breaker_held, repair_held): held (the limit was reached), ranked_out (claimed, then taken back), paused, uncounted
 # (the controller could not be read).
 OUTCOMES = (
-    "started", "requested", "resolved", "failed", "observed", "drill", "held", "ranked_out", "paused", "uncounted",
-    "none",
+    "started", "requested", "resolved", "failed", "timed_out", "observed", "drill", "held", "ranked_out", "paused",
+    "uncounted", "none",
 )  # fmt: skip
 REPAIRED = ("requested", "resolved")  # what the repeat rule counts: a command that failed is no repair
 

@@ -100,6 +100,14 @@ class Cluster:
             node["state"] = "+".join(["IDLE", *[f for f in flags if f != "IDLE"]])
             node["next_state"] = ""
 
+    def time_out_reboot(self, name: str) -> None:
+        """Slurm gives up waiting for the node's reboot (ResumeTimeout): as Slurm 22.05 did in the Molecule cluster
+        (docs/slurm.md), the node is DOWN, its drain cleared, its reason kept with ": reboot timed out" appended."""
+        with Locked(self.state) as data:
+            node = data["nodes"][name]
+            node["state"], node["next_state"], node["stamp"] = "DOWN", "", stamp("slurm")
+            node["reason"] += " : reboot timed out"
+
 
 class Locked:
     """The controller's lock over its state, held for one call (slurmctld serialises them)."""

@@ -33,7 +33,7 @@ from accelmon import health, remediation
 from accelmon.config import Settings
 from accelmon.remediation import FailingGpu, Journal, Record, RepairPlan
 from accelmon.slurm.fleet import Decision, Fleet, Limits, pause_of
-from accelmon.slurm.nodes import SlurmNode
+from accelmon.slurm.nodes import BUSY, DRAINED, SlurmNode
 
 log = logging.getLogger("accelmon.slurm")
 
@@ -97,6 +97,21 @@ def still_failing(node: health.NodeHealth) -> str:
     return ", ".join(named)
 
 
+def reboot_timed_out(state: SlurmNode) -> bool:
+    """accelmon's reboot, which Slurm gave up waiting for (ResumeTimeout): out of its reboot states, not drained."""
+    return state.reason.startswith(REBOOT_PENDING) and not state.reboot_pending and not state.flags & DRAINED
+
+
+def held_after_reboot(state: SlurmNode) -> bool:
+    """accelmon's reboot timed out and the node drained again: DOWN+DRAIN until it registers (or for good where
+    ReturnToService is 0 or 1); the repair loop judges it as after any reboot (a resume makes it IDLE)."""
+    flags = state.flags
+    return (
+        state.reason.startswith(REBOOT_PENDING) and not state.reboot_pending and bool(flags & DRAINED)
+        and "DOWN" in flags and not flags & BUSY
+    )  # fmt: skip
+
+
 class SlurmRepair:
     """One run of the loop on node `node` (Slurm's name), `scontrol` through `runner`."""
 
@@ -157,6 +172,9 @@ class SlurmRepair:
         if state is None:
             log.error("cannot read the state of node %s from Slurm: nothing done", self.node)
             return
+        if reboot_timed_out(state):
+            self.hold_after_timed_out_reboot(state)
+            return
         if failing or node_failing:
             if state.takes_jobs:
                 self.drain(verdict, failing)
@@ -167,8 +185,20 @@ class SlurmRepair:
         elif state.takes_jobs:
             self.note("resumed", detail="taking jobs again (resumed by someone or something else)", once=True)
             return
-        if state.accelmons and state.drained_idle:
+        if state.accelmons and (state.drained_idle or held_after_reboot(state)):
             self.repair(state, failing, node_failing, verdict, rescan)
+
+    def hold_after_timed_out_reboot(self, state: SlurmNode) -> None:
+        """Drains again a node whose reboot Slurm timed out: Slurm 22.05 then sets it DOWN and clears its drain
+        (measured, docs/slurm.md), so that its next registration (ReturnToService=2) would put it back in service
+        before any check. Not through the breaker or the pause switch: the node is out already, and this keeps it out.
+        The check that runs at slurmd's start, before it registers, does this as the periodic one does."""
+        if self.dry_run:
+            log.warning("would drain %s again: its reboot timed out (%s)", self.node, state.reason)
+            return
+        if self.update("State=DRAIN", f"Reason={state.reason[:200]}"):
+            self.say(f"remediation: node {self.node} drained again: Slurm timed its reboot out and cleared the drain")
+            self.note("repair", "reboot_node", "timed_out", detail=f"Slurm: {state.reason}"[:200])
 
     def drain(self, verdict: health.NodeHealth, failing: list[FailingGpu]) -> None:
         repeat = remediation.repeat_offender(failing, self.journal, self.options.repeat_window_seconds, self.now)

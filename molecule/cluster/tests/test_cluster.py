@@ -496,6 +496,94 @@ def test_the_repair_loop_and_the_circuit_breaker_on_the_real_slurm(host):
     assert wait_for(lambda: "DRAIN" not in node_line(controller, name), timeout=30), node_line(controller, name)
 
 
+def test_the_repair_loop_reboots_through_slurm_and_resumes_only_after_a_passing_check(host):
+    """A reboot through the real Slurm (docs/health.md, "Reboot"), remediation act on worker-2: an XID 79 on GPU 5
+    (fallen off the bus: reboot_node) drains it; the repair loop asks Slurm to reboot it without nextstate (the
+    container's RebootProgram, slurm.yml: slurmd back with a new boot time, the kernel log empty). Through the boot
+    the node stays drained with a reason saying a reboot is pending; the first check that passes after it resumes it,
+    and it runs a job again. Every state the controller showed is kept, with its log, for a failure's message."""
+    controller = testinfra.get_host(f"podman://{CLUSTER}-worker-1")
+    name = f"{CLUSTER}-worker-2"
+    worker = testinfra.get_host(f"podman://{name}")
+    acting = {"remediation": "act", "breaker_min_nodes": 1}
+    started = controller.check_output("date +%s")
+    seen: list[str] = []
+
+    def evidence() -> str:
+        trace = "\n".join(seen)
+        journal = worker.run("tail -n 8 /var/lib/accelmon/remediation.jsonl").stdout
+        since = f"--since @{started} --no-pager"
+        log = controller.run(f"journalctl -u slurmctld {since} | grep -i -e {name} -e reboot").stdout
+        slurmd = worker.run(f"journalctl -u slurmd {since} | tail -n 40").stdout
+        return f"states:\n{trace}\njournal:\n{journal}\nslurmctld:\n{log}\nslurmd:\n{slurmd}"
+
+    def state() -> str:
+        line = node_line(controller, name)
+        fields = [re.search(rf" {f}=(.*?)(?= \w+=|$)", line) for f in ("State", "Reason", "NextState")]
+        seen.append(f"{time.strftime('%H:%M:%S')} " + " | ".join(m.group(1) for m in fields if m))
+        return line
+
+    with slurm_health_checks(controller), health_options(worker, **acting):
+        try:
+            uptime = float(worker.check_output("cut -d' ' -f1 /proc/uptime"))
+            xid = record(40, uptime, xid_line(bus_id(5).rsplit(".", 1)[0], 79, "GPU has fallen off the bus."))
+            worker.check_output(f"printf '%s' {shlex.quote(xid)} >> /opt/fake-kmsg")
+            assert wait_for(lambda: "Reason=accelmon: reboot pending" in state(), 90), evidence()
+            pending = len(seen) - 1
+            assert wait_for(lambda: "DRAIN" not in state(), 180), evidence()
+            through = [line.split(" | ")[0] for line in seen[pending:-1]]  # from the claim to the resume
+            assert any("REBOOT" in line for line in through), evidence()
+            assert all("DRAIN" in line for line in through), evidence()  # never out unchecked
+            resolved = '"action": "reboot_node", "breaker": [0, 0, 0], "detail": "every check passed after the reboot"'
+            assert resolved in worker.check_output("cat /var/lib/accelmon/remediation.jsonl"), evidence()
+            assert runs_on(controller, f"--nodelist={name}") == name
+        finally:
+            worker.run("truncate -s 0 /opt/fake-kmsg && systemctl restart accelmon-exporter")
+            controller.run(f"scontrol update NodeName={name} State=RESUME")
+    assert wait_for(lambda: "DRAIN" not in node_line(controller, name), timeout=30), node_line(controller, name)
+
+
+def test_a_reboot_slower_than_slurm_waits_keeps_the_node_out_until_a_check_passes(host):
+    """A boot slower than Slurm waits for (slurm.yml: ResumeTimeout=10; with /run/molecule-reboot-slow the container's
+    reboot stops slurmd and starts it 40 s later). Slurm 22.05 times the reboot out: the node DOWN, its drain
+    cleared, so that its registration would return it to service (ReturnToService=2). The check slurmd runs at its
+    start, before it registers, drains it again; registered, it stays drained until a check passes. At no reading
+    does the node take jobs. GPU 6: GPU 5's reboot above is in the journal (the repeat rule is per GPU)."""
+    controller = testinfra.get_host(f"podman://{CLUSTER}-worker-1")
+    name = f"{CLUSTER}-worker-2"
+    worker = testinfra.get_host(f"podman://{name}")
+    seen: list[str] = []
+
+    def state() -> str:
+        line = node_line(controller, name)
+        reason = line.split(" Reason=", 1)[1][:100] if " Reason=" in line else ""
+        status = re.search(r" State=(\S+)", line)
+        seen.append(f"{time.strftime('%H:%M:%S')} {status.group(1) if status else '?'} | {reason}")
+        return status.group(1) if status else "?"
+
+    with slurm_health_checks(controller), health_options(worker, remediation="act", breaker_min_nodes=1):
+        try:
+            worker.check_output("touch /run/molecule-reboot-slow")
+            uptime = float(worker.check_output("cut -d' ' -f1 /proc/uptime"))
+            xid = record(50, uptime, xid_line(bus_id(6).rsplit(".", 1)[0], 79, "GPU has fallen off the bus."))
+            worker.check_output(f"printf '%s' {shlex.quote(xid)} >> /opt/fake-kmsg")
+            assert wait_for(lambda: "REBOOT_ISSUED" in state(), 90), "\n".join(seen)
+            claimed = len(seen) - 1
+            assert wait_for(lambda: state() == "IDLE", 120), "\n".join(seen)  # resumed: IDLE, no drain
+            journal = worker.check_output("cat /var/lib/accelmon/remediation.jsonl")
+            trace = "\n".join(seen) + "\n" + journal
+            through = [line.split(" | ")[0].split()[1] for line in seen[claimed:-1]]
+            assert any("DOWN" in line and "REBOOT" not in line for line in through), trace  # Slurm timed it out
+            assert all(re.search(r"DRAIN|REBOOT|DOWN", line) for line in through), trace  # never takes jobs unchecked
+            assert "DRAIN" in through[-1], trace  # drained again before it registered: Slurm did not return it
+            assert '"outcome": "timed_out"' in journal and "every check passed after the reboot" in journal, trace
+        finally:
+            worker.run("rm -f /run/molecule-reboot-slow")
+            worker.run("truncate -s 0 /opt/fake-kmsg && systemctl restart accelmon-exporter")
+            controller.run(f"scontrol update NodeName={name} State=RESUME")
+    assert wait_for(lambda: "DRAIN" not in node_line(controller, name), timeout=30), node_line(controller, name)
+
+
 def test_a_worker_that_stops_answering_is_unreachable_capacity_not_gone(host):
     """The ledger on the real master (docs/ledger.md): worker-2's exporter stopped, its 8 GPUs become unreachable
     within a few evaluations, and the fleet's states still add up to its 16 GPUs; started again, they are back."""
