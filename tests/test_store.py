@@ -336,6 +336,35 @@ def test_vmalert_evaluates_the_fleet_rules_over_the_whole_fleet(fleet):
         assert not {n for n in names if n.startswith(("cluster:", "job_id:"))}, names
 
 
+def test_the_ledger_counts_each_gpu_once_though_two_replicas_write_it(fleet):
+    """docs/ledger.md, "HA pairs": both replicas of each shard record every GPU's ledger state and write it to the
+    store, which keeps one series a GPU (the replica label dropped, samples deduplicated); vmalert's fleet counts there
+    add up to the fleet's 16 GPUs at every evaluation, each failing or lost GPU unhealthy once."""
+    store = fleet["store"]
+
+    def by_state() -> dict[str, int]:
+        return {
+            r["metric"]["state"]: int(r["value"][1]) for r in instant(store, "cluster:accelmon_gpus_by_state:count")
+        }
+
+    deadline = time.monotonic() + 60
+    while sum(by_state().values()) != 16:  # the ledger's rules run an evaluation behind the rules they read
+        assert time.monotonic() < deadline, by_state()
+        time.sleep(1)
+    per_gpu = instant(store, 'count by (node, uuid) ({__name__=~"gpu:accelmon_ledger_.*:bool"})')
+    assert len(per_gpu) == 16 and {r["value"][1] for r in per_gpu} == {"1"}, per_gpu  # one series a GPU there
+    start = time.time()
+    time.sleep(12)  # vmalert evaluates every 2 s: the counts of six evaluations
+    counted = get(store, "/api/v1/query_range", query="sum(cluster:accelmon_gpus_by_state:count)",
+                  start=str(start), end=str(time.time()), step="2")["result"]  # fmt: skip
+    assert {value for _, value in counted[0]["values"]} == {"16"}, counted
+    # Unhealthy: each GPU (by node and index) that fails a check or is lost, once: the lost GPU 5 of each worker
+    # (accelmon_gpu_up without a UUID, the health check's with one) among them.
+    failing = instant(store, "count by (node, gpu) (accelmon_gpu_health_check_state == 2 or accelmon_gpu_up == 0)")
+    assert {r["metric"]["gpu"] for r in failing} >= {"5"}, failing
+    assert by_state()["unhealthy"] == len(failing) and by_state()["unreachable"] == 0, (by_state(), failing)
+
+
 @pytest.mark.parametrize(("expr", "expect_data"), list(panel_params()))
 def test_every_panel_query_returns_data_from_the_store(fleet, expr, expect_data):
     for name in METRIC.findall(expr):

@@ -220,6 +220,18 @@ def test_vmalert_evaluates_the_fleet_rules_over_the_whole_fleet():
 
     # vmalert evaluates every 2 s: the roll-up counts both workers' info series one evaluation after they arrive.
     assert wait_for(lambda: gpus_per_job() == {"100": "4"}), gpus_per_job()
+
+    # The ledger, written by both replicas of the pair: each GPU counted once (docs/ledger.md, "HA pairs"), the
+    # states adding up to the 16 GPUs; unhealthy, each failing or lost GPU once (GPU 5, lost since the exporter
+    # started, has no UUID on accelmon_gpu_up and the health check's UUID on its failure).
+    def ledger():
+        return {
+            r["metric"]["state"]: int(r["value"][1]) for r in query(None, STORE, "cluster:accelmon_gpus_by_state:count")
+        }
+
+    assert wait_for(lambda: sum(ledger().values()) == 16), ledger()
+    failing = query(None, STORE, "count by (node, gpu) (accelmon_gpu_health_check_state == 2 or accelmon_gpu_up == 0)")
+    assert ledger()["unhealthy"] == len(failing) >= 2 and ledger()["unreachable"] == 0, (ledger(), failing)
     for master in MASTERS:  # the masters leave the fleet-wide rules to the store
         groups = json.loads(master.check_output(f"curl -sf {PROMETHEUS}/api/v1/rules"))["data"]["groups"]
         names = {r["name"] for g in groups for r in g["rules"]}
