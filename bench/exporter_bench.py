@@ -6,10 +6,11 @@ sample every 1 s with nothing scraping them; printed: CPU ms per GPU per second,
 profiling's extra CPU, peak RSS against the floor of Python + prometheus_client + pynvml + the driver library.
 Latency: with every fake call sleeping 2 ms (no CPU), scrape latency p50/p99 over 1000 scrapes.
 CPU is read from each process's CPU clock (to the nanosecond, tests.support.processes.cpu_seconds) over repeated
-windows of 30 s (a multiple of every collector's interval), until the 95 % confidence interval of the mean is within
-`--uncertainty` (default 5 %) of it or `--max-windows` are spent: each figure is printed with its interval.
+windows of 60 s (a multiple of every interval a host's defaults and the 60 s counters option use), until each
+figure's 95 % confidence interval is within half of `--uncertainty` (default 5 %: two figures 5 % apart are told
+apart) or `--max-windows` are spent: each figure is printed with its interval.
 Run: .venv/bin/python -m bench.exporter_bench [--gpus 8] [--uncertainty 0.05]
-     .venv/bin/python -m bench.exporter_bench --compare 08d0b7f main [--compare-args host]: two commits, each
+     .venv/bin/python -m bench.exporter_bench --compare 08d0b7f main [--setups host,nvml,gpm]: two commits, each
      installed from its own git worktree into its own venv (.cache/bench-commits), run at the same time over the
      same fake, side by side with nvitop-exporter, measured over the same windows; the ratio per window, its mean
      and interval (a paired measure: what the machine does in a window, it does to both).
@@ -164,10 +165,11 @@ for _dof in range(21, 30):
 
 @dataclass
 class Window:
-    """Repeated windows of `seconds` (30: every interval of a GPU host's defaults divides it, so each window holds
-    the same reads), at least `least`, until every figure's interval is within `uncertainty` of it, or `most`."""
+    """Repeated windows of `seconds` (60: every interval of a host's defaults and the 60 s counters divides it, so
+    each window holds the same reads), at least `least`, until every figure's 95 % interval is within half of
+    `uncertainty`, or `most`."""
 
-    seconds: float = 30.0
+    seconds: float = 60.0
     uncertainty: float = 0.05
     least: int = 4
     most: int = 20
@@ -348,7 +350,7 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--latency-ms", type=float, default=2.0, help="per-call sleep for the latency run")
     parser.add_argument("--scrapes", type=int, default=1000)
-    parser.add_argument("--window-seconds", type=float, default=30.0, help="one CPU window (default 30)")
+    parser.add_argument("--window-seconds", type=float, default=60.0, help="one CPU window (default 60)")
     parser.add_argument("--uncertainty", type=float, default=0.05,
                         help="the difference to resolve: windows are added until each figure's 95 %% interval is "
                              "within half of it (default 0.05)")  # fmt: skip
