@@ -97,19 +97,21 @@ def still_failing(node: health.NodeHealth) -> str:
     return ", ".join(named)
 
 
+def back_from_reboot(state: SlurmNode) -> bool:
+    """accelmon's reboot (its reason), no longer in Slurm's reboot states."""
+    return state.reason.startswith(REBOOT_PENDING) and not state.reboot_pending
+
+
 def reboot_timed_out(state: SlurmNode) -> bool:
     """accelmon's reboot, which Slurm gave up waiting for (ResumeTimeout): out of its reboot states, not drained."""
-    return state.reason.startswith(REBOOT_PENDING) and not state.reboot_pending and not state.flags & DRAINED
+    return back_from_reboot(state) and not state.flags & DRAINED
 
 
 def held_after_reboot(state: SlurmNode) -> bool:
     """accelmon's reboot timed out and the node drained again: DOWN+DRAIN until it registers (or for good where
     ReturnToService is 0 or 1); the repair loop judges it as after any reboot (a resume makes it IDLE)."""
     flags = state.flags
-    return (
-        state.reason.startswith(REBOOT_PENDING) and not state.reboot_pending and bool(flags & DRAINED)
-        and "DOWN" in flags and not flags & BUSY
-    )  # fmt: skip
+    return back_from_reboot(state) and bool(flags & DRAINED) and "DOWN" in flags and not flags & BUSY
 
 
 class SlurmRepair:

@@ -496,46 +496,66 @@ def test_the_repair_loop_and_the_circuit_breaker_on_the_real_slurm(host):
     assert wait_for(lambda: "DRAIN" not in node_line(controller, name), timeout=30), node_line(controller, name)
 
 
+class NodeTrace:
+    """Every state and reason the controller showed for a worker, read by `state()` (which returns the state), with
+    the worker's journal and Slurm's logs since the start, for a failure's message."""
+
+    def __init__(self, controller, worker, name: str) -> None:
+        self.controller, self.worker, self.name = controller, worker, name
+        self.started = controller.check_output("date +%s")
+        self.seen: list[tuple[str, str, str]] = []  # (time, state, reason)
+
+    def read(self) -> tuple[str, str]:
+        """The node's state and reason now, kept."""
+        line = node_line(self.controller, self.name)
+        status = re.search(r" State=(\S+)", line)
+        reason = line.split(" Reason=", 1)[1][:100] if " Reason=" in line else ""
+        self.seen.append((time.strftime("%H:%M:%S"), status.group(1) if status else "?", reason))
+        return self.seen[-1][1:]
+
+    def state(self) -> str:
+        return self.read()[0]
+
+    def since(self, index: int) -> list[str]:
+        """The states from reading `index` to the one before the last."""
+        return [state for _, state, _ in self.seen[index:-1]]
+
+    def evidence(self) -> str:
+        trace = "\n".join(" ".join(reading) for reading in self.seen)
+        journal = self.worker.run("tail -n 8 /var/lib/accelmon/remediation.jsonl").stdout
+        since = f"--since @{self.started} --no-pager"
+        log = self.controller.run(f"journalctl -u slurmctld {since} | grep -i -e {self.name} -e reboot").stdout
+        slurmd = self.worker.run(f"journalctl -u slurmd {since} | tail -n 40").stdout
+        return f"states:\n{trace}\njournal:\n{journal}\nslurmctld:\n{log}\nslurmd:\n{slurmd}"
+
+
+def fall_off_the_bus(worker, gpu: int, sequence: int) -> None:
+    """A kernel log record of XID 79 (fallen off the bus: reboot_node) on `gpu`, stamped now."""
+    uptime = float(worker.check_output("cut -d' ' -f1 /proc/uptime"))
+    xid = record(sequence, uptime, xid_line(bus_id(gpu).rsplit(".", 1)[0], 79, "GPU has fallen off the bus."))
+    worker.check_output(f"printf '%s' {shlex.quote(xid)} >> /opt/fake-kmsg")
+
+
 def test_the_repair_loop_reboots_through_slurm_and_resumes_only_after_a_passing_check(host):
     """A reboot through the real Slurm (docs/health.md, "Reboot"), remediation act on worker-2: an XID 79 on GPU 5
-    (fallen off the bus: reboot_node) drains it; the repair loop asks Slurm to reboot it without nextstate (the
-    container's RebootProgram, slurm.yml: slurmd back with a new boot time, the kernel log empty). Through the boot
-    the node stays drained with a reason saying a reboot is pending; the first check that passes after it resumes it,
-    and it runs a job again. Every state the controller showed is kept, with its log, for a failure's message."""
+    drains it; the repair loop asks Slurm to reboot it without nextstate (the container's RebootProgram, slurm.yml:
+    slurmd back with a new boot time, the kernel log empty). Through the boot the node stays drained with a reason
+    saying a reboot is pending; the first check that passes after it resumes it, and it runs a job again."""
     controller = testinfra.get_host(f"podman://{CLUSTER}-worker-1")
     name = f"{CLUSTER}-worker-2"
     worker = testinfra.get_host(f"podman://{name}")
-    acting = {"remediation": "act", "breaker_min_nodes": 1}
-    started = controller.check_output("date +%s")
-    seen: list[str] = []
-
-    def evidence() -> str:
-        trace = "\n".join(seen)
-        journal = worker.run("tail -n 8 /var/lib/accelmon/remediation.jsonl").stdout
-        since = f"--since @{started} --no-pager"
-        log = controller.run(f"journalctl -u slurmctld {since} | grep -i -e {name} -e reboot").stdout
-        slurmd = worker.run(f"journalctl -u slurmd {since} | tail -n 40").stdout
-        return f"states:\n{trace}\njournal:\n{journal}\nslurmctld:\n{log}\nslurmd:\n{slurmd}"
-
-    def state() -> str:
-        line = node_line(controller, name)
-        fields = [re.search(rf" {f}=(.*?)(?= \w+=|$)", line) for f in ("State", "Reason", "NextState")]
-        seen.append(f"{time.strftime('%H:%M:%S')} " + " | ".join(m.group(1) for m in fields if m))
-        return line
-
-    with slurm_health_checks(controller), health_options(worker, **acting):
+    trace = NodeTrace(controller, worker, name)
+    with slurm_health_checks(controller), health_options(worker, remediation="act", breaker_min_nodes=1):
         try:
-            uptime = float(worker.check_output("cut -d' ' -f1 /proc/uptime"))
-            xid = record(40, uptime, xid_line(bus_id(5).rsplit(".", 1)[0], 79, "GPU has fallen off the bus."))
-            worker.check_output(f"printf '%s' {shlex.quote(xid)} >> /opt/fake-kmsg")
-            assert wait_for(lambda: "Reason=accelmon: reboot pending" in state(), 90), evidence()
-            pending = len(seen) - 1
-            assert wait_for(lambda: "DRAIN" not in state(), 180), evidence()
-            through = [line.split(" | ")[0] for line in seen[pending:-1]]  # from the claim to the resume
-            assert any("REBOOT" in line for line in through), evidence()
-            assert all("DRAIN" in line for line in through), evidence()  # never out unchecked
+            fall_off_the_bus(worker, 5, 40)
+            assert wait_for(lambda: trace.read()[1].startswith("accelmon: reboot pending"), 90), trace.evidence()
+            pending = len(trace.seen) - 1
+            assert wait_for(lambda: "DRAIN" not in trace.state(), 180), trace.evidence()
+            through = trace.since(pending)  # from the claim to the resume
+            assert any("REBOOT" in state for state in through), trace.evidence()
+            assert all("DRAIN" in state for state in through), trace.evidence()  # never out unchecked
             resolved = '"action": "reboot_node", "breaker": [0, 0, 0], "detail": "every check passed after the reboot"'
-            assert resolved in worker.check_output("cat /var/lib/accelmon/remediation.jsonl"), evidence()
+            assert resolved in worker.check_output("cat /var/lib/accelmon/remediation.jsonl"), trace.evidence()
             assert runs_on(controller, f"--nodelist={name}") == name
         finally:
             worker.run("truncate -s 0 /opt/fake-kmsg && systemctl restart accelmon-exporter")
@@ -552,31 +572,21 @@ def test_a_reboot_slower_than_slurm_waits_keeps_the_node_out_until_a_check_passe
     controller = testinfra.get_host(f"podman://{CLUSTER}-worker-1")
     name = f"{CLUSTER}-worker-2"
     worker = testinfra.get_host(f"podman://{name}")
-    seen: list[str] = []
-
-    def state() -> str:
-        line = node_line(controller, name)
-        reason = line.split(" Reason=", 1)[1][:100] if " Reason=" in line else ""
-        status = re.search(r" State=(\S+)", line)
-        seen.append(f"{time.strftime('%H:%M:%S')} {status.group(1) if status else '?'} | {reason}")
-        return status.group(1) if status else "?"
-
+    trace = NodeTrace(controller, worker, name)
     with slurm_health_checks(controller), health_options(worker, remediation="act", breaker_min_nodes=1):
         try:
             worker.check_output("touch /run/molecule-reboot-slow")
-            uptime = float(worker.check_output("cut -d' ' -f1 /proc/uptime"))
-            xid = record(50, uptime, xid_line(bus_id(6).rsplit(".", 1)[0], 79, "GPU has fallen off the bus."))
-            worker.check_output(f"printf '%s' {shlex.quote(xid)} >> /opt/fake-kmsg")
-            assert wait_for(lambda: "REBOOT_ISSUED" in state(), 90), "\n".join(seen)
-            claimed = len(seen) - 1
-            assert wait_for(lambda: state() == "IDLE", 120), "\n".join(seen)  # resumed: IDLE, no drain
+            fall_off_the_bus(worker, 6, 50)
+            assert wait_for(lambda: "REBOOT_ISSUED" in trace.state(), 90), trace.evidence()
+            claimed = len(trace.seen) - 1
+            assert wait_for(lambda: trace.state() == "IDLE", 120), trace.evidence()  # resumed: IDLE, no drain
+            through = trace.since(claimed)
+            assert any("DOWN" in state and "REBOOT" not in state for state in through), trace.evidence()  # timed out
+            assert all(re.search(r"DRAIN|REBOOT|DOWN", state) for state in through), trace.evidence()  # no jobs
+            assert "DRAIN" in through[-1], trace.evidence()  # drained again before it registered
             journal = worker.check_output("cat /var/lib/accelmon/remediation.jsonl")
-            trace = "\n".join(seen) + "\n" + journal
-            through = [line.split(" | ")[0].split()[1] for line in seen[claimed:-1]]
-            assert any("DOWN" in line and "REBOOT" not in line for line in through), trace  # Slurm timed it out
-            assert all(re.search(r"DRAIN|REBOOT|DOWN", line) for line in through), trace  # never takes jobs unchecked
-            assert "DRAIN" in through[-1], trace  # drained again before it registered: Slurm did not return it
-            assert '"outcome": "timed_out"' in journal and "every check passed after the reboot" in journal, trace
+            assert '"outcome": "timed_out"' in journal, trace.evidence()
+            assert "every check passed after the reboot" in journal, trace.evidence()
         finally:
             worker.run("rm -f /run/molecule-reboot-slow")
             worker.run("truncate -s 0 /opt/fake-kmsg && systemctl restart accelmon-exporter")
