@@ -109,6 +109,14 @@ deployed and checked in $(( $(date +%s) - started )) s:
     6 end      podman exec accelmon-demo-worker-2 accelmon-drill stop   (or it ends by itself in 30 minutes), then
                resume the node (accelmon resumes only what its repair loop repaired, in act mode):
                podman exec accelmon-demo-worker-1 scontrol update NodeName=accelmon-demo-worker-2 State=RESUME
+  NCCL hang    rehearse a rank of a job that stops answering NCCL (docs/health.md, "Game day"):
+    1 job      podman exec accelmon-demo-worker-1 su alice -c 'sbatch --chdir=/tmp -N2 --gres=gpu:2 --wrap "srun sleep 600"'
+    2 drill    podman exec accelmon-demo-worker-1 systemd-run --unit nccl-drill accelmon-drill nccl --job JOB --dead
+               (on the job's first node: it stands in for the job's RAS socket, the rank on its first GPU missing)
+    3 served   podman exec accelmon-demo-master curl -s http://accelmon-demo-worker-1:19470/metrics | grep nccl_rank
+               (within 30 s: rank 0, its GPU's UUID, dead="true"; accelmon_nccl_drill_active says it is a drill)
+    4 alert    after 2 minutes: AccelmonNcclRankMissing, drill="true", naming the job, rank, node, GPU and process
+    5 end      podman exec accelmon-demo-worker-1 accelmon-drill stop; then scancel JOB
   Grafana      not started here: Grafana runs on a real master (deploy.yaml, port 3000). This machine reaches no
                container registry that ships Grafana's image, and Debian does not package Grafana, so the
                dashboards are only checked here against this Prometheus (tests/test_master.py).

@@ -1,6 +1,7 @@
 """accelmon-drill: rehearse a GPU fault end to end, with nothing on the node fooled.
 
     accelmon-drill [--config FILE] start --gpu INDEX (--xid CODE | --check NAME) [--minutes N]
+    accelmon-drill [--config FILE] nccl --job JOB [--gpu INDEX] [--dead] [--minutes N]   (accelmon.nccl_drill)
     accelmon-drill [--config FILE] stop [--gpu INDEX] [--check NAME]
     accelmon-drill [--config FILE] status [--json]
 
@@ -21,6 +22,7 @@ a check no collector drills and an XID outside 1-65535 are refused before anythi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -30,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Optional
 
+from accelmon import nccl_drill
 from accelmon.checks import ActiveDrill, Drill
 from accelmon.config import load
 from accelmon.drill_store import DRILL_DIR, read, remove, write
@@ -73,6 +76,17 @@ def parser() -> argparse.ArgumentParser:
     start.add_argument(
         "--minutes", type=float, default=DEFAULT_MINUTES, help="how long until it ends by itself (default 30)"
     )
+    nccl = commands.add_parser(
+        "nccl",
+        help="rehearse a hung NCCL job: stand in for the job's RAS socket with the rank on one GPU missing (runs in "
+        "the foreground until it ends)",
+    )
+    nccl.add_argument("--job", required=True, help="the Slurm job id (running on this node, its first node)")
+    nccl.add_argument("--gpu", help="the GPU (index) whose rank stops answering (default: the job's first here)")
+    nccl.add_argument("--dead", action="store_true", help="RAS considers the rank dead at once (else after 60 s)")
+    nccl.add_argument(
+        "--minutes", type=float, default=DEFAULT_MINUTES, help="how long until it ends by itself (default 30)"
+    )
     stop = commands.add_parser("stop", help="end drills now: all of them, or those of one GPU or check")
     stop.add_argument("--gpu")
     stop.add_argument("--check")
@@ -101,12 +115,33 @@ def start(args: argparse.Namespace, now: float) -> int:
     return 0
 
 
+def start_nccl(args: argparse.Namespace, now: float) -> int:
+    if not 0 < args.minutes <= MAX_MINUTES:
+        return refuse(f"--minutes {args.minutes:g}: from more than 0 to {MAX_MINUTES}")
+    settings = load(args.config)
+    options = {**settings.collector("jobs").options, **settings.collector("nccl").options}
+    try:
+        drill = nccl_drill.plan(
+            args.job, args.gpu, args.dead, args.minutes, nccl_drill.state_dir_of(options), settings.paths.procfs,
+            node_gpus(args.config), now,
+        )  # fmt: skip
+        return nccl_drill.run(drill, drill_dir_of(args.config))
+    except nccl_drill.DrillRefusedError as error:
+        return refuse(str(error))
+
+
 def stop(args: argparse.Namespace) -> int:
     drill_dir = drill_dir_of(args.config)
     ended = [d for d in read(drill_dir) if args.gpu in (None, d.gpu) and args.check in (None, d.check)]
     for drill in ended:
         remove(drill_dir, drill)
-    print(f"{len(ended)} drill(s) ended." + (" A node the drill drained stays drained: resume it" if ended else ""))
+    nccl = [r for r in nccl_drill.read_files(drill_dir)
+            if args.gpu in (None, str(r.get("gpu"))) and args.check in (None, nccl_drill.CHECK)]  # fmt: skip
+    for record in nccl:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(record["path"])  # its stand-in sees its file gone and ends within a second
+    drained = " A node the drill drained stays drained: resume it" if ended else ""
+    print(f"{len(ended) + len(nccl)} drill(s) ended.{drained}")
     if ended:
         print("  (Slurm: scontrol update NodeName=<node> State=RESUME; OAR: oarnodecheckquery and the log's removal).")
     return 0
@@ -115,15 +150,21 @@ def stop(args: argparse.Namespace) -> int:
 def status(args: argparse.Namespace, now: float) -> int:
     drill_dir = drill_dir_of(args.config)
     drills = read(drill_dir)
+    nccl = nccl_drill.read_files(drill_dir)
     if args.json:
-        print(json.dumps([{**asdict(d), "in_force": d.started <= now < d.expires} for d in drills], indent=2))
+        found = [{**asdict(d), "in_force": d.started <= now < d.expires} for d in drills]
+        found += [{k: v for k, v in r.items() if k != "path"} for r in nccl]
+        print(json.dumps(found, indent=2))
         return 0
-    if not drills:
+    if not drills and not nccl:
         print(f"no drill ({drill_dir})")
     for d in drills:
         what = f"XID {d.xid}" if d.check == "xid" else d.check
         state = f"until {clock(d.expires)}" if now < d.expires else f"ended by itself at {clock(d.expires)}"
         print(f"GPU {d.gpu}: {what}, started {clock(d.started)}, {state}")
+    for r in nccl:
+        print(f"GPU {r['gpu']}: NCCL rank {r['rank']} of job {r['job']} missing (localhost:{r['port']}, process "
+              f"{r['pid']}), started {clock(r['started'])}, until {clock(r['expires'])}")  # fmt: skip
     return 0
 
 
@@ -145,6 +186,8 @@ def main(argv: Optional[Sequence[str]] = None, now: Optional[float] = None) -> i
             return refuse(f"{args.command} needs root (the drill directory is root's)")
         if args.command == "start":
             return start(args, moment)
+        if args.command == "nccl":
+            return start_nccl(args, moment)
         if args.command == "stop":
             return stop(args)
         return status(args, moment)

@@ -9,7 +9,7 @@ import logging
 import os
 import tempfile
 from dataclasses import asdict
-from typing import Optional
+from typing import Any, Optional
 
 from accelmon.checks import ActiveDrill
 from accelmon.validation import Option
@@ -29,11 +29,12 @@ def file_name(gpu: str, check: str) -> str:
     return f"gpu{gpu}-{check}.json"
 
 
-def read(drill_dir: str, now: Optional[float] = None) -> list[ActiveDrill]:
-    """The drills in `drill_dir` (expired ones when `now` is None, too), sorted by GPU and check. A file that is not
-    a drill is skipped and logged: a stray file never stops the checks."""
+def files(drill_dir: str, prefix: str) -> list[tuple[str, dict[str, Any]]]:
+    """(name, record) of each drill file in `drill_dir` whose name starts with `prefix` (`gpu`: a GPU's drills,
+    gpuN-CHECK.json; `nccl-job`: accelmon.nccl_drill's). A file that is not JSON is skipped and logged: a stray
+    file never stops the checks."""
     try:
-        names = sorted(name for name in os.listdir(drill_dir) if name.endswith(".json"))
+        names = sorted(name for name in os.listdir(drill_dir) if name.startswith(prefix) and name.endswith(".json"))
     except OSError:
         return []
     found = []
@@ -41,6 +42,20 @@ def read(drill_dir: str, now: Optional[float] = None) -> list[ActiveDrill]:
         try:
             with open(os.path.join(drill_dir, name), "rb") as handle:
                 record = json.loads(handle.read(MAX_DRILL_BYTES))
+        except (OSError, ValueError) as error:
+            log.warning("drill file %s skipped: %s", name, error)
+            continue
+        if isinstance(record, dict):
+            found.append((name, record))
+    return found
+
+
+def read(drill_dir: str, now: Optional[float] = None) -> list[ActiveDrill]:
+    """The GPU drills in `drill_dir` (expired ones when `now` is None, too), sorted by GPU and check. A file that is
+    not a drill is skipped and logged."""
+    found = []
+    for name, record in files(drill_dir, "gpu"):
+        try:
             drill = ActiveDrill(
                 gpu=str(record["gpu"]),
                 check=str(record["check"]),
@@ -48,7 +63,7 @@ def read(drill_dir: str, now: Optional[float] = None) -> list[ActiveDrill]:
                 expires=float(record["expires"]),
                 xid=int(record.get("xid", 0)),
             )
-        except (OSError, ValueError, KeyError, TypeError) as error:
+        except (ValueError, KeyError, TypeError) as error:
             log.warning("drill file %s skipped: %s", name, error)
             continue
         if now is None or drill.started <= now < drill.expires:
@@ -57,13 +72,17 @@ def read(drill_dir: str, now: Optional[float] = None) -> list[ActiveDrill]:
 
 
 def write(drill_dir: str, drill: ActiveDrill) -> str:
-    """Writes the drill atomically (a reader never sees half a file); the directory is made root's, 0755."""
+    return write_record(drill_dir, file_name(drill.gpu, drill.check), asdict(drill))
+
+
+def write_record(drill_dir: str, name: str, record: dict[str, Any]) -> str:
+    """Writes a drill's file atomically (a reader never sees half a file); the directory is made root's, 0755."""
     os.makedirs(drill_dir, mode=0o755, exist_ok=True)
-    path = os.path.join(drill_dir, file_name(drill.gpu, drill.check))
+    path = os.path.join(drill_dir, name)
     handle, temporary = tempfile.mkstemp(dir=drill_dir, prefix=".drill-")
     try:
         with os.fdopen(handle, "w") as out:
-            json.dump(asdict(drill), out)
+            json.dump(record, out)
         os.chmod(temporary, 0o644)
         os.replace(temporary, path)
     except BaseException:

@@ -69,6 +69,7 @@ class JobStatus:
     format: str  # json or text
     communicators: list[Communicator]
     dead_processes: list[Rank]  # processes RAS considers dead (text form; in JSON they are the dead missing ranks)
+    drill: bool = False  # the answer is accelmon-drill's stand-in (accelmon.nccl_drill), not NCCL's
 
 
 def job_port(job_id: str) -> int:
@@ -219,7 +220,7 @@ def parse_json(text: str, max_ranks: int) -> JobStatus:
             states.add("incomplete")
         comm.status = next((s for s in reversed(STATUSES) if s in states), "ok")
         communicators.append(comm)
-    return JobStatus("json", communicators, [])
+    return JobStatus("json", communicators, [], drill=isinstance(data.get("accelmon_drill"), dict))
 
 
 PROCESS = re.compile(r"Process (\d+) on node (\S+) managing GPU ([\d,]+)")

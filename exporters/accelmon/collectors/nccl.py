@@ -98,6 +98,11 @@ QUERIES = C.counter(
     "malformed, protocol (not a RAS server, or a protocol version this does not read), too_large: errors.",
     ["result"],
 )
+DRILL_ACTIVE = C.gauge(
+    "accelmon_nccl_drill_active",
+    "1 while the job's RAS answer is a drill's (accelmon-drill nccl), not NCCL's: its missing rank is no real fault.",
+    ["job_id"],
+)
 JOBS_ASKED = C.gauge(
     "accelmon_nccl_jobs_asked", "RAS sockets asked at the latest interval (this node's share of the jobs).", ()
 )
@@ -211,6 +216,9 @@ class NcclCollector(Collector):
         return out
 
     def serve(self, out: Samples, job: str, status: JobStatus, local: set[str], uuids: dict[int, str]) -> None:
+        if status.drill:
+            out.add(DRILL_ACTIVE, (job,), 1)
+
         def labels(comm: str, rank: Rank) -> list[str]:
             uuid = uuids.get(rank.nvml_dev, "") if rank.host in local else ""
             return [job, comm, str(rank.rank), rank.host, str(rank.pid), str(rank.nvml_dev), uuid]

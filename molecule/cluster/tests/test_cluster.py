@@ -140,6 +140,27 @@ def stragglers(host, job: str) -> list[dict]:
     ]
 
 
+def nccl_drill_served(host, job: str, first_node) -> None:
+    """accelmon-drill nccl on the job's first node (docs/health.md, "Game day"), as the role installed it: the
+    exporter serves the rank on the job's first GPU there as missing and dead, with that GPU's UUID and the drill's
+    mark; `stop` ends it and the rank leaves."""
+    unit = f"accelmon-nccl-drill-{job}"
+    first_node.check_output(f"systemd-run --unit {unit} accelmon-drill nccl --job {job} --dead --minutes 2")
+    missing = f"/api/v1/query?query=accelmon_nccl_rank_missing%7Bjob_id%3D%22{job}%22%7D"
+    try:
+        served = wait_for(lambda: query(host, missing)["result"], timeout=30)
+        assert served, first_node.run(f"journalctl -u {unit} --no-pager").stdout
+        (rank,) = [r["metric"] for r in served]
+        uuids = minor_to_uuid(first_node)
+        assert (rank["node"], rank["rank"], rank["dead"]) == (f"{CLUSTER}-worker-1", "0", "true"), rank
+        assert rank["uuid"] in {uuids["0"], uuids["1"]} and rank["nvml_dev"].isdigit(), (rank, uuids)
+        drill = f"/api/v1/query?query=accelmon_nccl_drill_active%7Bjob_id%3D%22{job}%22%7D"
+        assert [r["value"][1] for r in query(host, drill)["result"]] == ["1"]
+    finally:
+        first_node.run("accelmon-drill stop --check nccl")
+    assert wait_for(lambda: not query(host, missing)["result"], timeout=30), "the drilled rank outlived stop"
+
+
 def test_a_slurm_job_is_attributed_while_it_runs_and_reported_after(host, tmp_path):
     """A real Slurm job asks for 2 GPUs on each of 2 nodes: its GPUs carry its job id in Prometheus while it runs
     (by UUID: Slurm's indices are device minors, out of NVML's order here), none after, and accelmon-report finds
@@ -174,6 +195,7 @@ def test_a_slurm_job_is_attributed_while_it_runs_and_reported_after(host, tmp_pa
         assert f"nccl_ras_port={port}\nnccl_ras_query={asks}" in record, (worker, record)
         given = wait_for(lambda on=on, worker=worker: on.run(f"cat /tmp/ras-{job}-{worker}").stdout.strip(), 20)
         assert given == f"localhost:{port}", (worker, given)
+    nccl_drill_served(host, job, controller)
     # Slurm's GPU 1 (device minor 1) of worker-2 is NVML's GPU 3 here: no clock event of its own until slowed.
     slowed = {r["metric"]["gpu"] for r in series if r["metric"]["node"] == f"{CLUSTER}-worker-2"} & {"3"}
     assert slowed == {"3"}, series
