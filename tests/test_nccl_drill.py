@@ -89,6 +89,9 @@ def test_the_exporter_serves_the_drilled_rank_as_missing_then_stop_ends_it(node)
         assert "accelmon_nccl_rank_collectives_behind{" not in text  # the rank on GPU 1 answers and moves on
         (listed,) = json.loads(run_drill(node, "status", "--json").stdout)
         assert (listed["check"], listed["job"], listed["gpu"], listed["rank"]) == ("nccl", JOB, "2", 1)
+        assert f"GPU 2: NCCL rank 1 of job {JOB} missing (localhost:{node['port']}, process {drill.pid})" in (
+            run_drill(node, "status").stdout
+        )
         stopped = run_drill(node, "stop", "--check", "nccl")
         assert stopped.returncode == 0 and "1 drill(s) ended" in stopped.stdout
         out, err = drill.communicate(timeout=10)
