@@ -176,6 +176,22 @@ DASHBOARD = Dashboard(
             description="The highest collective count of each communicator: a hung communicator's stands still.",
             expect_data=False,  # a job without NCCL has none
         ),
+        # NCCL Inspector's bandwidth by rank (collector nccl_inspector, docs/jobs.md "NCCL Inspector"): a slow link.
+        Panel(
+            "NCCL: bus bandwidth by rank",
+            "Bps",
+            [
+                (
+                    f"max without (collective) (accelmon_nccl_bus_bandwidth_bytes_per_second{{{J}}})",
+                    "rank {{rank}} {{node}} GPU {{gpu}} ({{communicator}})",
+                )
+            ],
+            width=24,
+            description="From NCCL Inspector (NCCL 2.29+, where the job loads it): each rank's bus bandwidth in its "
+            "latest collective. A communicator's ranks stand close together; one far below sits behind a slow link "
+            "or a throttled GPU (AccelmonNcclRankSlow).",
+            expect_data=False,  # a job without Inspector has none
+        ),
     ],
     [("job_id", "label_values(accelmon_gpu_job_info, job_id)")],
 )

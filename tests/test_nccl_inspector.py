@@ -1,0 +1,153 @@
+"""The nccl_inspector collector over files as NCCL Inspector's Prometheus mode writes them (NVIDIA/nccl
+ext-profiler/inspector/inspector_prom.cc: one file per GPU named by its UUID, three lines per communicator): base
+units, bounded labels, the GPU by the driver's procfs, stale files left out, bad lines skipped and counted."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from accelmon.collectors.nccl_inspector import MAX_FILE_BYTES, NcclInspectorCollector
+from tests.support.ansible import render_role_template
+from tests.support.exposition import promtool_check, sample_value, series, text_of
+from tests.support.jobs_tree import nvidia_procfs, uuid
+
+COMM = "0xd152c00f111816"
+
+
+def lines(rank: int, bus_gbs: float, job: str = "4242", comm: str = COMM, collective: str = "AllReduce") -> str:
+    """One communicator's three lines, with Inspector's labels (free text among them: hostname, timestamp, coll_sn)."""
+    labels = (
+        f'comm_id="{comm}",hostname="pool0-0002",rank="{rank}",slurm_job="train",slurm_job_id="{job}",'
+        f'nranks="16",n_nodes="2",gpu_device_id="GPU{rank % 8}",collective="{collective}",coll_sn="228924",'
+        f'timestamp="2026-11-27T03:31:47Z",message_size="2.00GB"'
+    )
+    return (
+        f"nccl_algorithm_bandwidth_gbs{{{labels}}} {bus_gbs / 1.875:.6g}\n"
+        f"nccl_bus_bandwidth_gbs{{{labels}}} {bus_gbs:.6g}\n"
+        f"nccl_collective_exec_time_microseconds{{{labels}}} 61974\n"
+    )
+
+
+def gpu_file(folder: Path, index: int, text: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"nccl_inspector_metrics_{uuid(index).removeprefix('GPU-')}.prom"
+    path.write_text(text)
+    return path
+
+
+def collector(tmp_path: Path, **options) -> NcclInspectorCollector:
+    procfs = nvidia_procfs(tmp_path / "proc", gpus=8)
+    return NcclInspectorCollector(str(tmp_path / "dump"), options.get("max_age", 120.0),
+                                  options.get("max_communicators", 64), str(procfs))  # fmt: skip
+
+
+def test_each_ranks_bandwidth_in_base_units_with_its_gpu_and_no_free_text(tmp_path):
+    job_dir = tmp_path / "dump" / "4242"  # a directory per job, as accelmon's TaskProlog sets it
+    gpu_file(job_dir, 2, lines(4, 485.119))
+    gpu_file(job_dir, 5, lines(5, 120.5) + lines(1, 300.0, comm="0x77"))
+    text = text_of(collector(tmp_path))
+    promtool_check(text)
+    labels = {"job_id": "4242", "communicator": COMM, "rank": "4", "collective": "AllReduce", "gpu": "2",
+              "uuid": uuid(2)}  # fmt: skip
+    assert sample_value(text, "accelmon_nccl_bus_bandwidth_bytes_per_second", **labels) == 485.119e9
+    assert abs(sample_value(text, "accelmon_nccl_algorithm_bandwidth_bytes_per_second", **labels) - 258.730e9) < 1e6
+    assert sample_value(text, "accelmon_nccl_collective_duration_seconds", **labels) == 0.061974
+    assert sample_value(text, "accelmon_nccl_collective_message_bytes", **labels) == 2 * 1024**3
+    bus = series(text, "accelmon_nccl_bus_bandwidth_bytes_per_second")
+    assert sorted((s["gpu"], s["communicator"], s["rank"], v) for s, v in bus) == [
+        ("2", COMM, "4", 485.119e9), ("5", "0x77", "1", 300e9), ("5", COMM, "5", 120.5e9)
+    ]  # fmt: skip
+    assert "hostname" not in text and "timestamp=" not in text and "coll_sn" not in text
+    assert sample_value(text, "accelmon_nccl_inspector_files", state="fresh") == 2
+    assert sample_value(text, "accelmon_nccl_inspector_skipped_lines_total") == 0
+
+
+def test_a_finished_jobs_file_is_left_out(tmp_path):
+    old = gpu_file(tmp_path / "dump", 1, lines(0, 400.0, job="77"))
+    gpu_file(tmp_path / "dump", 3, lines(3, 410.0))
+    os.utime(old, (time.time() - 600, time.time() - 600))
+    text = text_of(collector(tmp_path))
+    assert [s["job_id"] for s, _ in series(text, "accelmon_nccl_bus_bandwidth_bytes_per_second")] == ["4242"]
+    assert sample_value(text, "accelmon_nccl_inspector_files", state="stale") == 1
+
+
+def test_lines_that_are_not_inspectors_are_skipped_and_counted_and_the_rest_served(tmp_path):
+    bad = (
+        "garbage {{{\n"
+        'nccl_bus_bandwidth_gbs{comm_id="0x1",rank="2",collective="Teleport",slurm_job_id="9"} 1\n'  # not NCCL's
+        'nccl_bus_bandwidth_gbs{comm_id="0x1",rank="two",collective="AllReduce",slurm_job_id="9"} 1\n'
+        'nccl_something_else{comm_id="0x1",rank="2",collective="AllReduce",slurm_job_id="9"} 1\n'
+        'nccl_bus_bandwidth_gbs{comm_id="0x1",rank="2",collective="AllReduce",slurm_job_id="x; rm"} 7\n'
+    )
+    gpu_file(tmp_path / "dump", 0, bad + lines(0, 350.0))
+    source = collector(tmp_path)
+    text = text_of(source)
+    promtool_check(text)
+    assert sample_value(text, "accelmon_nccl_inspector_skipped_lines_total") == 4
+    served = {(s["communicator"], s["job_id"]) for s, _ in series(text, "accelmon_nccl_bus_bandwidth_bytes_per_second")}
+    assert served == {(COMM, "4242"), ("0x1", "")}  # a job id that is not one is left empty
+    assert sample_value(text_of(source), "accelmon_nccl_inspector_skipped_lines_total") == 8  # counted each read
+
+
+def test_bounded_per_file_and_in_size(tmp_path):
+    gpu_file(tmp_path / "dump", 0, "".join(lines(0, 100.0 + i, comm=f"0x{i:x}") for i in range(10)))
+    gpu_file(tmp_path / "dump", 1, lines(1, 1.0) + "#" * (MAX_FILE_BYTES + 10) + "\n")
+    text = text_of(collector(tmp_path, max_communicators=3))
+    bus = series(text, "accelmon_nccl_bus_bandwidth_bytes_per_second")
+    assert sorted(s["communicator"] for s, _ in bus) == ["0x0", "0x1", "0x2"]  # the file over the cap: none of it
+    assert sample_value(text, "accelmon_nccl_inspector_skipped_lines_total") == 7 * 3 + 3  # + the big file's read
+
+
+def test_the_same_gpus_file_in_two_places_is_served_once(tmp_path):
+    gpu_file(tmp_path / "dump", 4, lines(4, 300.0))
+    gpu_file(tmp_path / "dump" / "4242", 4, lines(4, 300.0))
+    text = text_of(collector(tmp_path))
+    promtool_check(text)
+    assert len(series(text, "accelmon_nccl_bus_bandwidth_bytes_per_second")) == 1
+
+
+def test_no_dump_directory_serves_nothing_and_is_no_error(tmp_path):
+    text = text_of(collector(tmp_path))
+    assert series(text, "accelmon_nccl_bus_bandwidth_bytes_per_second") == []
+    assert sample_value(text, "accelmon_nccl_inspector_files", state="fresh") == 0
+
+
+@pytest.mark.e2e  # the role's prolog, TaskProlog and epilog, rendered by ansible-playbook
+@pytest.mark.skipif(os.geteuid() != 0, reason="the prolog gives the job's directory to the job's user (chown)")
+def test_the_roles_prolog_gives_each_job_a_directory_its_inspector_writes_and_the_epilog_removes(tmp_path):
+    """With accelmon_exporter_nccl_inspector: the prolog makes <dump_dir>/<job> anew for the job's user (what a
+    user left there before is gone), the TaskProlog points a Prometheus-mode Inspector at it unless the job chose
+    its own, the collector serves the directory's job id whatever the file says, and the epilog removes it."""
+    dump, state = tmp_path / "dump", tmp_path / "jobs"
+    dump.mkdir()
+    state.mkdir()
+    variables = {"__accelmon_exporter_jobs_dir": str(state), "__accelmon_exporter_nccl_inspector_dir": str(dump)}
+    for script in ("prolog", "task-prolog", "epilog"):
+        render_role_template("accelmon_exporter", f"slurm-{script}.sh.j2", tmp_path / f"{script}.sh", variables)
+
+    def run(script: str, **env: str) -> str:
+        done = subprocess.run(["/bin/sh", str(tmp_path / f"{script}.sh")], env={"SLURM_JOB_ID": "4242", **env},
+                              capture_output=True, text=True, timeout=30)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    planted = dump / "4242"
+    planted.mkdir()
+    (planted / "forged.prom").write_text("x")  # left by someone before the job
+    run("prolog", SLURM_JOB_UID="65534", SLURM_JOB_GPUS="0")
+    made = os.stat(planted)
+    assert (made.st_uid, made.st_mode & 0o777, os.listdir(planted)) == (65534, 0o755, [])
+    ras = "export NCCL_RAS_ADDR=localhost:28342\n"
+    assert run("task-prolog", NCCL_INSPECTOR_PROM_DUMP="1") == ras + f"export NCCL_INSPECTOR_DUMP_DIR={planted}\n"
+    assert run("task-prolog") == ras  # Inspector off, or in its JSON mode: nothing of it
+    assert run("task-prolog", NCCL_INSPECTOR_PROM_DUMP="1", NCCL_INSPECTOR_DUMP_DIR="/scratch/mine") == ras
+    gpu_file(planted, 3, lines(3, 200.0, job="999"))  # the file says another job: the directory is the job's
+    text = text_of(NcclInspectorCollector(str(dump), 120.0, 64, str(nvidia_procfs(tmp_path / "proc", gpus=8))))
+    assert [s["job_id"] for s, _ in series(text, "accelmon_nccl_bus_bandwidth_bytes_per_second")] == ["4242"]
+    run("epilog")
+    assert not planted.exists() and not (state / "slurm-4242").exists()
