@@ -23,12 +23,12 @@ class FakeRas:
         self.commands: list[str] = []
         self.server = socket.create_server(("127.0.0.1", port))
         self.port = self.server.getsockname()[1]
+        self.server.settimeout(0.2)  # here, not in the thread: a server stopped at once is closed before it runs
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
 
     def _serve(self) -> None:
-        self.server.settimeout(0.2)
         while not self._stop.is_set():
             try:
                 connection, _ = self.server.accept()

@@ -161,6 +161,35 @@ def nccl_drill_served(host, job: str, first_node) -> None:
     assert wait_for(lambda: not query(host, missing)["result"], timeout=30), "the drilled rank outlived stop"
 
 
+def nccl_inspector_served(host, job: str) -> str:
+    """With accelmon_exporter_nccl_inspector (molecule.yml): on each worker the prolog made the job's NCCL Inspector
+    directory for alice and the TaskProlog pointed the task at it; a file written there as alice, as Inspector's
+    Prometheus mode writes it for the job's GPU of device minor 0, is served with the job id, that GPU's NVML index
+    and UUID, in bytes per second. Returns the directory (the epilog removes it)."""
+    directory = f"/var/lib/nccl-inspector/{job}"
+    query_path = f"/api/v1/query?query=accelmon_nccl_bus_bandwidth_bytes_per_second%7Bjob_id%3D%22{job}%22%7D"
+    for rank, worker in enumerate(WORKERS):
+        on = testinfra.get_host(f"podman://{worker}")
+        assert on.file(directory).user == "alice" and on.file(directory).mode == 0o755, worker
+        given = wait_for(lambda on=on, worker=worker: on.run(f"cat /tmp/inspector-{job}-{worker}").stdout.strip(), 20)
+        assert given == directory, (worker, given)
+        uuid = minor_to_uuid(on)["0"]
+        labels = (f'comm_id="0xabc",hostname="{worker}",rank="{rank}",slurm_job="wrap",slurm_job_id="{job}",'
+                  'nranks="2",n_nodes="2",gpu_device_id="GPU0",collective="AllReduce",coll_sn="7",'
+                  'timestamp="2026-11-27T12:00:00Z",message_size="64.00MB"')  # fmt: skip
+        line = f"nccl_bus_bandwidth_gbs{{{labels}}} {150 + 100 * rank}"
+        name = f"{directory}/nccl_inspector_metrics_{uuid[len('GPU-') :]}.prom"
+        write = f"printf '%s\\n' {shlex.quote(line)} > {name}"
+        on.check_output(f"su alice -c {shlex.quote(write)}")
+    served = wait_for(lambda: len(query(host, query_path)["result"]) == 2 and query(host, query_path)["result"], 30)
+    assert served, query(host, query_path)
+    found = {(r["metric"]["node"], r["metric"]["rank"], r["metric"]["uuid"], float(r["value"][1])) for r in served}
+    uuids = {worker: minor_to_uuid(testinfra.get_host(f"podman://{worker}"))["0"] for worker in WORKERS}
+    expected = {(worker, str(rank), uuids[worker], (150 + 100 * rank) * 1e9) for rank, worker in enumerate(WORKERS)}
+    assert found == expected
+    return directory
+
+
 def test_a_slurm_job_is_attributed_while_it_runs_and_reported_after(host, tmp_path):
     """A real Slurm job asks for 2 GPUs on each of 2 nodes: its GPUs carry its job id in Prometheus while it runs
     (by UUID: Slurm's indices are device minors, out of NVML's order here), none after, and accelmon-report finds
@@ -169,14 +198,19 @@ def test_a_slurm_job_is_attributed_while_it_runs_and_reported_after(host, tmp_pa
     power_cap, no other GPU, and clears after the job ends; the report lists the alert and names the straggler."""
     controller = testinfra.get_host(f"podman://{CLUSTER}-worker-1")
     slowed_worker = testinfra.get_host(f"podman://{CLUSTER}-worker-2")
-    # Each task writes the NCCL_RAS_ADDR accelmon's TaskProlog gave it (docs/jobs.md, "NCCL RAS"), then sleeps.
-    task = 'echo "$NCCL_RAS_ADDR" > "/tmp/ras-$SLURM_JOB_ID-$(hostname)"; sleep 45'
+    # Each task writes the NCCL_RAS_ADDR and NCCL_INSPECTOR_DUMP_DIR accelmon's TaskProlog gave it (docs/jobs.md,
+    # "NCCL RAS" and "NCCL Inspector": the job runs Inspector in its Prometheus mode), then sleeps.
+    task = (
+        'echo "$NCCL_RAS_ADDR" > "/tmp/ras-$SLURM_JOB_ID-$(hostname)"; '
+        'echo "$NCCL_INSPECTOR_DUMP_DIR" > "/tmp/inspector-$SLURM_JOB_ID-$(hostname)"; sleep 60'
+    )
     for worker in WORKERS:
         testinfra.get_host(f"podman://{worker}").check_output(
             f"printf '%s\\n' {shlex.quote(task)} > /tmp/ras-task.sh && chmod 0755 /tmp/ras-task.sh"
         )
     job = controller.check_output(
-        "su alice -c 'sbatch --parsable --chdir=/tmp --nodes=2 --gres=gpu:2 --wrap \"srun sh /tmp/ras-task.sh\"'"
+        "su alice -c 'NCCL_INSPECTOR_PROM_DUMP=1 sbatch --parsable --chdir=/tmp --nodes=2 --gres=gpu:2 "
+        '--wrap "srun sh /tmp/ras-task.sh"\''
     ).strip()
     attributed = f"/api/v1/query?query=accelmon_gpu_job_info%7Bjob_id%3D%22{job}%22%7D"
     series = wait_for(lambda: len(query(host, attributed)["result"]) == 4 and query(host, attributed)["result"])
@@ -196,6 +230,7 @@ def test_a_slurm_job_is_attributed_while_it_runs_and_reported_after(host, tmp_pa
         given = wait_for(lambda on=on, worker=worker: on.run(f"cat /tmp/ras-{job}-{worker}").stdout.strip(), 20)
         assert given == f"localhost:{port}", (worker, given)
     nccl_drill_served(host, job, controller)
+    inspector_dir = nccl_inspector_served(host, job)
     # Slurm's GPU 1 (device minor 1) of worker-2 is NVML's GPU 3 here: no clock event of its own until slowed.
     slowed = {r["metric"]["gpu"] for r in series if r["metric"]["node"] == f"{CLUSTER}-worker-2"} & {"3"}
     assert slowed == {"3"}, series
@@ -215,12 +250,14 @@ def test_a_slurm_job_is_attributed_while_it_runs_and_reported_after(host, tmp_pa
         slowed_worker.check_output("rm -f /opt/fake-nvml/slow")
     # When the job ends the epilog removes its record, and the series go stale: the alert clears.
     assert wait_for(lambda: not query(host, attributed)["result"], timeout=120), "still attributed after the job"
+    for worker in WORKERS:  # the epilog removed the job's NCCL Inspector directory
+        assert not testinfra.get_host(f"podman://{worker}").file(inspector_dir).exists, worker
     assert wait_for(lambda: not stragglers(host, job), timeout=60), "the straggler alert outlived the job"
     out = tmp_path / "report"
     summary = report(job, out)
     assert sorted(summary["nodes"]) == sorted(WORKERS) and summary["user"] == "alice"
     assert len(summary["gpus"]) == 4
-    assert 20 <= summary["duration_seconds"] <= 75, summary["duration_seconds"]  # `sleep 45`, seen every 2 s
+    assert 35 <= summary["duration_seconds"] <= 90, summary["duration_seconds"]  # `sleep 60`, seen every 2 s
     assert [(a["alert"], a["reason"], a["node"], a["gpu"]) for a in summary["live_alerts"]] == [
         ("AccelmonJobStraggler", "power_cap", f"{CLUSTER}-worker-2", "3")
     ]
