@@ -39,6 +39,8 @@ ONLY_WHILE = {
     "accelmon_nccl_rank_collectives_behind": "an NCCL job's rank stands behind (tests/test_nccl.py)",
     "accelmon_nccl_rank_collectives": "an NCCL job's rank stands behind (tests/test_nccl.py)",
     "accelmon_nccl_communicator_collectives_max": "an NCCL job answers RAS (tests/test_nccl.py)",
+    "accelmon_nccl_drill_active": "an NCCL drill is in force (tests/test_nccl_drill.py)",
+    "accelmon_nccl_bus_bandwidth_bytes_per_second": "a job runs NCCL Inspector (tests/test_nccl_inspector.py)",
     "accelmon_gpu_remediation_repairs_total": "the repair loop repaired a GPU (tests/test_remediation.py)",
     "accelmon_node_remediation_events_total": "the Slurm health check decided something (tests/test_remediation.py)",
     "accelmon_node_drain_breaker_nodes": "the circuit breaker holds a drain back (tests/test_remediation.py)",
