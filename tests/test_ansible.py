@@ -115,6 +115,7 @@ WORKER_CASES = [
         "cloudwatch.metrics[0].unit",
     ),
     ("accelmon_exporter_aws_access_key_id=AKIAIOSFODNN7EXAMPLE", "go together"),
+    ('{"accelmon_exporter_nccl_inspector": true}', "accelmon_exporter_nccl_inspector needs accelmon_exporter_jobs"),
     # node_exporter's own checks (its role's preflight), in the same play.
     ("accelmon_node_exporter_listen_address=9100", "must be HOST:PORT or :PORT"),
     ('{"accelmon_node_exporter_extra_args": ["--web.listen-address=:9101"]}', "without --web.listen-address"),
