@@ -13,7 +13,7 @@ import pytest
 
 from accelmon.collectors.nccl_inspector import MAX_FILE_BYTES, NcclInspectorCollector
 from tests.support.ansible import render_role_template
-from tests.support.exposition import promtool_check, sample_value, series, text_of
+from tests.support.exposition import check_golden, promtool_check, sample_value, series, text_of
 from tests.support.jobs_tree import nvidia_procfs, uuid
 
 COMM = "0xd152c00f111816"
@@ -151,3 +151,12 @@ def test_the_roles_prolog_gives_each_job_a_directory_its_inspector_writes_and_th
     assert [s["job_id"] for s, _ in series(text, "accelmon_nccl_bus_bandwidth_bytes_per_second")] == ["4242"]
     run("epilog")
     assert not planted.exists() and not (state / "slurm-4242").exists()
+
+
+def test_golden(tmp_path):
+    """A job of two communicators on two GPUs, one rank slow, as the collector serves it."""
+    gpu_file(tmp_path / "dump" / "4242", 2, lines(4, 485.119) + lines(12, 480.0, comm="0x77", collective="AllGather"))
+    gpu_file(tmp_path / "dump" / "4242", 5, lines(5, 120.5))
+    text = text_of(collector(tmp_path))
+    promtool_check(text)
+    check_golden("nccl_inspector_slow_rank.prom", text)

@@ -65,7 +65,8 @@ ALGORITHM_BANDWIDTH = C.gauge(
 )
 DURATION = C.gauge(
     "accelmon_nccl_collective_duration_seconds",
-    "How long the rank's latest completed collective in the communicator ran (its kernels, GPU clock).",
+    "How long the rank's latest completed collective in the communicator ran (its kernels: by the GPU's clock where "
+    "Inspector has it).",
     LABELS,
 )
 MESSAGE = C.gauge(
