@@ -18,10 +18,11 @@ from pathlib import Path
 from tests.support.fake_scontrol import Cluster
 
 from accelmon.slurm.fleet import Fleet, Limits, out_by_accelmon
+from accelmon.slurm.nodes import run_scontrol
 
 
-def run(command: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+def run(command: list[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return run_scontrol(command, timeout)
 
 
 def count_then_drain(fleet: Fleet, node: str, reason: str) -> None:

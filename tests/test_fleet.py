@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -17,7 +18,7 @@ from accelmon import health
 from accelmon.checks import Check
 from accelmon.remediation import Journal
 from accelmon.slurm.fleet import Fleet, Limits, pause_of
-from accelmon.slurm.nodes import parse_json, parse_nodes
+from accelmon.slurm.nodes import parse_json, parse_nodes, run_scontrol
 from accelmon.slurm.repair import Options, SlurmRepair
 from tests.support.exposition import sample_value
 from tests.support.fake_scontrol import Cluster
@@ -27,8 +28,8 @@ NODES = [f"gpu-{n:02d}" for n in range(20)]
 DAY = 86400.0
 
 
-def run(command: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+def run(command: list[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return run_scontrol(command, timeout)
 
 
 def loop_on(tmp_path: Path, cluster: Cluster, node: str, **chosen: float) -> SlurmRepair:
@@ -141,6 +142,7 @@ def test_repairs_keep_the_fleets_pace(tmp_path, fleet_of_20):
     cluster = fleet_of_20
     chosen = NODES[:8]
     drained_idle_by_accelmon(tmp_path, cluster, chosen)
+    first_out = {node: cluster.raw(node)["stamp"]["epoch"] for node in chosen}
     said: dict[str, str] = {}
     healthy = health.NodeHealth([health.GpuHealth("2", "GPU-2", [Check("ecc", "ok", "fine")], "S2")], [])
     cluster.change(meet=len(chosen), listings=0)
@@ -157,7 +159,10 @@ def test_repairs_keep_the_fleets_pace(tmp_path, fleet_of_20):
     assert 1 <= len(repaired) <= 3, said
     waiting = [node for node in chosen if node not in repaired]
     assert all("repair pace" in said[node] for node in waiting), said
-    assert all(cluster.node(node)["reason"] == "accelmon: GPU 2 ecc: reset_gpu" for node in waiting)
+    # The claim taken back: the drain's reason as it was, carrying when the node first went out (its first stamp).
+    for node in waiting:
+        since = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(first_out[node]))
+        assert cluster.node(node)["reason"] == f"accelmon: GPU 2 ecc: reset_gpu (out since {since}Z)"
     # The hour's repairs are still counted once they have ended: a waiting node asked again is held before claiming.
     if len(repaired) == 3:
         loop = loop_on(tmp_path, cluster, waiting[0], breaker_min_nodes=20)
@@ -271,7 +276,7 @@ def test_the_command_pauses_shows_and_resumes(tmp_path):
     shown = cli("status")
     assert shown.returncode == 0, shown.stderr
     assert "remediation paused since" in shown.stdout and "bad driver roll-out, INC-42" in shown.stdout
-    assert "circuit breaker: 1 node(s) out by accelmon in 24 h of 3, limit 3" in shown.stdout
+    assert "circuit breaker: 1 node(s) out by accelmon in 24 h of 3 checked, limit 3" in shown.stdout
     assert "repair pace: 0 repair(s) in the last hour, limit 3" in shown.stdout
     assert cli("resume").stdout.strip() == "resumed: drains and repairs go on"
     assert "remediation: on (not paused)" in cli("status").stdout

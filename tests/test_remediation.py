@@ -20,6 +20,7 @@ from accelmon.checks import Check
 from accelmon.remediation import Journal, Record
 from accelmon.slurm import nodes as slurm_nodes
 from accelmon.slurm.fleet import Limits
+from accelmon.slurm.nodes import run_scontrol
 from accelmon.slurm.repair import Options, SlurmRepair
 from tests.support.exposition import sample_value, series, text_of
 from tests.support.fake_scontrol import Cluster
@@ -31,8 +32,13 @@ NODE = "gpu-7"
 DAY = 86400.0
 
 
-def run(command: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+def plain(reason: str) -> str:
+    """A reason without the time accelmon keeps in it of when the node first went out."""
+    return slurm_nodes.OUT_SINCE.sub("", reason)
+
+
+def run(command: list[str], timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return run_scontrol(command, timeout)
 
 
 def failing(action: str, check: str = "xid", index: str = "2", drill: bool = False) -> health.NodeHealth:
@@ -117,7 +123,7 @@ def test_the_breaker_at_its_edges(site, capsys, others, drains):
         assert loop.journal.records[-1].event == "drained"
     else:
         assert node == {"state": "IDLE", "reason": ""}  # keeps taking jobs
-        assert "circuit breaker: 3 node(s) out by accelmon in 24 h of 20, limit 3: no drain" in said
+        assert "circuit breaker: 3 node(s) out by accelmon in 24 h of 20 checked, limit 3: no drain" in said
         assert "node gpu-7 not drained, it keeps taking jobs: held" in said
         held = loop.journal.records[-1]
         assert (held.event, held.outcome, held.breaker, held.gpus[0]["serial"]) == (
@@ -291,8 +297,13 @@ def test_a_reboot_keeps_the_node_out_until_a_check_passes_after_it(site, capsys)
     the node stays drained through the boot, its reason saying so; after it, a passing check resumes it."""
     cluster, make, _ = site
     drained_by_accelmon(cluster, make, "reboot_node")
+    first_out = cluster.raw(NODE)["stamp"]["epoch"]
     make().run(failing("reboot_node"), lambda r: healthy())
-    assert cluster.calls()[-1] == f"reboot reason=accelmon: reboot pending: reboot_node for GPU 2 {NODE}"
+    # The reason carries when the node first went out: the reboot's re-stamp does not move its place in the breaker.
+    since = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(first_out))
+    assert cluster.calls()[-1] == (
+        f"reboot reason=accelmon: reboot pending: reboot_node for GPU 2 (out since {since}Z) {NODE}"
+    )
     node = cluster.node(NODE)
     assert node["state"] == "DOWN+DRAIN+REBOOT_ISSUED" and node["reason"].startswith("accelmon: reboot pending")
     # While the reboot is under way, nothing more is asked of Slurm but its state.
@@ -326,6 +337,7 @@ def test_a_reboot_slurm_times_out_is_drained_again_before_the_node_can_register(
     node = cluster.node(NODE)
     assert node["state"] == "DOWN+DRAIN"
     assert node["reason"].startswith("accelmon: reboot pending") and node["reason"].endswith(": reboot timed out")
+    assert slurm_nodes.OUT_SINCE.search(node["reason"])  # Slurm's appends kept, and when it first went out
     journal = Journal.read(str(cluster.state.parent / "remediation.jsonl"))
     assert (journal.records[-1].event, journal.records[-1].outcome) == ("repair", "timed_out")
     cluster.boot(NODE)  # it registers at last: still drained
@@ -358,7 +370,7 @@ def test_a_check_that_still_fails_after_the_reboot_keeps_the_node_for_hardware_s
     make().run(failing("reboot_node"), lambda r: healthy())
     node = cluster.node(NODE)
     assert node["state"] == "IDLE+DRAIN"
-    assert node["reason"] == "accelmon: GPU 2 xid: hardware_service (still fails after reboot_node)"
+    assert plain(node["reason"]) == "accelmon: GPU 2 xid: hardware_service (still fails after reboot_node)"
     journal = Journal.read(str(cluster.state.parent / "remediation.jsonl"))
     assert [(r.event, r.outcome) for r in journal.records[-2:]] == [("repair", "failed"), ("escalated", "none")]
     # A failed repair is no repair for the repeat rule.
@@ -374,7 +386,7 @@ def test_a_reboot_slurm_refuses_is_no_repair(site):
     journal = Journal.read(str(cluster.state.parent / "remediation.jsonl"))
     assert [(r.event, r.outcome) for r in journal.records[-2:]] == [("repair", "started"), ("repair", "failed")]
     assert journal.last_repair_of("S2", 0) is None
-    assert cluster.node(NODE)["reason"] == "accelmon: GPU 2 xid: reboot_node"  # the drain as it was
+    assert plain(cluster.node(NODE)["reason"]) == "accelmon: GPU 2 xid: reboot_node"  # the drain as it was
     # The next check does not ask again (Slurm would refuse the same way: no RebootProgram, say): a person's now.
     calls = len(cluster.calls())
     make().run(failing("reboot_node"), lambda r: healthy())
@@ -399,7 +411,7 @@ def test_what_needs_a_person_is_never_acted_on(site, action, capsys):
     before = len(cluster.calls())
     make().run(failing(action), lambda r: healthy())
     make().run(healthy(), lambda r: healthy())  # not even once the checks pass: a person looks first
-    assert all(call.startswith("show node ") for call in cluster.calls()[before:])
+    assert all(call.startswith("show node") for call in cluster.calls()[before:])  # read, never changed
     assert not resets.exists() and "DRAIN" in cluster.node(NODE)["state"]
     assert f"left drained: {action} is a person's" in capsys.readouterr().out
 

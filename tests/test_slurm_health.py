@@ -187,14 +187,19 @@ def test_prolog_diag_drains_through_the_breaker(tmp_path):
 
     out = {f"gpu-{n}": "IDLE+DRAIN|accelmon: GPU 0 xid: reboot_node" for n in range(3)}
     cluster = Cluster(tmp_path, {"gpu-7": "MIXED", **out, **{f"gpu-{n}": "IDLE" for n in range(10, 20)}})
+    result = failing_prolog(tmp_path, cluster.command)
+    assert result.returncode == 0, result.stderr  # the job runs
+    assert cluster.node("gpu-7") == {"state": "MIXED", "reason": ""}
+    assert "circuit breaker: 3 node(s) out by accelmon in 24 h of 14 checked, limit 3: no drain" in result.stderr
+
+
+def failing_prolog(tmp_path: Path, scontrol: Path) -> subprocess.CompletedProcess[str]:
+    """The prolog on gpu-7 as slurmd runs it, its diagnostic failing GPU Memory, Slurm reached through `scontrol`."""
     dcgmi = tmp_path / "dcgmi"
     dcgmi.write_text(DCGMI.format(calls=tmp_path / "dcgmi-calls"))
     dcgmi.chmod(0o755)
     (tmp_path / "report.json").write_text(diag_report("GPU Memory"))
     env = exporter_env(None, None)
     env.update(SLURMD_NODENAME="gpu-7", DIAG_REPORT=str(tmp_path / "report.json"), DIAG_STATUS="226")
-    command = [sys.executable, "-m", "accelmon.slurm.health", "--diag", "--scontrol", str(cluster.command)]
-    result = subprocess.run([*command, "--dcgmi", str(dcgmi)], env=env, capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr  # the job runs
-    assert cluster.node("gpu-7") == {"state": "MIXED", "reason": ""}
-    assert "circuit breaker: 3 node(s) out by accelmon in 24 h of 14, limit 3: no drain" in result.stderr
+    command = [sys.executable, "-m", "accelmon.slurm.health", "--diag", "--scontrol", str(scontrol)]
+    return subprocess.run([*command, "--dcgmi", str(dcgmi)], env=env, capture_output=True, text=True, timeout=60)

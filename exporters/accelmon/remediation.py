@@ -69,7 +69,7 @@ BREAKER_MIN_NODES = Option(
     "breaker_min_nodes",
     3.0,
     "the circuit breaker lets accelmon's drains through while fewer nodes than max(this, breaker_fraction x the "
-    "nodes Slurm lists) are drained, draining or down with a reason accelmon wrote",
+    "nodes it checks (breaker_nodes)) are drained, draining or down with a reason accelmon wrote",
     minimum=1,
     maximum=1_000_000,
     whole=True,
@@ -77,8 +77,23 @@ BREAKER_MIN_NODES = Option(
 BREAKER_FRACTION = Option(
     "breaker_fraction",
     0.1,
-    "the circuit breaker's share of the nodes Slurm lists (see breaker_min_nodes)",
+    "the circuit breaker's share of the nodes it checks (see breaker_min_nodes)",
     maximum=1.0,
+)
+BREAKER_NODES = Option(
+    "breaker_nodes",
+    "gres:gpu",
+    "the nodes the breaker's share is of, space separated, any of them matching: gres:NAME (a node with that gres), "
+    "partition:NAME, feature:NAME, or all; powered-down nodes and nodes down for another reason never count",
+    words=(r"all|(gres|partition|feature):[^\s:]+", "gres:NAME, partition:NAME, feature:NAME or all"),
+)
+BREAKER_MAX_NODES = Option(
+    "breaker_max_nodes",
+    1_000_000.0,
+    "at most this many nodes out by accelmon whatever the share (the default caps nothing)",
+    minimum=1,
+    maximum=1_000_000,
+    whole=True,
 )
 BREAKER_WINDOW_HOURS = Option(
     "breaker_window_hours",
@@ -111,14 +126,17 @@ GPU_HOLDERS_OPTION = Option(
     empty=True,
 )
 OPTIONS = (
-    REMEDIATION, JOURNAL, REPEAT_WINDOW_DAYS, BREAKER_MIN_NODES, BREAKER_FRACTION, BREAKER_WINDOW_HOURS,
-    MAX_REPAIRS_PER_HOUR, GPU_RESET_COMMAND, GPU_HOLDERS_OPTION,
+    REMEDIATION, JOURNAL, REPEAT_WINDOW_DAYS, BREAKER_MIN_NODES, BREAKER_FRACTION, BREAKER_NODES, BREAKER_MAX_NODES,
+    BREAKER_WINDOW_HOURS, MAX_REPAIRS_PER_HOUR, GPU_RESET_COMMAND, GPU_HOLDERS_OPTION,
 )  # fmt: skip
 
 # The journal's events, bounded (they become label values).
 EVENTS = (
-    "drained", "breaker_held", "repair", "repair_held", "would_repair", "left_for_person", "escalated", "resumed",
+    "claimed", "drained", "breaker_held", "repair", "repair_held", "would_repair", "left_for_person", "escalated",
+    "resumed",
 )  # fmt: skip
+# claimed: journalled (and fsynced) just before a drain is sent, so that a check killed after it leaves a trace; the
+# next check settles it (drained, or breaker_held with outcome failed).
 # A repair: started (journalled before it runs), then requested (Slurm took the reboot), resolved or failed, or
 # timed_out (Slurm gave up waiting for the reboot: the node drained again). A hold
 # (breaker_held, repair_held): held (the limit was reached), ranked_out (claimed, then taken back), paused, uncounted
@@ -241,6 +259,9 @@ class Journal:
                         continue  # compacted by another writer while this one waited: append to the new file
                     os.fchmod(descriptor, 0o644)  # the exporter (another user) reads it; no secret in it
                     os.write(descriptor, (record.as_json() + "\n").encode())
+                    # On disk before anything else is done: the repeat rule and the claim's trace must survive a hard
+                    # reboot, the very repair this journal records.
+                    os.fsync(descriptor)
                     if os.fstat(descriptor).st_size > 2 * MAX_RECORDS * 200:
                         self.compact(directory)
                     break
@@ -288,14 +309,21 @@ class Journal:
         return None
 
     def resets(self) -> dict[str, float]:
-        """GPU uuid -> the time of its latest GPU reset that the journal records (for the xid check: a critical XID
-        whose action is reset_gpu, logged before the reset, has been acted on)."""
+        """GPU uuid -> when its latest GPU reset that resolved it started (for the xid check: a critical XID whose
+        action is reset_gpu, logged before the reset started, has been acted on; one logged during it has not)."""
         found: dict[str, float] = {}
+        started: dict[str, float] = {}
         for record in self.records:
-            if record.event == "repair" and record.action == "reset_gpu" and record.outcome == "resolved":
-                for gpu in record.gpus:
-                    if gpu.get("uuid"):
-                        found[gpu["uuid"]] = max(found.get(gpu["uuid"], 0.0), record.time)
+            if record.event != "repair" or record.action != "reset_gpu":
+                continue
+            for gpu in record.gpus:
+                uuid = gpu.get("uuid")
+                if not uuid:
+                    continue
+                if record.outcome == "started":
+                    started[uuid] = record.time
+                elif record.outcome == "resolved":
+                    found[uuid] = max(found.get(uuid, 0.0), min(started.pop(uuid, record.time), record.time))
         return found
 
 
@@ -398,7 +426,7 @@ def drained_seconds(records: list[Record]) -> float:
     for record in records:
         if record.event in ("drained", "escalated") and record.node not in since:
             since[record.node] = record.time
-        elif record.event == "resumed" and record.node in since:
+        elif record.event in ("resumed", "breaker_held") and record.node in since:  # resumed, or taken back
             total += max(0.0, record.time - since.pop(record.node))
     return total
 

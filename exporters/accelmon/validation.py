@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -32,6 +33,8 @@ class Option:
     whole: bool = False  # numbers: whole numbers only
     empty: bool = False  # strings: the empty string is accepted (it means "not set")
     must_contain: tuple[str, ...] = ()  # strings: at least one of these must appear (a command's placeholders)
+    # strings: (a pattern each space-separated word must match whole, the accepted forms in words): a list of selectors
+    words: tuple[str, str] = ("", "")
     # Declared by several collectors as one setting (the job collectors' state_dir): set on one, it holds for all.
     shared: bool = False
 
@@ -50,6 +53,10 @@ class Option:
             raise ConfigError(f"{where}: expected one of {', '.join(self.choices)}, got {value!r}")
         if self.must_contain and not any(part in value for part in self.must_contain):
             raise ConfigError(f"{where}: expected {' or '.join(self.must_contain)} in it, got {value!r}")
+        pattern, forms = self.words
+        wrong = [word for word in value.split() if pattern and not re.fullmatch(pattern, word)]
+        if wrong:
+            raise ConfigError(f"{where}: expected {forms}, got {wrong[0]!r}")
         return value
 
     def _number(self, value: Any, where: str) -> float:

@@ -3,9 +3,17 @@ nodes in a JSON file, answered and changed as Slurm 22.05 answered and changed t
 every call logged.
 
 Like slurmctld it serialises calls (each holds a lock on the state for its whole run) and stamps every reason it
-sets with the real time, to the second (`[root@2026-11-27T11:54:03]`). `meet` makes the first N listings wait for
-each other, so N health checks started together meet the controller at the same moment, as they do when slurmd
-starts every node's HealthCheckProgram in the same instant; `latency` makes every call that long.
+sets with the real time, to the second, printed as scontrol prints it: in the time zone of the scontrol process
+(`[root@2026-11-27T11:54:03]`; accelmon runs it with TZ=UTC). `meet` makes the first N listings wait for each other,
+so N health checks started together meet the controller at the same moment, as they do when slurmd starts every
+node's HealthCheckProgram in the same instant. Each node has a GPU gres (`gpu:h100:8`) unless given another.
+
+The faults of a loaded controller, as settings (`Cluster.change`):
+    latency: S          every call takes S seconds (holding the controller's lock, as slurmctld's serialised RPCs)
+    fail: [WORDS]       calls starting so ("show nodes", "update") fail: "Unable to contact slurm controller"
+    lose: [ARG]         an update with that argument ("State=DRAIN") is applied, then its answer is lost: it fails
+                        with "Socket timed out on send/recv operation", as a client whose RPC outlived its timeout
+    refuse: [ARG]       an update with that argument ("State=UNDRAIN") is refused and changes nothing
 
     show node NAME --oneliner | show nodes --oneliner      one line a node (Reason=... [user@stamp] Comment=...)
     show node NAME --json | show nodes --json               Slurm 23.02's JSON with `json`, else 22.05's refusal
@@ -35,9 +43,9 @@ exec "{python}" "{script}" "{state}" "$@"
 """
 
 
-def stamp(user: str = "root") -> dict[str, Any]:
-    now = time.time()
-    return {"user": user, "at": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now)), "epoch": int(now)}
+def stamp(user: str = "root", when: float | None = None) -> dict[str, Any]:
+    """A reason's stamp: who and when (epoch seconds, printed in the scontrol process's local time)."""
+    return {"user": user, "epoch": int(time.time() if when is None else when)}
 
 
 class Cluster:
@@ -58,11 +66,9 @@ class Cluster:
         parsed = {}
         for name, value in nodes.items():
             state, reason = [*value.split("|", 1), ""][:2]
-            when = time.time() - reason_age
             parsed[name] = {
-                "state": state, "reason": reason, "comment": "", "next_state": "",
-                "stamp": {"user": "root", "at": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(when)),
-                          "epoch": int(when)},
+                "state": state, "reason": reason, "comment": "", "next_state": "", "gres": "gpu:h100:8",
+                "stamp": stamp(when=time.time() - reason_age),
             }  # fmt: skip
         data = {"nodes": parsed, "calls": [], "fail": list(fail), "json": self.json_form, "listings": 0, **settings}
         with Locked(self.state, fresh=data):
@@ -130,12 +136,13 @@ class Locked:
 
 
 def line(name: str, node: dict[str, Any]) -> str:
-    reason = f" Reason={node['reason']} [{node['stamp']['user']}@{node['stamp']['at']}]" if node["reason"] else ""
+    at = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(node["stamp"]["epoch"]))  # scontrol's own time zone
+    reason = f" Reason={node['reason']} [{node['stamp']['user']}@{at}]" if node["reason"] else ""
     comment = f" Comment={node['comment']}" if node.get("comment") else ""
     return (
-        f"NodeName={name} Arch=x86_64 CoresPerSocket=1 NodeAddr={node.get('host') or name} "
-        f"NodeHostName={node.get('host') or name} State={node['state']} ThreadsPerCore=1 "
-        f"NextState={node.get('next_state') or 'None'}{reason}{comment}"
+        f"NodeName={name} Arch=x86_64 CoresPerSocket=1 Gres={node.get('gres') or '(null)'} "
+        f"NodeAddr={node.get('host') or name} NodeHostName={node.get('host') or name} Partitions=batch "
+        f"State={node['state']} ThreadsPerCore=1 NextState={node.get('next_state') or 'None'}{reason}{comment}"
     )
 
 
@@ -152,6 +159,8 @@ def as_json(name: str, node: dict[str, Any]) -> dict[str, Any]:
         "reason_set_by_user": node["stamp"]["user"] if node["reason"] else "",
         "comment": node.get("comment", ""),
         "hostname": node.get("host") or name,
+        "gres": node.get("gres", ""),
+        "partitions": ["batch"],
     }
 
 
@@ -171,6 +180,7 @@ def main(state_path: str, args: list[str]) -> int:
     path = Path(state_path)
     if args[:2] == ["show", "nodes"]:
         meet(path)
+    lost = False
     with Locked(path) as data:
         time.sleep(float(data.get("latency", 0)))
         data["calls"].append(" ".join(args))
@@ -198,6 +208,9 @@ def main(state_path: str, args: list[str]) -> int:
         elif chosen:
             print("\n".join(line(name, node) for name, node in chosen.items()))
         elif args[:1] == ["update"]:
+            if any(arg in data.get("refuse", []) for arg in args):
+                print("slurm_update error: Invalid node state specified", file=sys.stderr)
+                return 1
             fields = dict(arg.split("=", 1) for arg in args[1:])
             node = nodes[fields["NodeName"]]
             flags = node["state"].split("+")
@@ -214,6 +227,8 @@ def main(state_path: str, args: list[str]) -> int:
                 node["reason"], node["stamp"] = fields["Reason"], stamp()
             if "Comment" in fields:
                 node["comment"] = fields["Comment"]
+            if any(arg in data.get("lose", []) for arg in args):
+                lost = True
         elif args[:1] == ["reboot"]:
             node = nodes[args[-1]]
             options = dict(arg.split("=", 1) for arg in args[1:-1] if "=" in arg)
@@ -223,6 +238,9 @@ def main(state_path: str, args: list[str]) -> int:
             node["reason"] += " : reboot issued"
             node["stamp"] = stamp("slurm")
             node["state"] = "DOWN+DRAIN+REBOOT_ISSUED"
+    if lost:  # applied (the state is written as the lock is let go), the answer never arrives
+        print("slurm_update error: Socket timed out on send/recv operation", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -71,7 +71,7 @@ REPAIRS = C.counter(
 )
 EVENTS = C.counter(
     "accelmon_node_remediation_events_total",
-    "Decisions of the Slurm health check on this node, by event (drained, breaker_held, repair, would_repair, "
+    "Decisions of the Slurm health check on this node, by event (claimed, drained, breaker_held, repair, would_repair, "
     "left_for_person, escalated, resumed) and the action they were for.",
     ["event", "action"],
 )
@@ -102,7 +102,7 @@ HELD = C.gauge(
 LIMIT = C.gauge(
     "accelmon_remediation_limit",
     "The fleet's limits this node's health check keeps, from its options: breaker_min_nodes, breaker_fraction, "
-    "breaker_window_seconds, max_repairs_per_hour (the alerts compare the fleet's state with them).",
+    "breaker_max_nodes, breaker_window_seconds, max_repairs_per_hour (the alerts compare the fleet's state with them).",
     ["limit"],
 )
 INTERVAL = seconds("interval_seconds", 5.0, "how often the checks run over the latest samples")
@@ -190,6 +190,8 @@ def hold_of(record: remediation.Record | None) -> str | None:
         return None
     if record.outcome in ("uncounted", "paused"):
         return record.outcome
+    if record.outcome == "failed":  # Slurm refused the drain, or a claim left nothing: no limit held it back
+        return None
     return "pace" if record.event == "repair_held" else "breaker"  # held, ranked_out (or none: an older journal)
 
 
@@ -222,6 +224,7 @@ REGISTRATION = register(
             limits={
                 "breaker_min_nodes": float(options["breaker_min_nodes"]),
                 "breaker_fraction": float(options["breaker_fraction"]),
+                "breaker_max_nodes": float(options["breaker_max_nodes"]),
                 "breaker_window_seconds": float(options["breaker_window_hours"]) * 3600,
                 "max_repairs_per_hour": float(options["max_repairs_per_hour"]),
             },

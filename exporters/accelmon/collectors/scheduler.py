@@ -42,7 +42,7 @@ from accelmon.metrics import Catalogue, Samples
 from accelmon.registry import Option, Paths, Registration, register, seconds
 from accelmon.runtime import Collector
 from accelmon.slurm.fleet import pause_of
-from accelmon.slurm.nodes import STATES, Listing, SlurmNode, by_host_name, ledger_state, node_name
+from accelmon.slurm.nodes import STATES, Listing, SlurmNode, by_host_name, ledger_state, node_name, run_scontrol
 
 log = logging.getLogger("accelmon.scheduler")
 
@@ -60,8 +60,9 @@ STATE = C.gauge(
 )
 OUT_SINCE = C.gauge(
     "accelmon_node_out_by_accelmon_since_seconds",
-    "While Slurm shows the node drained, draining or down with a reason accelmon wrote: when the reason was set "
-    "(the controller's stamp, Unix seconds). The circuit breaker's count over the fleet, for its overrun alert.",
+    "While Slurm shows the node drained, draining or down with a reason accelmon wrote: when accelmon first took it "
+    "out (the controller's stamp of that drain, kept in accelmon's later reasons; Unix seconds). The circuit "
+    "breaker's count over the fleet, for its overrun alert.",
     ["scheduler"],
 )
 PAUSED = C.gauge(
@@ -92,7 +93,7 @@ Run = Callable[[list[str], float], "subprocess.CompletedProcess[str]"]
 
 
 def run(command: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+    return run_scontrol(command, timeout)  # in UTC and the standard time format, as every part of accelmon reads it
 
 
 class SchedulerCollector(Collector):
@@ -121,8 +122,8 @@ class SchedulerCollector(Collector):
         node = next((n for n in found if n.name == self.node), found[0] if found else None)
         out = Samples()
         out.add(STATE, ["slurm", ledger_state(node.state) if node else "unknown"], 1)
-        if node is not None and node.out and node.accelmons and node.reason_time is not None:
-            out.add(OUT_SINCE, ["slurm"], node.reason_time)
+        if node is not None and node.out and node.accelmons and node.out_since is not None:
+            out.add(OUT_SINCE, ["slurm"], node.out_since)
         out.add(PAUSED, ["slurm"], 1 if node is not None and pause_of([node]) else 0)
         out.add(NODE_INFO, ["slurm", self.node, self.source], 1)
         return out

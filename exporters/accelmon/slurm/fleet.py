@@ -1,23 +1,31 @@
 """The fleet-wide limits every node's health check keeps, through the controller alone (docs/health.md, "Holding
-when every node checks at once"): no service of accelmon's runs anywhere but on the nodes themselves.
+when every node checks at once" and "Converging under faults"): no service of accelmon's runs anywhere but on the
+nodes themselves.
 
 Slurm starts every node's HealthCheckProgram in the same instant, so "count, then drain" is a race: twenty checks
 that all count two nodes out under a limit of three all drain. Here a node claims its place and then verifies it by
 the order Slurm itself recorded:
 
-1. it counts what is out (a pause switch on, or as many as the limit already out: it holds, nothing changed);
+1. it counts what is out (a pause switch on, or as many as the limit already out: it holds, nothing changed); with
+   too little of the check's time left to verify a claim (slurmd kills a check at 60 s), it holds too;
 2. it claims (drains, or marks its repair in its reason): slurmctld serialises updates and stamps each reason with
-   its own clock, to the second;
+   its own clock, to the second. A claim whose answer was lost (a timeout, "Socket timed out on send/recv") may have
+   been applied: the next listing says;
 3. it waits SETTLE_SECONDS: by then the controller's clock has passed the second of its stamp, so every claim
    stamped at or before its own is in the next listing;
-4. it lists again and ranks the claims by (stamp, node name): a node ranked at or past the limit takes its own claim
-   back and says so.
+4. it lists again and ranks the drains by when each node first went out (`out_since`: the stamp of its first drain,
+   which accelmon writes into every later reason of its own, so repair claims, escalations and Slurm's own
+   ": reboot issued" never move it), then name: a node ranked at or past the limit takes its own claim back, only
+   while its reason is still the one it wrote, and says so.
 
-A node that keeps its claim saw, complete, every claim ranked before its own; so the (limit + 1)-th claim in that
-order always sees the limit reached, and no more than the limit stay out however the checks interleave (the proof is
-in docs/health.md). The first claim in that order always stays: a fleet-wide false verdict still takes one node out.
-When the controller cannot be read, nothing is claimed (fail closed: a controller loaded by every node at once is
-exactly when counting fails).
+That is a one-shot argument, and checks do not always finish: slurmd kills them, answers are lost, an UNDRAIN fails.
+So at every check of a node out by accelmon the same rank is taken again (`keep`), and a node ranked at or past the
+limit takes its drain back: after any round of faults, the next round of checks that completes leaves no more than
+the limit out.
+
+The limit is a share of the nodes accelmon checks (`breaker_nodes`: nodes with a GPU gres by default), not of every
+node Slurm lists; powered-down nodes and nodes down for another reason are not in it. When the controller cannot be
+read, nothing is claimed (fail closed: a controller loaded by every node at once is exactly when counting fails).
 
 The repair pace (at most max_repairs_per_hour reboots and resets over the fleet) is the same claim over repair
 reasons, plus the repairs of the last hour that ended: each repaired node keeps `accelmon-repaired=EPOCH` in its
@@ -37,7 +45,7 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from accelmon.slurm.nodes import Listing, Run, SlurmNode
+from accelmon.slurm.nodes import Listing, SlurmNode, keyed_reason
 
 log = logging.getLogger("accelmon.slurm")
 
@@ -46,9 +54,29 @@ log = logging.getLogger("accelmon.slurm")
 # has been applied and shows in a listing.
 SETTLE_SECONDS = 2.5
 HOUR = 3600.0
+CALL_TIMEOUT_SECONDS = 20.0  # one scontrol call at most
+# slurmd kills a HealthCheckProgram that runs past 60 s (slurm.conf(5), HealthCheckProgram): the whole check, its
+# scan included, ends within this, with room to exit.
+CHECK_BUDGET_SECONDS = 50.0
+MIN_CALL_SECONDS = 2.0  # a call left less time than this is not made: it would only be killed
 REPAIRING = ("accelmon: reboot pending", "accelmon: resetting")  # the reasons of a repair under way
 PAUSED = re.compile(r"accelmon-paused=(\d+(?:\.\d+)?):(\S*)")
 REPAIRED = re.compile(r"accelmon-repaired=(\d+(?:\.\d+)?)")
+SELECTOR = re.compile(r"(gres|partition|feature):(\S+)")
+
+# scontrol and the other commands a check runs: (command, timeout in seconds) -> the result.
+Run = Callable[[list[str], float], "subprocess.CompletedProcess[str]"]
+
+
+class Budget:
+    """The time a run has left, on a monotonic clock (`seconds` from its creation)."""
+
+    def __init__(self, seconds: float = math.inf, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.ends = clock() + seconds
+
+    def left(self) -> float:
+        return self.ends - self.clock()
 
 
 @dataclass(frozen=True)
@@ -57,9 +85,32 @@ class Limits:
     breaker_fraction: float = 0.1
     breaker_window_seconds: float = 24 * HOUR
     max_repairs_per_hour: float = 3
+    breaker_nodes: str = "gres:gpu"
+    breaker_max_nodes: float = 1_000_000
 
-    def breaker_limit(self, listed: int) -> int:
-        return max(int(self.breaker_min_nodes), math.ceil(self.breaker_fraction * listed))
+    def breaker_limit(self, checked: int) -> int:
+        share = max(int(self.breaker_min_nodes), math.ceil(self.breaker_fraction * checked))
+        return min(share, int(self.breaker_max_nodes))
+
+    def in_scope(self, node: SlurmNode) -> bool:
+        """Whether `node` is one the breaker's share is of (breaker_nodes: any selector matches)."""
+        for word in self.breaker_nodes.split():
+            if word == "all":
+                return True
+            found = SELECTOR.fullmatch(word)
+            if found is None:
+                continue
+            kind, name = found.groups()
+            if kind == "gres" and any(g.split(":")[0] == name for g in gres_names(node.gres)):
+                return True
+            if (kind == "partition" and name in node.partitions) or (kind == "feature" and name in node.features):
+                return True
+        return False
+
+
+def gres_names(gres: str) -> list[str]:
+    """`gpu:h100:8(S:0-1),nic:1` as its parts (the socket binding in brackets is not a separator)."""
+    return [part for part in re.split(r",(?![^(]*\))", gres) if part]
 
 
 @dataclass(frozen=True)
@@ -77,13 +128,16 @@ class Pause:
 class Decision:
     """What a claim came to. `outcome`: claimed (the node is out / the repair may start); held (the limit was
     reached before: nothing changed); ranked_out (claimed, then ranked past the limit: taken back); paused;
-    uncounted (the controller could not be read: nothing claimed); failed (Slurm refused the update)."""
+    uncounted (the controller could not be read, or too little time was left: nothing claimed); failed (Slurm
+    refused the update). `still_out`: the node is out by accelmon's drain after all (a take-back that failed, a claim
+    that could not be verified): the next check ranks it again."""
 
     outcome: str
     words: str
     out: int = 0  # what counted against the limit
-    listed: int = 0
+    listed: int = 0  # the nodes the limit is a share of
     limit: int = 0
+    still_out: bool = False
 
     @property
     def claimed(self) -> bool:
@@ -114,36 +168,62 @@ def with_token(comment: str, pattern: re.Pattern[str], token: str) -> str:
 
 
 def out_by_accelmon(node: SlurmNode, now: float, window: float) -> bool:
-    """Out with a reason accelmon wrote within the window (a node out for weeks, sent for service, no longer uses the
-    budget). A reason without a stamp counts: unsure, it holds."""
-    return node.out and node.accelmons and (node.reason_time is None or node.reason_time >= now - window)
+    """Out with a reason accelmon wrote, first out within the window (a node out for weeks, sent for service, no
+    longer uses the budget). A reason without a stamp counts: unsure, it holds."""
+    since = node.out_since
+    return node.out and node.accelmons and (since is None or since >= now - window)
 
 
 def repairing(node: SlurmNode, now: float) -> bool:
     return node.reason.startswith(REPAIRING) and (node.reason_time is None or node.reason_time >= now - HOUR)
 
 
-def order(node: SlurmNode) -> tuple[float, str]:
+def out_order(node: SlurmNode) -> tuple[float, str]:
+    """The breaker's rank: when the node first went out, then its name."""
+    since = node.out_since
+    return (since if since is not None else -math.inf, node.name)
+
+
+def claim_order(node: SlurmNode) -> tuple[float, str]:
+    """The repair pace's rank: when the repair was claimed (the reason's stamp), then the name."""
     return (node.reason_time if node.reason_time is not None else -math.inf, node.name)
 
 
 class Fleet:
-    """The controller as every node's check uses it: listing, updates, and the claims above."""
+    """The controller as every node's check uses it: listing, updates, and the claims above, within `budget`."""
 
     def __init__(
         self, scontrol: str, runner: Run, limits: Limits, now: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep, settle: float = SETTLE_SECONDS, dry_run: bool = False,
+        budget: Optional[Budget] = None,
     ) -> None:  # fmt: skip
         self.scontrol, self.runner, self.limits = scontrol, runner, limits
         self.now, self.sleep, self.settle, self.dry_run = now, sleep, settle, dry_run
+        self.budget = budget or Budget()
+        self.slowest = 0.0  # the longest a call took in this run: what the next ones are expected to take
         self.listing = Listing(scontrol, self.call)
 
     def call(self, command: list[str]) -> subprocess.CompletedProcess[str]:
+        """`command`, its timeout cut to what is left of the run's budget; not run at all when too little is."""
+        timeout = min(CALL_TIMEOUT_SECONDS, self.budget.left())
+        if timeout < MIN_CALL_SECONDS:
+            log.error("no time left in this check for %s", " ".join(command[1:3]))
+            return subprocess.CompletedProcess(command, 1, "", "no time left in this health check's 60 s")
+        started = time.monotonic()
         try:
-            return self.runner(command)
+            return self.runner(command, timeout)
         except (OSError, subprocess.TimeoutExpired) as error:
-            log.error("scontrol failed (%s): %s", " ".join(command[1:3]), error)
+            what = "scontrol" if command[0] == self.scontrol else command[0].rsplit("/", 1)[-1]
+            log.error("%s failed (%s): %s", what, " ".join(command[1:3]), error)
             return subprocess.CompletedProcess(command, 1, "", str(error))
+        finally:
+            self.slowest = max(self.slowest, time.monotonic() - started)
+
+    def room_to_claim(self) -> bool:
+        """Whether a claim started now can be verified and, if need be, taken back before the budget ends: the
+        update, the wait, the listing and the take-back's read and update, each as slow as the slowest call yet."""
+        call = max(MIN_CALL_SECONDS, 1.5 * self.slowest)
+        return self.budget.left() >= self.settle + 4 * call
 
     def nodes(self) -> Optional[list[SlurmNode]]:
         return self.listing.read()
@@ -164,26 +244,81 @@ class Fleet:
             return (result.stderr or result.stdout).strip()[-200:] or f"status {result.returncode}"
         return None
 
+    def clear(self, name: str, written: str, *fields: str) -> str:
+        """Undoes accelmon's own change on `name` with `fields` (State=UNDRAIN, State=RESUME, the reason as it was)
+        only while its reason is still `written`, read just before: someone else's drain (an administrator's, slurmd's
+        "Kill task failed") set since is never undone. Slurm has no compare-and-set, so this narrows the window to
+        one call; it cannot close it. Retried once. "done", "not_ours" (why is logged) or "failed: WHY"."""
+        node = self.node(name)
+        if node is None:
+            return f"failed: cannot read node {name} ({self.listing.problem or 'no answer'})"
+        if node.reason.strip() != written.strip():
+            log.warning("node %s's reason is now %r (set by %s), not accelmon's: left as it is", name, node.reason,
+                        node.reason_user or "someone")  # fmt: skip
+            return "not_ours"
+        failed = self.update(name, *fields)
+        if failed and not self.dry_run:
+            failed = self.update(name, *fields)
+        return f"failed: {failed}" if failed else "done"
+
+    def checked(self, nodes: list[SlurmNode]) -> int:
+        """How many nodes the breaker's share is of: those in breaker_nodes, less those powered down or down for a
+        reason not accelmon's (no check runs there), plus any node out by accelmon outside them."""
+        count = 0
+        for node in nodes:
+            ours = node.out and node.accelmons
+            running = not node.powered_down and not (node.flags & {"DOWN", "FAIL"})
+            count += 1 if ours or (self.limits.in_scope(node) and running) else 0
+        return count
+
     # --- the circuit breaker --------------------------------------------------------------------------------------
-    def drain(self, name: str, reason: str) -> Decision:
-        """Drains `name` with `reason` within the breaker (see the module's text)."""
+    def drain(self, name: str, reason: str, claiming: Callable[[], None] = lambda: None) -> Decision:
+        """Drains `name` with `reason` within the breaker (see the module's text); `claiming` is called just before the
+        drain (the journal's record of the claim: a check killed after it still left a trace)."""
         now = self.now()
         window = self.limits.breaker_window_seconds
         counted = lambda nodes: [n for n in nodes if out_by_accelmon(n, now, window)]  # noqa: E731
-        before = self.held(self.nodes(), counted, "drain")
+        nodes = self.nodes()
+        before = self.held(nodes, counted, "drain")
         if before is not None:
             return before
+        if not self.room_to_claim():
+            return Decision("uncounted", self.no_time("drain"))
+        claiming()
         failed = self.update(name, "State=DRAIN", f"Reason={reason}")
-        if failed:
-            return Decision("failed", f"scontrol could not drain {name}: {failed}")
-        ahead = lambda n, mine: out_by_accelmon(n, now, window) and order(n) < order(mine)  # noqa: E731
-        return self.verify(name, ahead, lambda: self.update(name, "State=UNDRAIN"), "drain")
+        ahead = lambda n, mine: out_by_accelmon(n, now, window) and out_order(n) < out_order(mine)  # noqa: E731
+        take_back = lambda: self.clear(name, reason, "State=UNDRAIN")  # noqa: E731
+        return self.verify(name, reason, failed, ahead, take_back, "drain")
+
+    def keep(self, name: str) -> Optional[Decision]:
+        """At a check of `name` while it is out by accelmon: None while it ranks within the limit (or this cannot be
+        told: nothing changes), else its drain taken back (the decision says whether that worked). A node in a reboot
+        or down is left: taking its drain back would return it to service unchecked."""
+        now = self.now()
+        window = self.limits.breaker_window_seconds
+        nodes = self.nodes()
+        if not nodes or pause_of(nodes) is not None:
+            return None
+        mine = next((n for n in nodes if n.name == name), None)
+        if mine is None or not out_by_accelmon(mine, now, window) or mine.reboot_pending or "DOWN" in mine.flags:
+            return None
+        ahead = sum(1 for n in nodes if n.name != name and out_by_accelmon(n, now, window) and out_order(n) <
+                    out_order(mine))  # fmt: skip
+        checked = self.checked(nodes)
+        limit = self.limits.breaker_limit(checked)
+        if ahead < limit:
+            return None
+        words = f"{self.counts_words(ahead, checked, limit, False)} out before {name}"
+        return self.taken_back(self.clear(name, mine.reason, "State=UNDRAIN"), name, "drain", words, ahead, checked,
+                               limit)  # fmt: skip
 
     # --- the repair pace ------------------------------------------------------------------------------------------
     def claim_repair(self, node: SlurmNode, reason: str) -> Decision:
-        """Marks `node`'s repair in its reason (`reason` starts with one of REPAIRING) within max_repairs_per_hour
-        over the fleet; on a claim kept, its Comment records the repair for the hour's count."""
+        """Marks `node`'s repair in its reason (`reason` starts with one of REPAIRING; it is given the time the node
+        first went out) within max_repairs_per_hour over the fleet; on a claim kept, its Comment records the repair
+        for the hour's count."""
         now = self.now()
+        reason = keyed_reason(reason, node.out_since)
 
         def recent(node: SlurmNode) -> bool:  # repaired (started) within the hour, by its Comment
             return (repaired_at(node) or 0) >= now - HOUR
@@ -192,16 +327,18 @@ class Fleet:
             return [n for n in nodes if repairing(n, now) or recent(n)]
 
         def ahead(other: SlurmNode, mine: SlurmNode) -> bool:
-            return recent(other) or (repairing(other, now) and order(other) < order(mine))
+            return recent(other) or (repairing(other, now) and claim_order(other) < claim_order(mine))
 
         before = self.held(self.nodes(), counted, "repair", pace=True)
         if before is not None:
             return before
+        if not self.room_to_claim():
+            return Decision("uncounted", self.no_time("repair"))
         failed = self.update(node.name, "State=DRAIN", f"Reason={reason}")
-        if failed:
-            return Decision("failed", f"scontrol could not mark the repair of {node.name}: {failed}")
-        back = lambda: self.update(node.name, "State=DRAIN", f"Reason={node.reason}")  # noqa: E731
-        decision = self.verify(node.name, ahead, back, "repair", pace=True, own=1 if recent(node) else 0)
+        as_it_was = keyed_reason(node.reason, node.out_since)
+        back = lambda: self.clear(node.name, reason, "State=DRAIN", f"Reason={as_it_was}")  # noqa: E731
+        decision = self.verify(node.name, reason, failed, ahead, back, "repair", pace=True,
+                               own=1 if recent(node) else 0)  # fmt: skip
         if decision.claimed:
             comment = with_token(node.comment, REPAIRED, f"accelmon-repaired={int(now)}")
             failed = self.update(node.name, f"Comment={comment}")
@@ -210,8 +347,18 @@ class Fleet:
         return decision
 
     # --- both -----------------------------------------------------------------------------------------------------
-    def limit(self, listed: int, pace: bool) -> int:
-        return int(self.limits.max_repairs_per_hour) if pace else self.limits.breaker_limit(listed)
+    def limit(self, nodes: list[SlurmNode], pace: bool) -> tuple[int, int]:
+        """(the limit, the nodes it is a share of)."""
+        if pace:
+            return int(self.limits.max_repairs_per_hour), len(nodes)
+        checked = self.checked(nodes)
+        return self.limits.breaker_limit(checked), checked
+
+    def no_time(self, what: str) -> str:
+        return (
+            f"{self.budget.left():.0f} s left in this check, too little to verify a {what} against a controller that "
+            f"took {self.slowest:.0f} s to answer: no {what}, holding"
+        )
 
     def held(
         self, nodes: Optional[list[SlurmNode]], counted: Callable[[list[SlurmNode]], list[SlurmNode]], what: str,
@@ -223,47 +370,61 @@ class Fleet:
         pause = pause_of(nodes)
         if pause is not None:
             return Decision("paused", f"{pause.words()}: no {what}")
-        out, limit = len(counted(nodes)), self.limit(len(nodes), pace)
+        out = len(counted(nodes))
+        limit, listed = self.limit(nodes, pace)
         if out >= limit:
-            return Decision("held", f"{self.counts_words(out, len(nodes), limit, pace)}: no {what}", out, len(nodes),
-                            limit)  # fmt: skip
+            return Decision("held", f"{self.counts_words(out, listed, limit, pace)}: no {what}", out, listed, limit)
         return None
 
     def verify(
-        self, name: str, ahead_of: Callable[[SlurmNode, SlurmNode], bool], take_back: Callable[[], Optional[str]],
-        what: str, pace: bool = False, own: int = 0,
+        self, name: str, written: str, failed: Optional[str], ahead_of: Callable[[SlurmNode, SlurmNode], bool],
+        take_back: Callable[[], str], what: str, pace: bool = False, own: int = 0,
     ) -> Decision:  # fmt: skip
-        """After a claim: wait for the stamps to settle, rank, and keep the claim or take it back. `ahead_of(other,
-        mine)`: whether another node's claim counts before this one; `own`: this node's own count (a repair of the
-        hour already)."""
+        """After a claim (`written`: the reason it set; `failed`: why its update failed, None if it answered): wait
+        for the stamps to settle, rank, and keep the claim or take it back. A claim whose answer was lost counts as
+        made when the listing shows it. `ahead_of(other, mine)`: whether another node's claim counts before this
+        one; `own`: this node's own count (a repair of the hour already)."""
         self.sleep(self.settle)
         nodes = self.nodes()
         mine = next((n for n in nodes or [] if n.name == name), None)
         if not nodes or mine is None:
-            self.give_back(take_back, name)
-            return Decision("uncounted", f"cannot verify the {what} (scontrol show nodes failed): taken back, holding")
+            result = take_back()
+            return self.taken_back(result, name, what, f"cannot verify the {what} (scontrol show nodes failed)")
+        if failed is not None:
+            if mine.reason.strip() != written.strip():
+                return Decision("failed", f"scontrol could not {'drain' if what == 'drain' else 'claim the repair of'} "
+                                          f"{name}: {failed}")  # fmt: skip
+            log.warning("the %s of %s was applied though scontrol answered: %s", what, name, failed)
         pause = pause_of(nodes)
         if pause is not None:
-            self.give_back(take_back, name)
-            return Decision("paused", f"{pause.words()}: the {what} taken back")
+            return self.taken_back(take_back(), name, what, pause.words(), outcome="paused")
         ahead = own + sum(1 for n in nodes if n.name != name and ahead_of(n, mine))
-        limit = self.limit(len(nodes), pace)
-        words = self.counts_words(ahead, len(nodes), limit, pace)
+        limit, listed = self.limit(nodes, pace)
+        words = f"{self.counts_words(ahead, listed, limit, pace)} ahead of {name}"
         if ahead >= limit:
-            self.give_back(take_back, name)
-            return Decision("ranked_out", f"{words} ahead of {name}: the {what} taken back", ahead, len(nodes), limit)
-        return Decision("claimed", f"{words} ahead of {name}: {what} allowed", ahead, len(nodes), limit)
+            return self.taken_back(take_back(), name, what, words, ahead, listed, limit)
+        return Decision("claimed", f"{words}: {what} allowed", ahead, listed, limit)
 
-    def give_back(self, take_back: Callable[[], Optional[str]], name: str) -> None:
-        failed = take_back()
-        if failed:
-            log.error("could not take back the claim on %s: %s", name, failed)
+    def taken_back(
+        self, result: str, name: str, what: str, words: str, out: int = 0, listed: int = 0, limit: int = 0,
+        outcome: str = "",
+    ) -> Decision:  # fmt: skip
+        """The decision once a claim was taken back (`result` of Fleet.clear): said as it went."""
+        outcome = outcome or ("ranked_out" if limit else "uncounted")
+        if result == "done":
+            return Decision(outcome, f"{words}: the {what} taken back", out, listed, limit)
+        if result == "not_ours":
+            return Decision(outcome, f"{words}: not taken back, someone else has changed {name} since", out, listed,
+                            limit)  # fmt: skip
+        log.error("could not take back the %s of %s: %s", what, name, result)
+        return Decision(outcome, f"{words}: the {what} could NOT be taken back ({result}); the next check tries again",
+                        out, listed, limit, still_out=True)  # fmt: skip
 
     def counts_words(self, out: int, listed: int, limit: int, pace: bool) -> str:
         if pace:
             return f"repair pace: {out} repair(s) in the last hour, limit {limit}"
         hours = self.limits.breaker_window_seconds / HOUR
-        return f"circuit breaker: {out} node(s) out by accelmon in {hours:g} h of {listed}, limit {limit}"
+        return f"circuit breaker: {out} node(s) out by accelmon in {hours:g} h of {listed} checked, limit {limit}"
 
     # --- the pause switch -----------------------------------------------------------------------------------------
     def pause(self, reason: str, carrier: Optional[str] = None) -> str:

@@ -8,10 +8,16 @@ It always exits 0: slurmd logs a health check's failure but some Slurm versions 
 until the program succeeds, and a monitoring fault must never take a node out. docs/health.md has the slurm.conf
 lines; the role installs it (accelmon_exporter_slurm_health_check).
 
+A check ends by itself within slurmd's 60 s whatever the controller's latency (accelmon.slurm.fleet.Budget): every
+scontrol call's timeout is cut to what is left, and no drain is started that the check could not verify in time.
+
 With `--diag` it is a prolog instead: DCGM's quick diagnostic (`dcgmi diag -r 1`) before each job. Tests that fail
-drain the node (the reason names them) within the same breaker and the prolog fails, so Slurm requeues the job
-elsewhere; a missing or unreachable DCGM only logs (it never blocks a job), and a drain the breaker holds back lets
-the job run (the breaker holds for the fleet: a diagnostic that fails everywhere is the mass event it exists for).
+drain the node (the reason names them) within the same breaker and journal, and only then does the prolog fail: Slurm
+then drains the node with "Prolog error" on top (its reason replaces accelmon's, so accelmon's drain is journalled
+first) and requeues the job held, unless SchedulerParameters has nohold_on_prolog_fail (docs/slurm.md). A node out
+for another reason (a MAINTENANCE reservation, a reboot asked for, an administrator's drain), a drain the breaker
+holds back, and a missing or unreachable DCGM never fail it: the job runs (the breaker holds for the fleet: a
+diagnostic that fails everywhere is the mass event it exists for).
 """
 
 from __future__ import annotations
@@ -21,25 +27,26 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from typing import Callable, Sequence
 
 from accelmon.config import ConfigError, load
+from accelmon.remediation import Journal, Record
 from accelmon.scan import hook_scan, scan_health
-from accelmon.slurm.fleet import Fleet, Limits
-from accelmon.slurm.nodes import node_name
+from accelmon.slurm.fleet import CALL_TIMEOUT_SECONDS, CHECK_BUDGET_SECONDS, Budget, Fleet, Limits
+from accelmon.slurm.nodes import node_name, run_scontrol
 from accelmon.slurm.repair import Options, SlurmRepair, diagnose, holding_lock, in_background
 
 log = logging.getLogger("accelmon.slurm")
 
-SCONTROL_TIMEOUT_SECONDS = 20  # slurmd kills a health check after 60 s
 DIAG_TIMEOUT_SECONDS = 300  # `dcgmi diag -r 1` takes seconds; a hung host engine must not hold a job for long
 
-Run = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
+Run = Callable[[list[str], float], "subprocess.CompletedProcess[str]"]
 
 
-def run(command: list[str]) -> subprocess.CompletedProcess[str]:
-    timeout = DIAG_TIMEOUT_SECONDS if "diag" in command else SCONTROL_TIMEOUT_SECONDS
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+def run(command: list[str], timeout: float = CALL_TIMEOUT_SECONDS) -> subprocess.CompletedProcess[str]:
+    """scontrol (in UTC, the standard time format) or another command; DCGM's diagnostic gets its own time."""
+    return run_scontrol(command, DIAG_TIMEOUT_SECONDS if "diag" in command else timeout)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -62,6 +69,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None, runner: Run = run) -> int:
+    budget = Budget(CHECK_BUDGET_SECONDS)  # from the start: the scan's time counts against slurmd's 60 s too
     args = parser().parse_args(argv)
     # Its own decisions at INFO; the collectors' start-up chatter only from WARNING (slurmd logs every line).
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="accelmon-slurm-health: %(message)s")
@@ -90,7 +98,11 @@ def main(argv: Sequence[str] | None = None, runner: Run = run) -> int:
             # Relayed as given: a foreground run is this same check, carrying the repair out itself.
             relayed = list(argv if argv is not None else sys.argv[1:])
             detach = lambda: in_background(relayed, lock)  # noqa: E731
-        loop = SlurmRepair(options, node, args.scontrol, runner, args.dry_run, dcgmi=args.dcgmi, detach=detach)
+        # A repair carried out in the background is not under slurmd's limit: its calls keep their own timeouts.
+        budget = Budget() if args.foreground else budget
+        loop = SlurmRepair(
+            options, node, args.scontrol, runner, args.dry_run, dcgmi=args.dcgmi, detach=detach, budget=budget
+        )
         loop.run(verdict, lambda resets: scan_health(load(args.config), resets))
     finally:
         os.close(lock)
@@ -98,31 +110,46 @@ def main(argv: Sequence[str] | None = None, runner: Run = run) -> int:
 
 
 def prolog_diag(args: argparse.Namespace, node: str, runner: Run) -> int:
-    """The prolog's diagnostic: 1 (Slurm requeues the job) only when tests failed and the node is drained."""
-    failed = diagnose(args.dcgmi, runner)
+    """The prolog's diagnostic: 1 (Slurm drains the node with "Prolog error" and requeues the job) only when tests
+    failed and accelmon's own drain of the node was claimed now, within the breaker and journalled; 0 otherwise."""
+    failed = diagnose(args.dcgmi, lambda command: runner(command, DIAG_TIMEOUT_SECONDS))
     if not failed:
         if failed == []:
             log.info("dcgmi diag -r 1 passed")
         return 0
     reason = ("accelmon: dcgmi diag -r 1 failed: " + ", ".join(failed))[:200]
     try:
-        limits = Options.of(load(args.config)).limits
+        loaded = Options.of(load(args.config))
+        options: Options | None = loaded
+        limits = loaded.limits
     except ConfigError as error:
-        log.error("%s: the breaker's defaults hold", error)
-        limits = Limits()
+        log.error("%s: the breaker's defaults hold, nothing journalled", error)
+        options, limits = None, Limits()
     fleet = Fleet(args.scontrol, runner, limits)
     node_now = fleet.node(node)
-    if node_now is not None and not node_now.takes_jobs:
-        log.info("node %s is already %s: left as it is", node, node_now.state)
-        return 1  # out already: this job goes elsewhere
+    if node_now is None or not node_now.takes_jobs:
+        # A MAINTENANCE reservation (an administrator's validation job), a reboot asked for, a drain already set: the
+        # job was placed here on purpose, and failing the prolog would only replace the node's reason with "Prolog
+        # error", which neither the breaker nor the repair loop counts. The failure is said; the job runs.
+        state = node_now.state if node_now else "unknown (scontrol show node failed)"
+        log.warning("%s; node %s is %s: not drained by the prolog, the job runs", reason, node, state)
+        return 0
     if args.dry_run:
         log.warning("would drain %s within the circuit breaker: %s", node, reason)
         return 0
-    decision = fleet.drain(node, reason)
+    journal = Journal.read(options.journal) if options else None
+
+    def note(event: str, outcome: str, detail: str, counts: tuple[int, int, int] = (0, 0, 0)) -> None:
+        if journal is not None and not journal.problem:
+            journal.append(Record(time.time(), node, event, "hardware_service", outcome, (), detail[:200], counts))
+
+    decision = fleet.drain(node, reason, claiming=lambda: note("claimed", "started", reason))
     log.warning("%s", decision.words)
-    if not decision.claimed:
+    if not decision.claimed and not decision.still_out:
         log.warning("node %s not drained (%s): the job runs", node, decision.outcome)
+        note("breaker_held", decision.outcome, decision.words, decision.counts)
         return 0
+    note("drained", "none", reason)
     log.warning("drained node %s: %s", node, reason)
     return 1
 

@@ -8,8 +8,10 @@ Two forms, the JSON one preferred where the installed scontrol has it (`--json`:
 - text: `NodeName=gpu-7 ... State=IDLE+DRAIN ... Reason=accelmon: GPU 2 xid: reboot_node [root@2026-11-27T11:54:03]
   Comment=...`: a base state and flags joined by `+`, with a suffix for a node not responding (`*`) or powered down
   or powering (`~`, `#`, `!`, `%`, `$`): the suffixes are dropped, the flags kept. The reason ends at Slurm's
-  `[user@time]` stamp (fields such as `Comment=` follow it on the line); the stamp is the controller's local time,
-  to the second.
+  `[user@time]` stamp (fields such as `Comment=` follow it on the line). scontrol prints the stamp in its own
+  process's time zone and SLURM_TIME_FORMAT: accelmon runs it with TZ=UTC and SLURM_TIME_FORMAT=standard
+  (`run_scontrol`) and reads the stamp as UTC, so neither a node's local zone, nor the repeated hour of a DST change,
+  nor a site's `relative` format moves it.
 - JSON: `{"nodes": [{"name", "state": ["IDLE", "DRAIN"], "reason", "reason_changed_at", "reason_set_by_user",
   "comment"}]}`, `reason_changed_at` an integer (23.02) or `{"set", "infinite", "number"}` (23.11 and later); the
   22.05 shape (`"state": "idle"` and `"state_flags": [...]`) is read too.
@@ -17,6 +19,7 @@ Two forms, the JSON one preferred where the installed scontrol has it (`--json`:
 
 from __future__ import annotations
 
+import calendar
 import json
 import os
 import re
@@ -34,10 +37,24 @@ DRAINED = {"DRAIN", "DRAINED", "DRAINING"}
 # Slurm 21.08 and later print MAINTENANCE (a maintenance reservation holds the node); older ones MAINT.
 MAINTENANCE = {"MAINT", "MAINTENANCE"}
 REBOOTING = {"REBOOT_REQUESTED", "REBOOT_ISSUED", "REBOOT"}
+# A cloud node powered down (or going down, or coming up) runs no health check: it is not part of the checked fleet.
+POWERED_DOWN = {"POWERED_DOWN", "POWER_DOWN", "POWERING_DOWN", "POWERING_UP"}
+# How scontrol is run, whatever the site's or the node's settings: stamps in UTC, ISO 8601 (docs/slurm.md).
+SCONTROL_ENV = {"TZ": "UTC", "SLURM_TIME_FORMAT": "standard"}
+# accelmon writes when its node first went out into every reason it writes on a node already out (a repair claim, an
+# escalation, a hold): Slurm's stamp moves with each edit, this does not, so the breaker ranks by it.
+OUT_SINCE = re.compile(r"\s*\(out since (\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})Z\)")
 STAMP = re.compile(r"\s\[([^\s\[\]@]+)@(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})\]")
 FIELD = re.compile(r"\s[A-Z][A-Za-z_]*=")  # the start of the next field on a one-line node
 
 Run = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
+
+
+def run_scontrol(command: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """`command` (scontrol, or another command the health check runs) with SCONTROL_ENV, killed after `timeout`."""
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=timeout, check=False, env={**os.environ, **SCONTROL_ENV}
+    )
 
 
 def node_name(configured: str = "") -> tuple[str, str]:
@@ -92,6 +109,9 @@ class SlurmNode:
     reason_user: str = ""
     comment: str = ""  # the node's Comment ("" when unset)
     host: str = ""  # NodeHostName: the host's name, where it differs from the NodeName ("" when not given)
+    gres: str = ""  # Gres=, e.g. gpu:h100:8(S:0-1) ("" when none)
+    partitions: tuple[str, ...] = ()
+    features: tuple[str, ...] = ()  # its available features
 
     @property
     def flags(self) -> set[str]:
@@ -120,11 +140,40 @@ class SlurmNode:
     def accelmons(self) -> bool:
         return self.reason.startswith(REASON_PREFIX)
 
+    @property
+    def powered_down(self) -> bool:
+        return bool(self.flags & POWERED_DOWN)
+
+    @property
+    def out_since(self) -> Optional[float]:
+        """When accelmon first took this node out: the time its reason carries (written there by accelmon whenever it
+        edits the reason of a node already out), else the reason's stamp (a first drain, unedited since)."""
+        found = OUT_SINCE.search(self.reason)
+        if found:
+            return stamp_time(found.group(1))
+        return self.reason_time
+
+    def gpu_gres(self) -> bool:
+        """Whether Slurm schedules GPUs on it (a `gpu` gres)."""
+        return any(part.split(":")[0] == "gpu" for part in re.split(r",(?![^(]*\))", self.gres) if part)
+
+
+def keyed_reason(reason: str, since: Optional[float], limit: int = 200) -> str:
+    """`reason` carrying `since` (when the node first went out), within `limit` characters: where it carries one
+    already (Slurm appends ": reboot issued" after it), as it is; else at its end."""
+    if OUT_SINCE.search(reason) and len(reason) <= limit:
+        return reason
+    body = OUT_SINCE.sub("", reason).strip()
+    if since is None:
+        return body[:limit]
+    mark = f" (out since {time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(since))}Z)"
+    return body[: limit - len(mark)] + mark
+
 
 def stamp_time(text: str) -> Optional[float]:
-    """Slurm's reason stamp (the controller's local time, to the second) as epoch seconds."""
+    """Slurm's reason stamp, printed in UTC (SCONTROL_ENV), to the second, as epoch seconds."""
     try:
-        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+        return float(calendar.timegm(time.strptime(text, "%Y-%m-%dT%H:%M:%S")))
     except (ValueError, OverflowError):
         return None
 
@@ -159,8 +208,31 @@ def parse_nodes(text: str) -> list[SlurmNode]:
         comment = field_value(line, "Comment") or ""
         host = field_value(line, "NodeHostName") or ""
         comment = "" if comment == "(null)" else comment
-        nodes.append(SlurmNode(name.group(1), state.group(1), reason, when, user, comment, host))
+        gres = field_value(line, "Gres") or ""
+        nodes.append(
+            SlurmNode(
+                name.group(1),
+                state.group(1),
+                reason,
+                when,
+                user,
+                comment,
+                host,
+                "" if gres == "(null)" else gres,
+                listed(field_value(line, "Partitions")),
+                listed(field_value(line, "AvailableFeatures")),
+            )
+        )
     return nodes
+
+
+def listed(value: Any) -> tuple[str, ...]:
+    """A comma-separated field (text form) or a list of strings (JSON) as a tuple; (null) and "" as ()."""
+    if isinstance(value, list):
+        return tuple(str(v) for v in value if isinstance(v, str) and v)
+    if not isinstance(value, str) or value in ("", "(null)"):
+        return ()
+    return tuple(part for part in value.split(",") if part)
 
 
 def number(value: Any) -> Optional[float]:
@@ -195,6 +267,9 @@ def parse_json(text: str) -> list[SlurmNode]:
                 str(raw.get("reason_set_by_user") or ""),
                 str(raw.get("comment") or ""),
                 str(raw.get("hostname") or ""),
+                str(raw.get("gres") or ""),
+                listed(raw.get("partitions")),
+                listed(raw.get("features")),
             )
         )
     return nodes

@@ -12,20 +12,14 @@ could not be asked or refused, 2 bad arguments.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import time
 from typing import Sequence
 
 from accelmon.config import ConfigError, load
 from accelmon.slurm.fleet import HOUR, Fleet, Limits, out_by_accelmon, pause_of, repaired_at, repairing
+from accelmon.slurm.nodes import run_scontrol
 from accelmon.slurm.repair import Options
-
-SCONTROL_TIMEOUT_SECONDS = 30
-
-
-def run(command: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(command, capture_output=True, text=True, timeout=SCONTROL_TIMEOUT_SECONDS, check=False)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -50,8 +44,8 @@ def status(fleet: Fleet, limits: Limits) -> int:
     pause = pause_of(nodes)
     print(pause.words() if pause else "remediation: on (not paused)")
     out = [n for n in nodes if out_by_accelmon(n, now, limits.breaker_window_seconds)]
-    limit = limits.breaker_limit(len(nodes))
-    print(fleet.counts_words(len(out), len(nodes), limit, pace=False))
+    limit, checked = fleet.limit(nodes, pace=False)
+    print(fleet.counts_words(len(out), checked, limit, pace=False))
     for node in out:
         print(f"  {node.name:<24} {node.state:<28} {node.reason}")
     repairs = [n for n in nodes if repairing(n, now) or (repaired_at(n) or 0) >= now - HOUR]
@@ -68,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as error:
         print(f"accelmon-remediation: {error}", file=sys.stderr)
         return 2
-    fleet = Fleet(args.scontrol, run, limits)
+    fleet = Fleet(args.scontrol, run_scontrol, limits)
     try:
         if args.command == "pause":
             if not args.reason.strip():

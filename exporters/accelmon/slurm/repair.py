@@ -32,17 +32,21 @@ from typing import Any, Callable, Optional
 from accelmon import health, remediation
 from accelmon.config import Settings
 from accelmon.remediation import FailingGpu, Journal, Record, RepairPlan
-from accelmon.slurm.fleet import Decision, Fleet, Limits, pause_of
-from accelmon.slurm.nodes import BUSY, DRAINED, SlurmNode
+from accelmon.slurm.fleet import Budget, Decision, Fleet, Limits, Run, pause_of
+from accelmon.slurm.nodes import BUSY, DRAINED, SlurmNode, keyed_reason
 
 log = logging.getLogger("accelmon.slurm")
 
-Run = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
 Scan = Callable[[dict[str, float]], health.NodeHealth]  # a fresh scan, given the GPU resets to apply
 RESET_TIMEOUT_SECONDS = 120  # nvidia-smi --gpu-reset takes seconds; a GPU that hangs it is not reset
 DIAG_TIMEOUT_SECONDS = 600  # dcgmi diag -r 2: a few minutes on an H100
 REBOOT_PENDING = "accelmon: reboot pending"  # the reason through a reboot (Slurm appends ": reboot issued")
 LOCK_FD = "ACCELMON_REPAIR_LOCK_FD"  # a background repair inherits the check's lock through this descriptor
+# The journal's events that say whether accelmon has a drain of this node open: a claim (journalled before the drain,
+# so a check killed after it leaves a trace), the drain kept, an escalation; closed by a resume or a hold (a claim
+# held back or taken back leaves the node taking jobs).
+OPENING = ("claimed", "drained", "escalated")
+CLOSING = ("resumed", "breaker_held")
 
 
 @dataclass
@@ -67,6 +71,8 @@ class Options:
                 float(value["breaker_fraction"]),
                 float(value["breaker_window_hours"]) * 3600,
                 float(value["max_repairs_per_hour"]),
+                str(value["breaker_nodes"]),
+                float(value["breaker_max_nodes"]),
             ),
             str(value["gpu_reset_command"]),
             tuple(str(value["gpu_holders"]).split()),
@@ -120,17 +126,20 @@ class SlurmRepair:
     def __init__(
         self, options: Options, node: str, scontrol: str, runner: Run, dry_run: bool = False,
         now: Optional[float] = None, dcgmi: str = "dcgmi", detach: Optional[Callable[[], bool]] = None,
-        fleet: Optional[Fleet] = None,
+        fleet: Optional[Fleet] = None, budget: Optional[Budget] = None,
     ) -> None:  # fmt: skip
         self.options, self.node, self.scontrol, self.runner = options, node, scontrol, runner
         self.dry_run = dry_run
         # Starts the repair in a process of its own (a reset and DCGM's diagnostic may outlast slurmd's limit on a
         # health check); None: carry it out here.
         self.detach = detach
-        self.now = time.time() if now is None else now
+        self.now = time.time() if now is None else now  # the run's time, for its decisions
+        self.started = time.monotonic()
         self.dcgmi = dcgmi
         self.say: Callable[[str], None] = print  # its decisions, for slurmd's log (a test collects them)
-        self.fleet = fleet or Fleet(scontrol, runner, options.limits, now=lambda: self.now, dry_run=dry_run)
+        self.fleet = fleet or Fleet(
+            scontrol, runner, options.limits, now=lambda: self.now, dry_run=dry_run, budget=budget
+        )
         self.journal = Journal.read(options.journal)
         if self.journal.problem:
             log.error("%s: no repair until it is fixed or moved away (drains go on)", self.journal.problem)
@@ -149,7 +158,7 @@ class SlurmRepair:
              detail: str = "", breaker: tuple[int, int, int] = (0, 0, 0), once: bool = False) -> None:  # fmt: skip
         """Journals a decision (`once`: unless it is the node's latest record already: a decision repeated every
         health check is journalled when it is first made)."""
-        record = Record(self.now, self.node, event, action, outcome, remediation.gpus_of(gpus), detail, breaker)
+        record = Record(self.clock(), self.node, event, action, outcome, remediation.gpus_of(gpus), detail, breaker)
         if once:
             latest = next((r for r in reversed(self.journal.records) if r.node == self.node), None)
             same = latest is not None and (latest.event, latest.action, latest.outcome, latest.gpus, latest.detail) == (
@@ -163,12 +172,16 @@ class SlurmRepair:
         if problem:
             log.error("%s: the decision (%s) is not kept", problem, event)
 
+    def clock(self) -> float:
+        """Now, on the run's clock: each journal record carries the time it was made, not the run's start."""
+        return self.now + (time.monotonic() - self.started)
+
     # --- the loop -------------------------------------------------------------------------------------------------
     def run(self, verdict: health.NodeHealth, rescan: Scan) -> None:
         failing = failing_gpus(verdict)
         node_failing = [(c.name, c.action) for c in verdict.checks if c.verdict == "failure"]
-        open_drain = self.journal.last_event(self.node, ("drained", "escalated", "resumed"))
-        if not failing and not node_failing and (open_drain is None or open_drain.event == "resumed"):
+        last = self.journal.last_event(self.node, OPENING + CLOSING)
+        if not failing and not node_failing and (last is None or last.event in CLOSING):
             return  # healthy and nothing of accelmon's open: Slurm is not even asked
         state = self.fleet.node(self.node)
         if state is None:
@@ -176,6 +189,11 @@ class SlurmRepair:
             return
         if reboot_timed_out(state):
             self.hold_after_timed_out_reboot(state)
+            return
+        if last is not None and last.event == "claimed":
+            self.settle_claim(state, last)
+        in_reboot = state.reboot_pending or "DOWN" in state.flags  # its drain stays whatever the rank (Fleet.keep)
+        if state.out and state.accelmons and not in_reboot and not self.dry_run and self.converge():
             return
         if failing or node_failing:
             if state.takes_jobs:
@@ -190,6 +208,44 @@ class SlurmRepair:
         if state.accelmons and (state.drained_idle or held_after_reboot(state)):
             self.repair(state, failing, node_failing, verdict, rescan)
 
+    def settle_claim(self, state: SlurmNode, claim: Record) -> None:
+        """A claim journalled with nothing after it: the check that made it ended before it could say what came of
+        it (slurmd killed it, the controller never answered). Slurm says: the drain is there (it is adopted, and
+        ranked by `converge` as every drain is), or it is not (the claim is closed)."""
+        if state.out and state.accelmons:
+            detail = f"{claim.detail} (a claim whose check ended before it was verified)"[:200]
+            self.journal_record(Record(self.clock(), self.node, "drained", claim.action, "none", claim.gpus, detail))
+            self.say(f"remediation: node {self.node} is out by an earlier check's drain, never verified: ranked now")
+        else:
+            detail = "a claim whose check ended before it was verified left no drain"
+            self.journal_record(Record(self.clock(), self.node, "breaker_held", claim.action, "failed", claim.gpus,
+                                       detail))  # fmt: skip
+
+    def journal_record(self, record: Record) -> None:
+        if self.dry_run or self.journal.problem:
+            return
+        problem = self.journal.append(record)
+        if problem:
+            log.error("%s: the decision (%s) is not kept", problem, record.event)
+
+    def converge(self) -> bool:
+        """The breaker's rank taken again at this check (accelmon.slurm.fleet.Fleet.keep): a node out by accelmon
+        ranked at or past the limit takes its drain back and says so. True when it did (or tried): nothing else is
+        done this run."""
+        decision = self.fleet.keep(self.node)
+        if decision is None:
+            return False
+        self.say(decision.words)
+        log.warning("%s", decision.words)
+        opened = self.journal.last_event(self.node, ("drained", "escalated"))
+        action = opened.action if opened else "none"
+        if not decision.still_out:
+            gpus = opened.gpus if opened else ()
+            record = Record(self.clock(), self.node, "breaker_held", action, decision.outcome, gpus,
+                            decision.words[:200], decision.counts)  # fmt: skip
+            self.journal_record(record)
+        return True
+
     def hold_after_timed_out_reboot(self, state: SlurmNode) -> None:
         """Drains again a node whose reboot Slurm timed out: Slurm 22.05 then sets it DOWN and clears its drain
         (measured, docs/slurm.md), so that its next registration (ReturnToService=2) would put it back in service
@@ -198,7 +254,7 @@ class SlurmRepair:
         if self.dry_run:
             log.warning("would drain %s again: its reboot timed out (%s)", self.node, state.reason)
             return
-        if self.update("State=DRAIN", f"Reason={state.reason[:200]}"):
+        if self.update("State=DRAIN", f"Reason={keyed_reason(state.reason, state.out_since)}"):
             self.say(f"remediation: node {self.node} drained again: Slurm timed its reboot out and cleared the drain")
             self.note("repair", "reboot_node", "timed_out", detail=f"Slurm: {state.reason}"[:200])
 
@@ -215,13 +271,18 @@ class SlurmRepair:
             count = f"{len(nodes)} node(s) listed" if nodes else "the nodes cannot be listed"
             log.warning("would drain %s within the circuit breaker (%s): %s", self.node, count, reason)
             return
-        decision = self.fleet.drain(self.node, reason)
+        claim = lambda: self.note("claimed", action, "started", tuple(failing), reason)  # noqa: E731
+        decision = self.fleet.drain(self.node, reason, claiming=claim)
         self.say(decision.words)
         if decision.claimed:
             log.warning("drained node %s: %s", self.node, reason)
             self.note("escalated" if repeat else "drained", action, gpus=tuple(failing), detail=reason)
+        elif decision.still_out:
+            log.error("%s", decision.words)
+            self.note("drained", action, gpus=tuple(failing), detail=f"{reason} ({decision.outcome}, still out)"[:200])
         elif decision.outcome == "failed":
             log.error("%s", decision.words)
+            self.note("breaker_held", action, "failed", tuple(failing), decision.words[:200])
         else:
             held = f"node {self.node} not drained, it keeps taking jobs"
             log.warning("%s: %s (would drain: %s)", decision.words, held, reason)
@@ -235,11 +296,18 @@ class SlurmRepair:
             f"(failed again after {earlier.action} on {when})"
         )[:200]
 
-    def escalate(self, reason: str, gpus: tuple[FailingGpu, ...]) -> None:
-        """Drains for hardware_service (State=DRAIN with the reason: a node resumed meanwhile is out again)."""
-        if self.update("State=DRAIN", f"Reason={reason[:200]}"):
+    def escalate(self, reason: str, gpus: tuple[FailingGpu, ...], state: SlurmNode, written: str) -> None:
+        """Drains for hardware_service, keeping when the node first went out, only while its reason is still
+        `written` (accelmon's, as this run last saw or set it): a drain someone else set meanwhile is theirs."""
+        keyed = keyed_reason(reason, state.out_since)
+        result = self.fleet.clear(self.node, written, "State=DRAIN", f"Reason={keyed}")
+        if result == "done":
             self.say(f"remediation: node {self.node} drained for hardware_service: {reason}")
-            self.note("escalated", "hardware_service", gpus=gpus, detail=reason[:200])
+            self.note("escalated", "hardware_service", gpus=gpus, detail=keyed)
+        elif result == "not_ours":
+            self.say(f"remediation: node {self.node} not escalated: someone else changed its drain ({reason})")
+        else:
+            log.error("could not drain %s for hardware_service (%s): %s", self.node, reason, result)
 
     def repair(
         self, state: SlurmNode, failing: list[FailingGpu], node_failing: list[tuple[str, str]],
@@ -267,7 +335,7 @@ class SlurmRepair:
             return
         if plan.step == "escalate":
             if "hardware_service" not in state.reason and plan.earlier is not None and self.options.mode == "act":
-                self.escalate(self.repeat_reason(plan.gpus[0], plan.earlier), plan.gpus)
+                self.escalate(self.repeat_reason(plan.gpus[0], plan.earlier), plan.gpus, state, state.reason)
             self.say(f"remediation: node {self.node} left for hardware_service: {plan.why}")
             return
         if plan.drill:
@@ -279,7 +347,7 @@ class SlurmRepair:
             self.note("would_repair", plan.action, "observed", plan.gpus, plan.why, once=True)
             return
         if plan.step == "resume":
-            self.resume(plan.action, plan.gpus, plan.why)
+            self.resume(plan.action, plan.gpus, plan.why, state.reason)
         elif plan.step == "reboot":
             self.reboot(state, plan)
         elif self.detach is not None:
@@ -288,8 +356,10 @@ class SlurmRepair:
         else:
             self.reset(state, plan, rescan)
 
-    def resume(self, action: str, gpus: tuple[FailingGpu, ...], why: str) -> None:
-        """Returns the node to service, unless the pause switch is on (it stops every change accelmon makes)."""
+    def resume(self, action: str, gpus: tuple[FailingGpu, ...], why: str, written: str) -> None:
+        """Returns the node to service, unless the pause switch is on (it stops every change accelmon makes), and only
+        while its reason is still `written` (accelmon's, as this run last saw or set it): an administrator's drain set
+        during a long repair (an RMA) is theirs to lift."""
         nodes = self.fleet.nodes()
         pause = pause_of(nodes) if nodes else None
         if not nodes or pause is not None:
@@ -297,9 +367,15 @@ class SlurmRepair:
                 f"remediation: node {self.node} not resumed: " + (pause.words() if pause else "cannot list the nodes")
             )
             return
-        if self.update("State=RESUME"):
+        result = self.fleet.clear(self.node, written, "State=RESUME")
+        if result == "done":
             self.say(f"remediation: resumed node {self.node}: {why}")
             self.note("resumed", action, "resolved", gpus, why)
+        elif result == "not_ours":
+            self.say(f"remediation: node {self.node} not resumed: someone else has drained it since ({why})")
+            self.note("left_for_person", action, "none", gpus, "drained by someone else during the repair", once=True)
+        else:
+            log.error("scontrol could not resume %s: %s", self.node, result)
 
     def held(self, decision: Decision, plan: RepairPlan) -> None:
         self.say(f"remediation: no {plan.action} on {self.node} now: {decision.words}")
@@ -310,7 +386,8 @@ class SlurmRepair:
         """Through Slurm's RebootProgram, without nextstate: the node stays drained through the boot (its reason says
         the reboot is pending) and this check resumes it only once every check passes after it. Not `ASAP`: that
         makes Slurm 22.05 set NextState=RESUME by itself (docs/slurm.md); the node is drained and idle already."""
-        reason = f"{REBOOT_PENDING}: reboot_node for GPU {', '.join(g.index for g in plan.gpus)}"[:150]
+        reason = keyed_reason(f"{REBOOT_PENDING}: reboot_node for GPU {', '.join(g.index for g in plan.gpus)}",
+                              state.out_since, 150)  # fmt: skip
         decision = self.fleet.claim_repair(state, reason)
         if not decision.claimed:
             self.held(decision, plan)
@@ -321,7 +398,8 @@ class SlurmRepair:
             detail = (result.stderr or result.stdout).strip() or f"status {result.returncode}"
             log.error("scontrol reboot %s failed: %s", self.node, detail)
             self.note("repair", "reboot_node", "failed", plan.gpus, f"scontrol reboot failed: {detail}"[:200])
-            self.update("State=DRAIN", f"Reason={state.reason}")  # the drain as it was: the next check tries again
+            # The drain as it was: the next check tries again.
+            self.fleet.clear(self.node, reason, "State=DRAIN", f"Reason={keyed_reason(state.reason, state.out_since)}")
             return
         self.say(f"remediation: asked Slurm to reboot node {self.node}: it stays drained until every check passes")
         self.note("repair", "reboot_node", "requested", plan.gpus, plan.why)
@@ -338,10 +416,11 @@ class SlurmRepair:
         gpus = tuple(failing)
         if failing or node_failing:
             self.note("repair", "reboot_node", "failed", gpus, f"{still_failing(verdict)} still fails after the reboot")
-            self.escalate(f"accelmon: {still_failing(verdict)}: hardware_service (still fails after reboot_node)", gpus)
+            self.escalate(f"accelmon: {still_failing(verdict)}: hardware_service (still fails after reboot_node)", gpus,
+                          state, state.reason)  # fmt: skip
             return
         self.note("repair", "reboot_node", "resolved", detail="every check passed after the reboot")
-        self.resume("reboot_node", (), "every check passed after the reboot")
+        self.resume("reboot_node", (), "every check passed after the reboot", state.reason)
 
     def stop_holders(self) -> list[str]:
         """Stops the gpu_holders units that run; the ones stopped (to start again)."""
@@ -366,11 +445,14 @@ class SlurmRepair:
 
     def reset(self, state: SlurmNode, plan: RepairPlan, rescan: Scan) -> None:
         indices = ", ".join(g.index for g in plan.gpus)
-        decision = self.fleet.claim_repair(state, f"accelmon: resetting GPU {indices} (reset_gpu)"[:200])
+        claimed = keyed_reason(f"accelmon: resetting GPU {indices} (reset_gpu)", state.out_since)
+        decision = self.fleet.claim_repair(state, claimed)
         if not decision.claimed:
             self.held(decision, plan)
             return
         self.note("repair", "reset_gpu", "started", plan.gpus, plan.why)
+        # The reset's time is taken before it starts: a kernel log line written during the reset is one it answers.
+        reset_at = time.time()
         failed = []
         stopped = self.stop_holders()
         try:
@@ -386,7 +468,7 @@ class SlurmRepair:
             self.start_holders(stopped)
         blamed = plan.gpus
         if not failed:
-            resets = {**self.journal.resets(), **{gpu.uuid: time.time() for gpu in plan.gpus if gpu.uuid}}
+            resets = {**self.journal.resets(), **{gpu.uuid: reset_at for gpu in plan.gpus if gpu.uuid}}
             after = rescan(resets)
             if still_failing(after):
                 failed.append(f"{still_failing(after)} still fails")
@@ -400,10 +482,11 @@ class SlurmRepair:
             self.say(f"remediation: the reset did not repair node {self.node}: {detail}")
             self.note("repair", "reset_gpu", "failed", plan.gpus, detail)
             named = ", ".join(f"GPU {g.index}" for g in blamed)
-            self.escalate(f"accelmon: {named} hardware_service: reset_gpu did not clear it ({detail})", blamed)
+            self.escalate(f"accelmon: {named} hardware_service: reset_gpu did not clear it ({detail})", blamed, state,
+                          claimed)  # fmt: skip
             return
         self.note("repair", "reset_gpu", "resolved", plan.gpus, plan.why)
-        self.resume("reset_gpu", plan.gpus, f"reset GPU {indices}, every check passed after it")
+        self.resume("reset_gpu", plan.gpus, f"reset GPU {indices}, every check passed after it", claimed)
 
 
 def run_long(command: list[str]) -> subprocess.CompletedProcess[str]:
@@ -428,7 +511,9 @@ def failed_tests(report: Any) -> list[str]:
     return failed
 
 
-def diagnose(dcgmi: str, runner: Run, level: str = "1") -> Optional[list[str]]:
+def diagnose(
+    dcgmi: str, runner: Callable[[list[str]], subprocess.CompletedProcess[str]], level: str = "1"
+) -> Optional[list[str]]:
     """The tests `dcgmi diag -r LEVEL` failed ([] when all passed), or None when the diagnostic could not run."""
     try:
         result = runner([dcgmi, "diag", "-r", level, "-j"])
