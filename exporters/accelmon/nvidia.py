@@ -184,12 +184,13 @@ class XidEvents:
             return sorted((xid, n) for (gpu, xid), n in self._counts.items() if gpu == index)
 
     def stop(self) -> bool:
-        """Ask the thread to leave at the end of its wait, and wait only briefly for it (stopping is quick); whether
-        it has left. A thread still inside a wait holds the session: NVML is then left to the process's exit."""
+        """Ask the thread to leave at the end of its wait, and wait for it to (one wait at most, wait_ms); whether it
+        has left. NVML can be shut down only once it has: a process that goes on to reset a GPU (the Slurm health
+        check's repair) must not hold it, and the driver refuses a reset while any process does."""
         self._stop.set()
         if self._thread is None:
             return True
-        self._thread.join(0.05)
+        self._thread.join(self.wait_ms / 1000 + 0.5)
         return not self._thread.is_alive()
 
     def _run(self, gpus: list[tuple[int, Any]]) -> None:

@@ -278,7 +278,7 @@ class NvmlCollector(Collector):
 
     def stop(self) -> None:
         self._stop.set()
-        xid_waits_ended = self._xids.stop()  # it leaves when its wait ends: not waited for, stopping is quick
+        xid_waits_ended = self._xids.stop()  # it leaves when its wait ends (2 s at most): waited for
         deadline = time.monotonic() + 1.0
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))

@@ -33,9 +33,10 @@ from typing import Callable, Sequence
 from accelmon.config import ConfigError, load
 from accelmon.remediation import Journal, Record
 from accelmon.scan import hook_scan, scan_health
+from accelmon.slurm.diag import diagnose
 from accelmon.slurm.fleet import CALL_TIMEOUT_SECONDS, CHECK_BUDGET_SECONDS, Budget, Fleet, Limits
 from accelmon.slurm.nodes import node_name, run_scontrol
-from accelmon.slurm.repair import Options, SlurmRepair, diagnose, holding_lock, in_background
+from accelmon.slurm.repair import Options, SlurmRepair, holding_lock, in_background
 
 log = logging.getLogger("accelmon.slurm")
 

@@ -18,7 +18,6 @@ Each run of the health check, on its node (one at a time: the check, a backgroun
 from __future__ import annotations
 
 import fcntl
-import json
 import logging
 import os
 import shlex
@@ -27,11 +26,12 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
-from accelmon import health, remediation
+from accelmon import gpu_holders, health, remediation
 from accelmon.config import Settings
 from accelmon.remediation import FailingGpu, Journal, Record, RepairPlan
+from accelmon.slurm.diag import diagnose, run_long
 from accelmon.slurm.fleet import Budget, Decision, Fleet, Limits, Run, pause_of
 from accelmon.slurm.nodes import BUSY, DRAINED, SlurmNode, keyed_reason
 
@@ -39,7 +39,10 @@ log = logging.getLogger("accelmon.slurm")
 
 Scan = Callable[[dict[str, float]], health.NodeHealth]  # a fresh scan, given the GPU resets to apply
 RESET_TIMEOUT_SECONDS = 120  # nvidia-smi --gpu-reset takes seconds; a GPU that hangs it is not reset
-DIAG_TIMEOUT_SECONDS = 600  # dcgmi diag -r 2: a few minutes on an H100
+HOLDERS_EXIT_SECONDS = 10.0  # how long the units stopped before a reset have to let the GPU go
+# DCGM's host engine restarts with the units stopped around a reset: its diagnostic is asked again for this long
+# before "could not run" leaves the node for a person (never a pass).
+DIAG_READY_SECONDS = 60.0
 REBOOT_PENDING = "accelmon: reboot pending"  # the reason through a reboot (Slurm appends ": reboot issued")
 LOCK_FD = "ACCELMON_REPAIR_LOCK_FD"  # a background repair inherits the check's lock through this descriptor
 # The journal's events that say whether accelmon has a drain of this node open: a claim (journalled before the drain,
@@ -57,6 +60,7 @@ class Options:
     limits: Limits
     reset_command: str
     gpu_holders: tuple[str, ...] = ()
+    procfs: str = "/proc"  # where the GPUs' device files and who holds them are read
 
     @classmethod
     def of(cls, settings: Settings) -> Options:
@@ -76,6 +80,7 @@ class Options:
             ),
             str(value["gpu_reset_command"]),
             tuple(str(value["gpu_holders"]).split()),
+            settings.paths.procfs,
         )
 
 
@@ -422,10 +427,10 @@ class SlurmRepair:
         self.note("repair", "reboot_node", "resolved", detail="every check passed after the reboot")
         self.resume("reboot_node", (), "every check passed after the reboot", state.reason)
 
-    def stop_holders(self) -> list[str]:
-        """Stops the gpu_holders units that run; the ones stopped (to start again)."""
+    def stop_holders(self, units: tuple[str, ...]) -> list[str]:
+        """Stops those of `units` that run; the ones stopped (to start again)."""
         stopped = []
-        for unit in self.options.gpu_holders:
+        for unit in units:
             active = self.fleet.call(["systemctl", "is-active", "--quiet", unit])
             if active.returncode != 0:
                 continue
@@ -443,6 +448,35 @@ class SlurmRepair:
                     "could not start %s again after the reset: %s", unit, (result.stderr or result.stdout).strip()
                 )
 
+    def let_go(self, gpus: tuple[FailingGpu, ...], stopped: list[str]) -> str:
+        """Makes every process let the GPUs go before their reset: the services found holding their device files are
+        stopped too (added to `stopped`, started again after), then waited for. Whatever still holds one, in words
+        ("" when none, or when the driver does not list the GPUs: the reset is tried and says)."""
+        devices = set(gpu_holders.device_files(self.options.procfs, [gpu.pci_bus_id for gpu in gpus]).values())
+        if not devices:
+            return ""
+        found = gpu_holders.holders(self.options.procfs, devices)
+        more = tuple(sorted({holder.unit for holder in found if holder.unit and holder.unit not in stopped}))
+        stopped.extend(self.stop_holders(more))
+        deadline = time.monotonic() + HOLDERS_EXIT_SECONDS
+        while found and time.monotonic() < deadline:
+            self.fleet.sleep(0.5)
+            found = gpu_holders.holders(self.options.procfs, devices)
+        if found:
+            log.error("GPU %s still held before its reset: %s", ", ".join(g.index for g in gpus),
+                      ", ".join(holder.words() for holder in found))  # fmt: skip
+        return ", ".join(holder.words() for holder in found)
+
+    def diagnose_after_reset(self) -> Optional[list[str]]:
+        """DCGM's `dcgmi diag -r 2` after a reset, asked again while it cannot run (its host engine, stopped around
+        the reset, not listening yet) for up to DIAG_READY_SECONDS; None if it never could."""
+        deadline = time.monotonic() + DIAG_READY_SECONDS
+        while True:
+            tests = diagnose(self.dcgmi, run_long, level="2")
+            if tests is not None or time.monotonic() >= deadline:
+                return tests
+            self.fleet.sleep(5.0)
+
     def reset(self, state: SlurmNode, plan: RepairPlan, rescan: Scan) -> None:
         indices = ", ".join(g.index for g in plan.gpus)
         claimed = keyed_reason(f"accelmon: resetting GPU {indices} (reset_gpu)", state.out_since)
@@ -454,9 +488,12 @@ class SlurmRepair:
         # The reset's time is taken before it starts: a kernel log line written during the reset is one it answers.
         reset_at = time.time()
         failed = []
-        stopped = self.stop_holders()
+        stopped = self.stop_holders(self.options.gpu_holders)
         try:
-            for gpu in plan.gpus:
+            held = self.let_go(plan.gpus, stopped)
+            if held:
+                failed.append(f"not reset: still held by {held}")
+            for gpu in plan.gpus if not held else ():
                 command = shlex.split(self.options.reset_command.format(pci_bus_id=gpu.pci_bus_id, uuid=gpu.uuid))
                 try:
                     result = subprocess.run(command, capture_output=True, text=True, timeout=RESET_TIMEOUT_SECONDS)
@@ -474,8 +511,10 @@ class SlurmRepair:
                 failed.append(f"{still_failing(after)} still fails")
                 blamed = tuple(failing_gpus(after)) or plan.gpus
         if not failed and shutil.which(self.dcgmi):
-            tests = diagnose(self.dcgmi, run_long, level="2")
-            if tests:
+            tests = self.diagnose_after_reset()
+            if tests is None:
+                failed.append(f"dcgmi diag -r 2 could not run within {DIAG_READY_SECONDS:g} s of the reset")
+            elif tests:
                 failed.append("dcgmi diag -r 2 failed: " + ", ".join(tests))
         if failed:
             detail = "; ".join(failed)[:200]
@@ -487,51 +526,6 @@ class SlurmRepair:
             return
         self.note("repair", "reset_gpu", "resolved", plan.gpus, plan.why)
         self.resume("reset_gpu", plan.gpus, f"reset GPU {indices}, every check passed after it", claimed)
-
-
-def run_long(command: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(command, capture_output=True, text=True, timeout=DIAG_TIMEOUT_SECONDS, check=False)
-
-
-def failed_tests(report: Any) -> list[str]:
-    """The names of the tests that failed in `dcgmi diag -j`'s report: every object with a `name` and `results`
-    whose result status is Fail (DCGM 3 and 4 nest them differently; both keep these keys)."""
-    failed: list[str] = []
-    if isinstance(report, dict):
-        results = report.get("results")
-        if isinstance(report.get("name"), str) and isinstance(results, list):
-            statuses = [str(r.get("status", "")).lower() for r in results if isinstance(r, dict)]
-            if "fail" in statuses:
-                failed.append(report["name"])
-        for value in report.values():
-            failed += failed_tests(value)
-    elif isinstance(report, list):
-        for value in report:
-            failed += failed_tests(value)
-    return failed
-
-
-def diagnose(
-    dcgmi: str, runner: Callable[[list[str]], subprocess.CompletedProcess[str]], level: str = "1"
-) -> Optional[list[str]]:
-    """The tests `dcgmi diag -r LEVEL` failed ([] when all passed), or None when the diagnostic could not run."""
-    try:
-        result = runner([dcgmi, "diag", "-r", level, "-j"])
-    except (OSError, subprocess.TimeoutExpired) as error:
-        log.info("dcgmi diag could not run: %s", error)
-        return None
-    try:
-        report = json.loads(result.stdout)
-    except ValueError:
-        log.info(
-            "dcgmi diag gave no report (status %d): %s", result.returncode, (result.stderr or result.stdout)[-300:]
-        )
-        return None
-    failed = sorted(set(failed_tests(report)))
-    if result.returncode != 0 and not failed:
-        log.info("dcgmi diag ended with status %d and no failed test: not judged", result.returncode)
-        return None
-    return failed
 
 
 def in_background(argv: list[str], lock: int) -> bool:
