@@ -272,7 +272,7 @@ def test_the_command_pauses_shows_and_resumes(tmp_path):
         return subprocess.run([*command, *args], capture_output=True, text=True, timeout=60)
 
     paused = cli("pause", "--reason", "bad driver roll-out, INC-42")
-    assert paused.returncode == 0 and "switch on node a" in paused.stdout
+    assert paused.returncode == 0 and "switch on 3 of 3 nodes" in paused.stdout
     shown = cli("status")
     assert shown.returncode == 0, shown.stderr
     assert "remediation paused since" in shown.stdout and "bad driver roll-out, INC-42" in shown.stdout
@@ -285,3 +285,27 @@ def test_the_command_pauses_shows_and_resumes(tmp_path):
     cluster.change(fail=["show"])
     failed = cli("status")
     assert failed.returncode == 1 and "cannot list the nodes" in failed.stderr
+
+
+def test_an_unrelated_comment_edit_does_not_end_a_pause(tmp_path, fleet_of_20):
+    """The switch lived in one node's Comment: any `scontrol update NodeName=gpu-00 Comment=...` (or that node taken
+    out of slurm.conf) ended the pause silently. It is on every node now: an edit removes one carrier, the fleet stays
+    paused, and that node serves 0 beside the others' 1 (AccelmonRemediationPauseIncomplete); pausing again puts it
+    back with the same time and reason."""
+    cluster = fleet_of_20
+    switch = Fleet(str(cluster.command), run, Limits(), sleep=lambda s: None)
+    assert "switch on 20 of 20 nodes" in switch.pause("INC-42")
+    cluster.edit(NODES[0], comment="rack 4")  # an administrator's edit, unaware of the switch
+    nodes = switch.nodes()
+    assert nodes is not None and pause_of(nodes) is not None and pause_of(nodes).reason == "INC-42"  # type: ignore[union-attr]
+    loop = loop_on(tmp_path, cluster, NODES[5])
+    loop.fleet.sleep = lambda seconds: None
+    loop.run(failing("reboot_node"), lambda resets: failing("reboot_node"))
+    assert cluster.node(NODES[5]) == {"state": "IDLE", "reason": ""}  # still paused: no drain
+    since = cluster.raw(NODES[1])["comment"]
+    again = switch.pause("another reason")
+    assert (
+        again.startswith("already remediation paused since") and cluster.raw(NODES[0])["comment"] == f"rack 4 {since}"
+    )
+    assert switch.resume() == "resumed: drains and repairs go on"
+    assert all("accelmon-paused" not in cluster.raw(node)["comment"] for node in NODES)

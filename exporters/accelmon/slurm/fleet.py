@@ -428,29 +428,44 @@ class Fleet:
 
     # --- the pause switch -----------------------------------------------------------------------------------------
     def pause(self, reason: str, carrier: Optional[str] = None) -> str:
-        """Sets the switch in one node's Comment (`carrier`, else the first node by name); what was done."""
+        """Sets the switch in every node's Comment (or only `carrier`'s): any node that carries it pauses the fleet,
+        so one `scontrol update Comment=` on a node, or a node taken out of slurm.conf, does not end the pause; a node
+        without it while others have it is served as such (AccelmonRemediationPauseIncomplete). What was done."""
         nodes = self.nodes()
         if not nodes:
             raise RuntimeError("cannot list the nodes (scontrol show nodes failed): not paused")
         current = pause_of(nodes)
-        if current is not None:
-            return f"already {current.words()}"
-        chosen = next((n for n in nodes if n.name == carrier), None) if carrier else min(nodes, key=lambda n: n.name)
-        if chosen is None:
+        if carrier and not any(n.name == carrier for n in nodes):
             raise RuntimeError(f"Slurm lists no node {carrier}: not paused")
-        token = f"accelmon-paused={int(self.now())}:{urllib.parse.quote(reason, safe='')}"
-        failed = self.update(chosen.name, f"Comment={with_token(chosen.comment, PAUSED, token)}")
+        chosen = [n for n in nodes if not carrier or n.name == carrier]
+        token = (
+            current_token(current)
+            if current
+            else f"accelmon-paused={int(self.now())}:{urllib.parse.quote(reason, safe='')}"
+        )
+        missing = [n for n in chosen if token not in n.comment]
+        failed = [n.name for n in missing if self.update(n.name, f"Comment={with_token(n.comment, PAUSED, token)}")]
+        carried = len(chosen) - len(failed)
+        if carried == 0:
+            raise RuntimeError(f"scontrol could not set the switch on {', '.join(failed[:5])}: not paused")
+        said = f"already {current.words()}; " if current else "paused: "
+        where = f"node {carrier}" if carrier else f"{carried} of {len(chosen)} nodes"
+        words = f"{said}every node's drains and repairs stop at its next health check (switch on {where})"
         if failed:
-            raise RuntimeError(f"scontrol could not set the switch on {chosen.name}: {failed}")
-        return f"paused: every node's drains and repairs stop at its next health check (switch on node {chosen.name})"
+            words += f"; not set on {len(failed)}: {', '.join(failed[:5])} (run it again)"
+        return words
 
     def resume(self) -> str:
         nodes = self.nodes()
         if nodes is None:
             raise RuntimeError("cannot list the nodes (scontrol show nodes failed): still paused")
         carriers = [n for n in nodes if PAUSED.search(n.comment)]
-        for node in carriers:
-            failed = self.update(node.name, f"Comment={with_token(node.comment, PAUSED, '')}")
-            if failed:
-                raise RuntimeError(f"scontrol could not clear the switch on {node.name}: {failed}")
+        failed = [n.name for n in carriers if self.update(n.name, f"Comment={with_token(n.comment, PAUSED, '')}")]
+        if failed:
+            raise RuntimeError(f"scontrol could not clear the switch on {', '.join(failed[:5])}: still paused")
         return "resumed: drains and repairs go on" if carriers else "not paused: nothing to do"
+
+
+def current_token(pause: Pause) -> str:
+    """The switch's token as it is set (pausing again spreads the same switch, its time and reason kept)."""
+    return f"accelmon-paused={int(pause.since)}:{urllib.parse.quote(pause.reason, safe='')}"

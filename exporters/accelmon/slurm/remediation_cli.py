@@ -29,7 +29,7 @@ def parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     pause = commands.add_parser("pause", help="stop every node's drains and repairs at its next health check")
     pause.add_argument("--reason", required=True, help="why, for whoever reads `status` (a ticket, a name)")
-    pause.add_argument("--node", help="the node whose Comment carries the switch (default: the first by name)")
+    pause.add_argument("--node", help="only this node's Comment carries the switch (default: every node's)")
     commands.add_parser("resume", help="let drains and repairs go on")
     commands.add_parser("status", help="the switch, the breaker's count and the repairs of the last hour")
     return parser
