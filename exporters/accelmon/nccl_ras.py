@@ -21,6 +21,7 @@ import json
 import re
 import socket
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -33,6 +34,10 @@ JOB_PORTS = 1000
 PROTOCOLS = (1, 2)  # the versions whose answers this reads (NCCL 2.24 to 2.29 answer 2)
 MAX_LINE = 4096
 STATUSES = ("ok", "init", "mismatch", "incomplete", "error")
+IN_PROGRESS = 7  # ncclInProgress (nccl.h): a non-blocking communicator's call under way, not an error
+# NCCL 2.28.7-2.28.9 write a missing rank's "nvml_dev" with no comma after it (src/ras/client_support.cc:1963 at
+# v2.28.7-1, fixed in 2.29.2): the answer is invalid exactly when a rank is missing. The comma is put back.
+MISSING_COMMA = re.compile(r'("nvml_dev": -?\d+)(\s*\n\s*"status")')
 
 
 class RasError(Exception):
@@ -51,6 +56,7 @@ class Rank:
     nvml_dev: int = -1
     collectives: Optional[int] = None  # collective operations launched (all kinds), where RAS said
     dead: bool = False  # missing for 60 s or more: RAS considers the process dead
+    behind_by: Optional[int] = None  # its largest shortfall on one kind of operation against the communicator's
 
 
 @dataclass
@@ -58,7 +64,8 @@ class Communicator:
     hash: str
     size: int = 0
     answering: int = 0
-    missing: list[Rank] = field(default_factory=list)
+    missing: list[Rank] = field(default_factory=list)  # unresponsive: NCCL could not reach the process
+    left: int = 0  # ranks whose process answered without this communicator (NCCL's NOCOMM: destroyed there)
     behind: list[Rank] = field(default_factory=list)  # ranks whose collective count stands below the others'
     max_collectives: Optional[int] = None
     status: str = "ok"  # one of STATUSES
@@ -70,6 +77,8 @@ class JobStatus:
     communicators: list[Communicator]
     dead_processes: list[Rank]  # processes RAS considers dead (text form; in JSON they are the dead missing ranks)
     drill: bool = False  # the answer is accelmon-drill's stand-in (accelmon.nccl_drill), not NCCL's
+    repaired: bool = False  # NCCL 2.28.7-2.28.9's invalid JSON, read after putting its missing comma back
+    timeouts: int = 0  # RAS's own legs that timed out while collecting this answer (`timeouts_count`)
 
 
 def job_port(job_id: str) -> int:
@@ -173,54 +182,92 @@ def _int(value: Any, default: int = -1) -> int:
 
 
 def parse_json(text: str, max_ranks: int) -> JobStatus:
-    """RAS's JSON answer (2.28.7+); RasError("malformed") when it is not that."""
+    """RAS's JSON answer (2.28.7+), judged as NCCL judges it (docs/jobs.md, "What each release gives"); RasError
+    ("malformed") when it is not that."""
     start = text.find("{")
+    body = text[start:] if start >= 0 else ""
+    repaired = False
     try:
-        data, _ = json.JSONDecoder().raw_decode(text[start:]) if start >= 0 else (None, 0)
+        data, _ = json.JSONDecoder().raw_decode(body)
     except ValueError as error:
-        raise RasError("malformed", f"not JSON: {error}") from error
+        fixed = MISSING_COMMA.sub(r"\1,\2", body)
+        try:
+            data, _ = json.JSONDecoder().raw_decode(fixed)
+        except ValueError:
+            raise RasError("malformed", f"not JSON: {error}") from error
+        repaired = True
     if not isinstance(data, dict) or not isinstance(data.get("communicators"), list):
         raise RasError("malformed", "no communicators list")
-    communicators = []
-    for raw in data["communicators"]:
-        if not isinstance(raw, dict) or not isinstance(raw.get("hash"), str):
+    parsed = [(parse_communicator(raw, max_ranks), raw) for raw in data["communicators"]]
+    communicators = [(comm, raw) for comm, raw in parsed if comm is not None]
+    # The hash alone is not unique (src/ras/ras_internal.h: a communicator is its hash with the host and process
+    # hash of its creation): two of one hash are told apart by `secondary_hash`, and gave one series before.
+    seen = Counter(comm.hash for comm, _ in communicators)
+    for comm, raw in communicators:
+        secondary = raw.get("secondary_hash")
+        if seen[comm.hash] > 1 and isinstance(secondary, str) and secondary:
+            comm.hash = f"{comm.hash}:{secondary[:48]}"
+    ras = data["ras"] if isinstance(data.get("ras"), dict) else {}
+    return JobStatus(
+        "json", [comm for comm, _ in communicators], [], drill=isinstance(data.get("accelmon_drill"), dict),
+        repaired=repaired, timeouts=max(0, _int(ras.get("timeouts_count"), 0)),
+    )  # fmt: skip
+
+
+def parse_communicator(raw: Any, max_ranks: int) -> Optional[Communicator]:
+    """One communicator of the JSON answer, by its hash."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("hash"), str):
+        return None
+    comm = Communicator(raw["hash"][:32], size=max(0, _int(raw.get("size"), 0)))
+    ranks = [r for r in raw.get("ranks") or [] if isinstance(r, dict)]
+    comm.answering = len(ranks)
+    states = set()
+    counted: list[tuple[Rank, dict[str, int]]] = []
+    for entry in ranks:
+        status = entry["status"] if isinstance(entry.get("status"), dict) else {}
+        init = _int(status.get("init_state"), 0)
+        failed = _int(status.get("async_error"), 0) not in (0, IN_PROGRESS)
+        if failed or status.get("abort_flag") is True or init not in (0, IN_PROGRESS):
+            states.add("error")
+        elif init == IN_PROGRESS:
+            states.add("init")
+        raw_counts = entry.get("collective_counts")
+        counts = {str(k): _int(v, 0) for k, v in raw_counts.items()} if isinstance(raw_counts, dict) else None
+        rank = Rank(_int(entry.get("rank")), str(entry.get("host", ""))[:64], _int(entry.get("pid")),
+                    _int(entry.get("nvml_dev")), sum(counts.values()) if counts is not None else None)  # fmt: skip
+        counted.append((rank, counts or {}))
+    for entry in [m for m in raw.get("missing_ranks") or [] if isinstance(m, dict)]:
+        status = entry["status"] if isinstance(entry.get("status"), dict) else {}
+        if status.get("unresponsive") is False:  # answered, without this communicator: NCCL's MISMATCH, not dead
+            comm.left += 1
+            states.add("mismatch")
             continue
-        comm = Communicator(raw["hash"][:32], size=max(0, _int(raw.get("size"), 0)))
-        ranks = [r for r in raw.get("ranks") or [] if isinstance(r, dict)]
-        comm.answering = len(ranks)
-        states = set()
-        counted: list[Rank] = []
-        for entry in ranks:
-            status = entry["status"] if isinstance(entry.get("status"), dict) else {}
-            init = _int(status.get("init_state"), 0)
-            if _int(status.get("async_error"), 0) or status.get("abort_flag") is True or init not in (0, 7):
-                states.add("error")
-            elif init == 7:
-                states.add("init")
-            counts = entry.get("collective_counts")
-            total = sum(_int(v, 0) for v in counts.values()) if isinstance(counts, dict) else None
-            counted.append(Rank(_int(entry.get("rank")), str(entry.get("host", ""))[:64], _int(entry.get("pid")),
-                                _int(entry.get("nvml_dev")), total))  # fmt: skip
-        for entry in [m for m in raw.get("missing_ranks") or [] if isinstance(m, dict)]:
-            status = entry["status"] if isinstance(entry.get("status"), dict) else {}
-            comm.missing.append(
-                Rank(_int(entry.get("rank")), str(entry.get("host", ""))[:64], _int(entry.get("pid")),
-                     _int(entry.get("nvml_dev")), dead=status.get("considered_dead") is True)
-            )  # fmt: skip
-        totals = [r.collectives for r in counted if r.collectives is not None]
-        if totals:
-            comm.max_collectives = max(totals)
-            behind = sorted((r for r in counted if r.collectives is not None and r.collectives < max(totals)),
-                            key=lambda r: (r.collectives, r.rank))  # fmt: skip
-            comm.behind = behind[:max_ranks]
-            if behind:
-                states.add("mismatch")
-        comm.missing = sorted(comm.missing, key=lambda r: (not r.dead, r.rank))[:max_ranks]
-        if _int(raw.get("missing_ranks_count"), len(comm.missing)) or comm.missing:
-            states.add("incomplete")
-        comm.status = next((s for s in reversed(STATUSES) if s in states), "ok")
-        communicators.append(comm)
-    return JobStatus("json", communicators, [], drill=isinstance(data.get("accelmon_drill"), dict))
+        comm.missing.append(
+            Rank(_int(entry.get("rank")), str(entry.get("host", ""))[:64], _int(entry.get("pid")),
+                 _int(entry.get("nvml_dev")), dead=status.get("considered_dead") is True)
+        )  # fmt: skip
+    # A rank's place is judged kind by kind, as NCCL's own text does: AllReduce against AllReduce (a sum over kinds
+    # set one kind's lead against another's shortfall).
+    tops: dict[str, int] = {}
+    for _, counts in counted:
+        for kind, value in counts.items():
+            tops[kind] = max(tops.get(kind, 0), value)
+    totals = [rank.collectives for rank, _ in counted if rank.collectives is not None]
+    comm.max_collectives = max(totals) if totals else None
+    for rank, counts in counted:
+        shortfall = max((tops[kind] - counts.get(kind, 0) for kind in tops), default=0)
+        if shortfall > 0:
+            rank.behind_by = shortfall
+            comm.behind.append(rank)
+    comm.behind = sorted(comm.behind, key=lambda r: (-(r.behind_by or 0), r.rank))[:max_ranks]
+    if comm.behind:
+        states.add("mismatch")
+    comm.missing = sorted(comm.missing, key=lambda r: (not r.dead, r.rank))[:max_ranks]
+    listed = len(comm.missing) + comm.left
+    if comm.missing or _int(raw.get("missing_ranks_count"), listed) > listed:
+        states.add("incomplete")
+    comm.status = next((s for s in reversed(STATUSES) if s in states), "ok")
+    return comm
 
 
 PROCESS = re.compile(r"Process (\d+) on node (\S+) managing GPU ([\d,]+)")

@@ -55,13 +55,15 @@ COMM_SIZE = C.gauge(
 )
 COMM_RANKS = C.gauge(
     "accelmon_nccl_communicator_ranks",
-    "Ranks of the communicator that answered RAS (state answering) and that did not (missing).",
+    "Ranks of the communicator that answered RAS (state answering), that could not be reached (missing), and whose "
+    "process answered without this communicator (left: destroyed there; served only when some are).",
     ["job_id", "communicator", "state"],
 )
 COMM_STATUS = C.gauge(
     "accelmon_nccl_communicator_status",
     "The communicator's status, value 1: ok, init (a rank still initialising), mismatch (ranks at different "
-    "collective counts), incomplete (ranks missing), error (a rank's NCCL error or abort).",
+    "collective counts, or ranks that left it), incomplete (ranks missing), error (a rank's NCCL error or abort; "
+    "ncclInProgress is none).",
     ["job_id", "communicator", "status"],
 )
 COMM_COLLECTIVES = C.gauge(
@@ -78,8 +80,9 @@ RANK_MISSING = C.gauge(
 )
 RANK_BEHIND = C.gauge(
     "accelmon_nccl_rank_collectives_behind",
-    "A rank whose collective count stands below its communicator's highest: by how many operations. The rank the "
-    "others wait for when it stays so. At most max_ranks a communicator, the furthest behind first.",
+    "A rank whose collective count stands below its communicator's highest: by how many operations (of one kind, "
+    "the kind it is furthest behind on, where RAS counts by kind). The rank the others wait for when it stays so. "
+    "At most max_ranks a communicator, the furthest behind first.",
     RANK_LABELS,
 )
 RANK_COLLECTIVES = C.gauge(
@@ -227,7 +230,10 @@ class NcclCollector(Collector):
             if comm.size:
                 out.add(COMM_SIZE, (job, comm.hash), comm.size)
                 out.add(COMM_RANKS, (job, comm.hash, "answering"), comm.answering)
-                out.add(COMM_RANKS, (job, comm.hash, "missing"), max(len(comm.missing), comm.size - comm.answering))
+                unreached = comm.size - comm.answering - comm.left
+                out.add(COMM_RANKS, (job, comm.hash, "missing"), max(len(comm.missing), unreached))
+                if comm.left:
+                    out.add(COMM_RANKS, (job, comm.hash, "left"), comm.left)
             out.add(COMM_STATUS, (job, comm.hash, comm.status), 1)
             if comm.max_collectives is not None:
                 out.add(COMM_COLLECTIVES, (job, comm.hash), comm.max_collectives)
@@ -235,7 +241,11 @@ class NcclCollector(Collector):
                 out.add(RANK_MISSING, [*labels(comm.hash, rank), "true" if rank.dead else "false"], 1)
             for rank in comm.behind:
                 if rank.collectives is not None and comm.max_collectives is not None:
-                    out.add(RANK_BEHIND, labels(comm.hash, rank), comm.max_collectives - rank.collectives)
+                    # JSON: its largest shortfall on one kind of operation; text: against the group's launch count.
+                    shortfall = (
+                        rank.behind_by if rank.behind_by is not None else comm.max_collectives - rank.collectives
+                    )
+                    out.add(RANK_BEHIND, labels(comm.hash, rank), shortfall)
                     out.add(RANK_COLLECTIVES, labels(comm.hash, rank), rank.collectives)
         for process in status.dead_processes:
             uuid = uuids.get(process.nvml_dev, "") if process.host in local else ""

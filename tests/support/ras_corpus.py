@@ -1,0 +1,133 @@
+"""NCCL RAS's JSON answer as each release writes it, rendered from that release's own format strings (NVIDIA/nccl,
+`src/ras/client_support.cc`, the `jsonWrite*` functions; the line numbers are of the file at each tag, read with
+`git show TAG:src/ras/client_support.cc`). Each `rasOutAppend` is one `out(...)` here, in the same order, so an answer
+differs from NCCL's only in the values given.
+
+- v2.28.7-1, v2.28.9-1 (lines 1890-1987): `jsonWriteMissingRank` writes `"nvml_dev": %d\n` with no comma (1963), so
+  the answer is not JSON whenever a rank is missing;
+- v2.29.2-1 (1937-2034): the comma is there (2010);
+- v2.30.7-1 (1919-2016): the same text.
+
+`collective_counts` has NCCL_NUM_FUNCTIONS (5) entries in ncclFunc_t's order, named by ncclFuncToString
+(src/include/nccl_common.h:58-64, src/collectives.cc:13-25 at v2.28.7-1): Broadcast, Reduce, AllGather, ReduceScatter,
+AllReduce. `init_state` and `async_error` are ncclResult_t values: 7 is ncclInProgress (src/nccl.h.in:49 at v2.28.7-1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+OPERATIONS = ("Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce")
+BROKEN_MISSING_RANK = ("v2.28.7-1", "v2.28.9-1")  # jsonWriteMissingRank without the comma after nvml_dev
+RELEASES = ("v2.28.7-1", "v2.28.9-1", "v2.29.2-1", "v2.30.7-1")
+
+
+@dataclass
+class RankData:
+    rank: int
+    host: str
+    pid: int
+    nvml_dev: int
+    counts: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0)  # by OPERATIONS
+    init_state: int = 0
+    async_error: int = 0
+    abort: bool = False
+
+
+@dataclass
+class MissingRank:
+    rank: int
+    host: str
+    pid: int
+    nvml_dev: int
+    unresponsive: bool = True  # False: the process answered, without this communicator (NCCL's NOCOMM)
+    dead: bool = False
+
+
+@dataclass
+class Comm:
+    hash: int
+    host_hash: int
+    pid_hash: int
+    size: int
+    ranks: list[RankData] = field(default_factory=list)
+    missing: list[MissingRank] = field(default_factory=list)
+
+
+def answer(tag: str, comms: list[Comm], timeouts: int = 0) -> str:
+    """The STATUS answer of release `tag` in JSON for these communicators."""
+    parts: list[str] = []
+    out = parts.append
+    # jsonWriteHeader (v2.28.7-1:1890-1899)
+    out("{\n")
+    out(f'  "nccl_version": "{tag[1:].split("-")[0]}",\n')
+    out('  "cuda_runtime_version": 12080,\n')
+    out('  "cuda_driver_version": 12080,\n')
+    out('  "timestamp": "2026-11-28 01:50:00",\n')
+    out(f'  "communicators_count": {len(comms)},\n')
+    out('  "communicators": [\n')
+    for number, comm in enumerate(comms):
+        # jsonStartCommunicator (v2.28.7-1:1902-1912)
+        if number:
+            out(",\n")
+        out("    {\n")
+        out(f'      "hash": "0x{comm.hash:x}",\n')
+        out(f'      "secondary_hash": "0x{comm.host_hash:x}:0x{comm.pid_hash:x}",\n')
+        out(f'      "size": {comm.size},\n')
+        out(f'      "ranks_count": {len(comm.ranks)},\n')
+        out(f'      "missing_ranks_count": {len(comm.missing)},\n')
+        out('      "ranks": [\n')
+        for index, rank in enumerate(comm.ranks):
+            # jsonWriteRankData (v2.28.7-1:1915-1944)
+            opening(out, index, rank.rank, rank.host, rank.pid, rank.nvml_dev, ",\n")
+            out('          "status": {\n')
+            out(f'            "init_state": {rank.init_state},\n')
+            out(f'            "async_error": {rank.async_error},\n')
+            out('            "finalize_called": false,\n')
+            out('            "destroy_flag": false,\n')
+            out(f'            "abort_flag": {"true" if rank.abort else "false"}\n')
+            out("          },\n")
+            out('          "collective_counts": {\n')
+            for op, name in enumerate(OPERATIONS):
+                out(f'            "{name}": {rank.counts[op]}')
+                if op < len(OPERATIONS) - 1:
+                    out(",")
+                out("\n")
+            out("          }\n")
+            out("        }")
+        # jsonStartMissingRanks (v2.28.7-1:1947-1952)
+        out("\n      ],\n")
+        out('      "missing_ranks": [\n')
+        for index, missing in enumerate(comm.missing):
+            # jsonWriteMissingRank (v2.28.7-1:1955-1971; v2.29.2-1:2002-2018)
+            after = "\n" if tag in BROKEN_MISSING_RANK else ",\n"
+            opening(out, index, missing.rank, missing.host, missing.pid, missing.nvml_dev, after)
+            out('          "status": {\n')
+            out(f'            "unresponsive": {"true" if missing.unresponsive else "false"},\n')
+            out(f'            "considered_dead": {"true" if missing.dead else "false"}\n')
+            out("          }\n")
+            out("        }")
+        # jsonEndCommunicator (v2.28.7-1:1974-1977)
+        out("\n      ]\n")
+        out("    }")
+    # jsonWriteFooter (v2.28.7-1:1980-1987)
+    out("\n  ],\n")
+    out('  "ras": {\n')
+    out('    "collection_time_sec": 0.012,\n')
+    out(f'    "timeouts_count": {timeouts}\n')
+    out("  }\n")
+    out("}\n")
+    return "".join(parts)
+
+
+def opening(out: Callable[[str], None], index: int, rank: int, host: str, pid: int, device: int, after: str) -> None:
+    """A rank's first lines, the same in jsonWriteRankData and jsonWriteMissingRank but for what follows nvml_dev."""
+    if index:
+        out(",\n")
+    out("        {\n")
+    out(f'          "rank": {rank},\n')
+    out(f'          "host": "{host}",\n')
+    out(f'          "pid": {pid},\n')
+    out(f'          "cuda_dev": {device},\n')
+    out(f'          "nvml_dev": {device}' + after)

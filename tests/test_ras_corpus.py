@@ -1,0 +1,97 @@
+"""NCCL RAS's JSON answers as each release writes them (tests/support/ras_corpus.py: rendered from each tag's format
+strings, citing the lines), read as NCCL itself judges them (issue 58, points 2 and 4)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from accelmon import nccl_ras
+from accelmon.collectors.nccl import NcclCollector
+from tests.support.exposition import sample_value, series, text_of
+from tests.support.fake_ras import FakeRas
+from tests.support.ras_corpus import BROKEN_MISSING_RANK, RELEASES, Comm, MissingRank, RankData, answer
+from tests.test_nccl import Gpus, job_record, procfs
+
+HERE = "10.0.0.12"
+
+
+def ranks(*counts: tuple[int, int, int, int, int], **status: int) -> list[RankData]:
+    return [RankData(n, HERE if n % 2 == 0 else "10.0.0.13", 1000 + n, n, c, **status) for n, c in enumerate(counts)]
+
+
+STEADY = (5, 0, 0, 0, 1000)  # 5 broadcasts, then 1000 all-reduces
+
+
+@pytest.mark.parametrize("tag", RELEASES)
+def test_a_missing_rank_is_read_from_every_release(tag):
+    """2.28.7-2.28.9 wrote no comma after a missing rank's nvml_dev: invalid JSON exactly when a rank is missing, so
+    the job's answer counted as malformed and AccelmonNcclRankMissing could not fire. The comma is put back."""
+    comm = Comm(0xAE94423CFBB2EF4A, 0x11, 0x22, 4, ranks(STEADY, STEADY, STEADY),
+                [MissingRank(3, "10.0.0.13", 7003, 3, dead=True)])  # fmt: skip
+    text = answer(tag, [comm], timeouts=2)
+    if tag in BROKEN_MISSING_RANK:
+        with pytest.raises(json.JSONDecodeError):
+            json.loads(text)
+    status = nccl_ras.parse_json(text, 8)
+    assert status.repaired is (tag in BROKEN_MISSING_RANK) and status.timeouts == 2
+    (read,) = status.communicators
+    assert (read.hash, read.size, read.answering, read.status) == ("0xae94423cfbb2ef4a", 4, 3, "incomplete")
+    assert [(r.rank, r.host, r.pid, r.nvml_dev, r.dead) for r in read.missing] == [(3, "10.0.0.13", 7003, 3, True)]
+
+
+@pytest.mark.parametrize("tag", RELEASES)
+def test_a_rank_that_left_its_communicator_is_a_mismatch_not_a_missing_rank(tag):
+    """`unresponsive: false`: the process answered RAS but no longer has the communicator (NCCL's NOCOMM, after a
+    partial ncclCommDestroy): NCCL says MISMATCH. Read as missing, it raised the critical alert for a healthy job."""
+    comm = Comm(0x5, 0x1, 0x2, 4, ranks(STEADY, STEADY, STEADY), [MissingRank(3, HERE, 1003, 3, unresponsive=False)])
+    (read,) = nccl_ras.parse_json(answer(tag, [comm]), 8).communicators
+    assert (read.missing, read.left, read.status) == ([], 1, "mismatch")
+
+
+def test_in_progress_is_no_error():
+    """ncclInProgress (7) in async_error or init_state is a non-blocking call under way; any other non-zero code is
+    an error."""
+    in_progress = Comm(0x6, 0x1, 0x2, 2, ranks(STEADY, STEADY, async_error=7))
+    failed = Comm(0x7, 0x1, 0x2, 2, ranks(STEADY, STEADY, async_error=5))  # ncclInvalidUsage
+    starting = Comm(0x8, 0x1, 0x2, 2, ranks(STEADY, STEADY, init_state=7))
+    read = nccl_ras.parse_json(answer("v2.29.2-1", [in_progress, failed, starting]), 8).communicators
+    assert [c.status for c in read] == ["ok", "error", "init"]
+
+
+def test_two_communicators_of_one_hash_are_told_apart():
+    """The hash alone is not unique (src/ras/ras_internal.h): two communicators of one hash gave one series."""
+    first = Comm(0x9, 0x1, 0x2, 2, ranks(STEADY, STEADY))
+    second = Comm(0x9, 0x3, 0x4, 2, ranks(STEADY, STEADY))
+    other = Comm(0xA, 0x1, 0x2, 2, ranks(STEADY, STEADY))
+    read = nccl_ras.parse_json(answer("v2.30.7-1", [first, second, other]), 8).communicators
+    assert [c.hash for c in read] == ["0x9:0x1:0x2", "0x9:0x3:0x4", "0xa"]
+
+
+def test_a_rank_behind_is_judged_kind_by_kind():
+    """Rank 3 launched its next Broadcast early but is 3 AllReduces behind: summed over kinds it read 2 behind, its
+    AllReduce shortfall hidden; each of the others is one Broadcast behind it."""
+    comm = Comm(0xB, 0x1, 0x2, 4, ranks(STEADY, STEADY, STEADY, (6, 0, 0, 0, 997)))
+    (read,) = nccl_ras.parse_json(answer("v2.29.2-1", [comm]), 8).communicators
+    assert [(r.rank, r.behind_by) for r in read.behind] == [(3, 3), (0, 1), (1, 1), (2, 1)]
+    assert read.status == "mismatch"
+
+
+def test_the_collector_serves_the_missing_rank_of_a_2_28_7_answer(tmp_path):
+    """End to end: the job's socket answers as NCCL 2.28.7 does with a rank missing; the rank is served (it was a
+    `malformed` query before), and a rank that left its communicator is counted apart."""
+    missing = [MissingRank(3, "10.0.0.13", 7003, 3, dead=True), MissingRank(4, HERE, 1004, 4, unresponsive=False)]
+    comm = Comm(0xC, 0x1, 0x2, 5, ranks(STEADY, STEADY, STEADY), missing)
+    server = FakeRas(answer=answer("v2.28.7-1", [comm]))
+    try:
+        job_record(tmp_path / "jobs", "77", server.port)
+        collector = NcclCollector(str(tmp_path / "jobs"), "", 5.0, 8, str(procfs(tmp_path / "proc")), Gpus())
+        text = text_of(collector)
+    finally:
+        server.stop()
+    labels = {"job_id": "77", "communicator": "0xc"}
+    assert sample_value(text, "accelmon_nccl_queries_total", result="ok") == 1
+    assert [s[0]["rank"] for s in series(text, "accelmon_nccl_rank_missing")] == ["3"]
+    assert sample_value(text, "accelmon_nccl_communicator_ranks", **labels, state="missing") == 1
+    assert sample_value(text, "accelmon_nccl_communicator_ranks", **labels, state="left") == 1
