@@ -653,6 +653,50 @@ def test_a_reboot_slower_than_slurm_waits_keeps_the_node_out_until_a_check_passe
     assert wait_for(lambda: "DRAIN" not in node_line(controller, name), timeout=30), node_line(controller, name)
 
 
+# A stand-in for DCGM's dcgmi whose quick diagnostic fails one test (the report's keys as accelmon reads them).
+FAILING_DCGMI = """#!/bin/sh
+echo '{"tests": [{"name": "GPU Memory", "results": [{"status": "Fail"}]}]}'
+exit 226
+"""
+
+
+def test_the_prolog_passes_a_job_in_a_maintenance_reservation(host):
+    """An administrator's validation job after a driver roll-out runs in a MAINTENANCE reservation. The real Slurm
+    shows the node not taking jobs while it runs (its state recorded in docs/slurm.md); accelmon's diagnostic prolog,
+    its diagnostic failing there, passes (exit 0) and drains nothing: failing it made Slurm drain the node with
+    "Prolog error", out of the breaker's count, and requeue the job held."""
+    controller = testinfra.get_host(f"podman://{CLUSTER}-worker-1")
+    name = f"{CLUSTER}-worker-2"
+    worker = testinfra.get_host(f"podman://{name}")
+    dcgmi = "/tmp/failing-dcgmi"
+    worker.check_output(f"printf '%s' {shlex.quote(FAILING_DCGMI)} > {dcgmi} && chmod 755 {dcgmi}")
+    controller.check_output(
+        f"scontrol create reservation ReservationName=accelmon-maint Nodes={name} StartTime=now Duration=10 "
+        "Users=root Flags=MAINT,IGNORE_JOBS"
+    )
+    job = ""
+    try:
+        job = controller.check_output(
+            f"sbatch --parsable --chdir=/tmp --reservation=accelmon-maint --nodelist={name} --wrap 'sleep 60'"
+        ).strip()
+        running = wait_for(lambda: "JobState=RUNNING" in controller.check_output(f"scontrol show job {job} -o"), 60)
+        assert running, controller.check_output(f"scontrol show job {job} -o")
+        state = re.search(r" State=(\S+)", node_line(controller, name)).group(1)
+        print(f"a running job in a MAINTENANCE reservation: State={state}")  # docs/slurm.md records it
+        prolog = worker.run(
+            f"SLURMD_NODENAME={name} SLURM_JOB_ID={job} /opt/accelmon/venv/bin/accelmon-slurm-health --diag "
+            f"--config {CONFIG} --dcgmi {dcgmi}"
+        )
+        assert prolog.rc == 0, prolog.stderr
+        assert f"node {name} is {state}: not drained by the prolog, the job runs" in prolog.stderr, prolog.stderr
+        assert "DRAIN" not in node_line(controller, name)
+    finally:
+        if job:
+            controller.run(f"scancel {job}")
+        controller.run("scontrol delete reservation=accelmon-maint")
+        worker.run(f"rm -f {dcgmi}")
+
+
 def test_a_worker_that_stops_answering_is_unreachable_capacity_not_gone(host):
     """The ledger on the real master (docs/ledger.md): worker-2's exporter stopped, its 8 GPUs become unreachable
     within a few evaluations, and the fleet's states still add up to its 16 GPUs; started again, they are back."""
