@@ -103,12 +103,12 @@ def test_the_text_answer_before_2_28_7(node):
     server = serve(answer=TEXT_ANSWER, json_format=False)
     job_record(state, "77", server.port)
     text = text_of(make())
-    assert server.commands == ["CLIENT PROTOCOL 2", "TIMEOUT 1", "SET FORMAT json", "STATUS"]
+    assert server.commands == ["CLIENT PROTOCOL 2", "TIMEOUT 1", "SET FORMAT json", "VERBOSE STATUS"]
     statuses = {c["communicator"]: c["status"] for c, _ in series(text, "accelmon_nccl_communicator_status")}
-    assert statuses == {"cf264af53edbe986": "incomplete", "27a079b828ff1a75": "mismatch"}
+    assert statuses == {"0xcf264af53edbe986": "incomplete", "0x27a079b828ff1a75": "mismatch"}  # as JSON labels them
     missing = series(text, "accelmon_nccl_rank_missing")
     assert [(m["rank"], m["dead"]) for m, _ in missing] == [("21", "false")]
-    assert sample_value(text, "accelmon_nccl_communicator_ranks", job_id="77", communicator="cf264af53edbe986",
+    assert sample_value(text, "accelmon_nccl_communicator_ranks", job_id="77", communicator="0xcf264af53edbe986",
                         state="missing") == 1  # fmt: skip
     behind = series(text, "accelmon_nccl_rank_collectives_behind")
     assert [(b["rank"], b["pid"], b["host"], v) for b, v in behind] == [
@@ -272,7 +272,7 @@ def test_the_text_answer_can_be_asked_for():
     server = FakeRas(answer=TEXT_ANSWER)
     try:
         form, text = nccl_ras.ask("127.0.0.1", server.port, 5.0, 1 << 20, want="text")
-        assert (form, server.commands) == ("text", ["CLIENT PROTOCOL 2", "TIMEOUT 1", "STATUS"])
+        assert (form, server.commands) == ("text", ["CLIENT PROTOCOL 2", "TIMEOUT 1", "VERBOSE STATUS"])
         assert len(nccl_ras.parse(form, text, 8).communicators) == 2
     finally:
         server.stop()

@@ -11,7 +11,17 @@ from accelmon import nccl_ras
 from accelmon.collectors.nccl import NcclCollector
 from tests.support.exposition import sample_value, series, text_of
 from tests.support.fake_ras import FakeRas
-from tests.support.ras_corpus import BROKEN_MISSING_RANK, RELEASES, Comm, MissingRank, RankData, answer
+from tests.support.ras_corpus import (
+    BROKEN_MISSING_RANK,
+    RELEASES,
+    Comm,
+    Kind,
+    MissingRank,
+    RankData,
+    TextComm,
+    answer,
+    text_answer,
+)  # fmt: skip
 from tests.test_nccl import Gpus, job_record, procfs
 
 HERE = "10.0.0.12"
@@ -95,3 +105,52 @@ def test_the_collector_serves_the_missing_rank_of_a_2_28_7_answer(tmp_path):
     assert [s[0]["rank"] for s in series(text, "accelmon_nccl_rank_missing")] == ["3"]
     assert sample_value(text, "accelmon_nccl_communicator_ranks", **labels, state="missing") == 1
     assert sample_value(text, "accelmon_nccl_communicator_ranks", **labels, state="left") == 1
+
+
+A = "10.0.0.12"  # the hosts of the text answers
+B = "10.0.0.13"
+
+
+def test_the_text_form_of_2_26_names_its_missing_ranks_by_line():
+    """From 2.26 an INCOMPLETE communicator lists its missing ranks as `Rank N -- GPU g managed by process P on node
+    H`; only 2.24/2.25's `The missing rank: N` was known, so none was found. The summary's combined errors
+    (INCOMPLETE,MISMATCH) failed its pattern, and with it the communicator's size."""
+    comm = TextComm(0x00AE94423CFBB2EF, 8, errors="INCOMPLETE,MISMATCH", missing=[(5, 5, 2005, B), (6, 6, 2006, B)])
+    status = nccl_ras.parse_text(text_answer([comm]), 8)
+    (read,) = status.communicators
+    assert (read.hash, read.size, read.answering, read.status) == ("0xae94423cfbb2ef", 8, 6, "incomplete")
+    assert [(r.rank, r.nvml_dev, r.pid, r.host) for r in read.missing] == [(5, 5, 2005, B), (6, 6, 2006, B)]
+
+
+def test_the_text_form_names_a_single_straggler_and_resets_counts_between_groups():
+    """The commonest case, one rank behind, is `Rank 3 has launched up to operation 997 -- ...`: no pattern took it.
+    `N ranks have not launched any operations` did not reset the count, so the ranks listed after it got the
+    previous group's."""
+    allreduce = Kind("AllReduce", [(6, 1000, []), (1, 997, [(3, 3, 1003, A)])])
+    broadcast = Kind("Broadcast", [(5, 5, []), (2, 0, [(6, 6, 2006, B), (7, 7, 2007, B)])])
+    (read,) = nccl_ras.parse_text(
+        text_answer([TextComm(0xB, 8, errors="MISMATCH", kinds=[allreduce, broadcast])]), 8
+    ).communicators
+    assert read.status == "mismatch"
+    assert [(r.rank, r.collectives, r.behind_by, r.pid) for r in read.behind] == [
+        (6, 0, 5, 2006), (7, 0, 5, 2007), (3, 997, 3, 1003),
+    ]  # fmt: skip
+
+
+def test_the_text_form_judges_each_kind_against_its_own_top():
+    """Counts are printed kind by kind; one maximum over all kinds set a rank's Broadcast count against the
+    AllReduce maximum (a rank read 497 behind) and hid its real AllReduce shortfall."""
+    allreduce = Kind("AllReduce", [(7, 500, []), (1, 498, [(2, 2, 1002, A)])])
+    broadcast = Kind("Broadcast", [(7, 3, []), (1, 2, [(2, 2, 1002, A)])])
+    (read,) = nccl_ras.parse_text(
+        text_answer([TextComm(0xC, 8, errors="MISMATCH", kinds=[allreduce, broadcast])]), 8
+    ).communicators
+    assert [(r.rank, r.behind_by) for r in read.behind] == [(2, 2)]  # 2 AllReduces behind, not 498
+
+
+def test_a_dead_process_managing_several_gpus_is_read():
+    """`managing GPUs 0,1` (a process driving two GPUs) failed the process pattern: dead multi-GPU processes were
+    lost."""
+    text = text_answer([TextComm(0xD, 8)], dead=((4242, B, [0, 1]), (4243, B, [2])))
+    status = nccl_ras.parse_text(text, 8)
+    assert [(d.pid, d.host, d.nvml_dev) for d in status.dead_processes] == [(4242, B, 0), (4243, B, 2)]

@@ -167,7 +167,10 @@ def ask(host: str, port: int, timeout: float, max_bytes: int, want: str = "json"
         if want == "json":
             exchange.send("SET FORMAT json")
             form = "json" if exchange.line().upper() == "OK" else "text"  # before 2.28.7: "ERROR: Unknown command"
-        exchange.send("STATUS")
+        # The text form lists a group's ranks only while the group is small (src/ras/client_support.cc,
+        # rasCountIsOutlier: 10 ranks and a quarter of the communicator); VERBOSE STATUS (every release from 2.24)
+        # lists every group under half of it. JSON lists every rank whatever is asked.
+        exchange.send("STATUS" if form == "json" else "VERBOSE STATUS")
         return form, exchange.rest()
     finally:
         exchange.close()
@@ -270,16 +273,39 @@ def parse_communicator(raw: Any, max_ranks: int) -> Optional[Communicator]:
     return comm
 
 
-PROCESS = re.compile(r"Process (\d+) on node (\S+) managing GPU ([\d,]+)")
-RANK = re.compile(r"Rank (\d+) -- GPU (\d+)(?: \(NVML (\d+)\))? managed by process (\d+) on node (\S+)")
+# The text answer (2.24-2.28.6), as src/ras/client_support.cc formats it (v2.26.2-1: the summary 1110-1150, Errors
+# 1161-1330, Warnings 1332-1560; tests/support/ras_corpus.py renders it).
+PROCESS = re.compile(r"Process (\d+) on node (\S+) managing GPUs? ([\d,]+)")
+PLACE = re.compile(r"GPU (\d+)(?: \(NVML (\d+)\))? managed by process (\d+) on node (\S+)")
 COMM = re.compile(r"^#(\d+)-(\d+) \(([0-9a-fA-F]+)\) (.+)$")
-LAUNCHED = re.compile(r"(\d+) ranks? ha(?:s|ve) launched up to operation (\d+)")
-SUMMARY = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s+\S+\s+(\d+)\s+(\d+)\s+([A-Z_]+)\s+([A-Z_]+)\s*$")
+KIND = re.compile(r"Communicator ranks have different (\w+) operation counts")
+GROUP = re.compile(r"(\d+) ranks have (?:launched up to operation (\d+)|not launched any operations)")
+ALONE = re.compile(r"Rank (\d+) has (?:launched up to operation (\d+)|not launched any operations) -- (.*)")
+LISTED = re.compile(r"Rank (\d+) -- (.*)")
+# Its summary row: group, comms, nodes, ranks per node (N or N-M), ranks per comm, ranks in group, status, errors
+# (OK, or several of INCOMPLETE, ERROR, MISMATCH joined by commas).
+SUMMARY = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s+\S+\s+(\d+)\s+(\d+)\s+([A-Z_]+)\s+([A-Z_,]+)\s*$")
+
+
+def placed(number: int, where: str) -> Rank:
+    """A rank from `Rank N -- GPU g (NVML n) managed by process P on node H` (or `[process information not
+    found]`: its number alone)."""
+    found = PLACE.search(where)
+    if not found:
+        return Rank(number)
+    nvml = int(found.group(2) or found.group(1))
+    return Rank(number, found.group(4)[:64], int(found.group(3)), nvml)
+
+
+def text_hash(raw: str) -> str:
+    """The text form prints a hash as %016lx, JSON as 0x%lx: one label either way."""
+    return "0x" + (raw.lower().lstrip("0") or "0")
 
 
 def parse_text(text: str, max_ranks: int) -> JobStatus:
-    """RAS's text answer (2.24-2.28): the communicators named in its Errors and Warnings sections and the dead
-    processes. The text is meant for people and changes between releases: what is not recognised is left out."""
+    """RAS's text answer (2.24-2.28.6): the communicators named in its Errors and Warnings sections and the dead
+    processes, read as each release writes them (docs/jobs.md). The text is meant for people: what is not recognised
+    is left out."""
     if "Communicators" not in text and "Job summary" not in text:
         raise RasError("malformed", "not a RAS status answer")
     sizes: dict[int, int] = {}
@@ -288,10 +314,12 @@ def parse_text(text: str, max_ranks: int) -> JobStatus:
         if row:
             sizes[int(row.group(1))] = int(row.group(4))
     communicators: dict[str, Communicator] = {}
+    counts: dict[str, dict[str, dict[int, tuple[Rank, int]]]] = {}  # comm -> kind -> rank -> (rank, its count)
+    tops: dict[str, dict[str, int]] = {}  # comm -> kind -> the highest count any group of ranks reached
     dead: list[Rank] = []
     current: Optional[Communicator] = None
-    section = ""
-    launched: Optional[int] = None
+    section, block, kind = "", "", ""
+    launched: Optional[int] = None  # the count of the group whose ranks are listed next
     for line in text.splitlines():
         stripped = line.strip()
         if stripped in ("Errors", "Warnings"):
@@ -299,17 +327,15 @@ def parse_text(text: str, max_ranks: int) -> JobStatus:
             continue
         found = COMM.match(stripped)
         if found:
-            key = found.group(3).lower()
+            key = text_hash(found.group(3))
             current = communicators.setdefault(key, Communicator(key, size=sizes.get(int(found.group(1)), 0)))
-            words = found.group(4).split()
-            for word in words:
+            for word in re.split(r"[\s,]+", found.group(4)):
                 if word.lower() in STATUSES:
                     current.status = max(current.status, word.lower(), key=STATUSES.index)
-            launched = None
+            block, kind, launched = found.group(4).split()[0].upper(), "", None
             continue
         if stripped == "DEAD" and section == "Errors":
-            current, launched = None, None
-            section = "DEAD"
+            current, section = None, "DEAD"
             continue
         process = PROCESS.search(stripped)
         if process and section == "DEAD" and len(dead) < max_ranks:
@@ -318,24 +344,47 @@ def parse_text(text: str, max_ranks: int) -> JobStatus:
             continue
         if current is None:
             continue
-        missing = re.match(r"The missing ranks?: ([\d, ]+)", stripped)
-        if missing:
-            for number in re.findall(r"\d+", missing.group(1))[:max_ranks]:
-                current.missing.append(Rank(int(number)))
+        old_form = re.match(r"The missing ranks?: ([\d, ]+)", stripped)  # 2.24 and 2.25
+        if old_form:
+            current.missing += [Rank(int(n)) for n in re.findall(r"\d+", old_form.group(1))]
             continue
-        many = LAUNCHED.search(stripped)
-        if many:
-            launched = int(many.group(2))
-            current.max_collectives = max(current.max_collectives or 0, launched)
+        new_kind = KIND.search(stripped)
+        if new_kind:
+            kind, launched = new_kind.group(1), None
+            counts.setdefault(current.hash, {}).setdefault(kind, {})
             continue
-        rank = RANK.search(stripped)
-        if rank and launched is not None:
-            nvml = int(rank.group(3) or rank.group(2))
-            current.behind.append(Rank(int(rank.group(1)), rank.group(5)[:64], int(rank.group(4)), nvml, launched))
+        if stripped.startswith("Communicator ranks have different status"):
+            kind, launched = "", None
+            continue
+        group = GROUP.match(stripped)
+        if group and kind:
+            launched = int(group.group(2) or 0)  # "have not launched any operations": 0, for the ranks listed next
+            top = tops.setdefault(current.hash, {})
+            top[kind] = max(top.get(kind, 0), launched)
+            continue
+        alone = ALONE.match(stripped)
+        if alone and kind:
+            value = int(alone.group(2) or 0)
+            counts[current.hash][kind][int(alone.group(1))] = (placed(int(alone.group(1)), alone.group(3)), value)
+            top = tops.setdefault(current.hash, {})
+            top[kind] = max(top.get(kind, 0), value)
+            continue
+        listed = LISTED.match(stripped)
+        if listed and block == "INCOMPLETE":
+            current.missing.append(placed(int(listed.group(1)), listed.group(2)))
+        elif listed and kind and launched is not None:
+            counts[current.hash][kind][int(listed.group(1))] = (placed(int(listed.group(1)), listed.group(2)), launched)
     for comm in communicators.values():
-        top = comm.max_collectives
-        comm.behind = sorted((r for r in comm.behind if top is not None and (r.collectives or 0) < top),
-                             key=lambda r: (r.collectives, r.rank))[:max_ranks]  # fmt: skip
+        behind: dict[int, Rank] = {}
+        for kind_name, ranks in counts.get(comm.hash, {}).items():
+            highest = tops.get(comm.hash, {}).get(kind_name, 0)
+            for number, (rank, value) in ranks.items():
+                if value < highest and (number not in behind or highest - value > (behind[number].behind_by or 0)):
+                    rank.collectives, rank.behind_by = value, highest - value
+                    behind[number] = rank
+        comm.max_collectives = max(tops.get(comm.hash, {}).values(), default=None)
+        comm.behind = sorted(behind.values(), key=lambda r: (-(r.behind_by or 0), r.rank))[:max_ranks]
+        comm.missing = comm.missing[:max_ranks]
         comm.answering = max(0, comm.size - len(comm.missing)) if comm.size else 0
         if comm.missing and comm.status == "ok":
             comm.status = "incomplete"

@@ -131,3 +131,79 @@ def opening(out: Callable[[str], None], index: int, rank: int, host: str, pid: i
     out(f'          "pid": {pid},\n')
     out(f'          "cuda_dev": {device},\n')
     out(f'          "nvml_dev": {device}' + after)
+
+
+# The text answer (every release before 2.28.7, and on request after), from v2.26.2-1's client_support.cc: the job
+# summary 553-559, "Communicators..." 729 and its time 926, the summary table 1110-1111 and its rows 1149-1153, Errors
+# 1161 (DEAD 1231-1260: "Process %d on node %s managing GPU%s %s" 1249; INCOMPLETE 1272-1295), Warnings 1332 (MISMATCH
+# 1349, its kinds 1485-1560).
+@dataclass
+class Kind:
+    """One kind of operation whose counts differ: the groups of ranks at each count, most ranks first, and the ranks
+    NCCL lists (a group small enough to be an outlier, rasCountIsOutlier)."""
+
+    name: str  # ncclFuncStr: Broadcast, AllReduce, ...
+    groups: list[tuple[int, int, list[tuple[int, int, int, str]]]]  # (ranks, count, listed [(rank, gpu, pid, host)])
+
+
+@dataclass
+class TextComm:
+    hash: int
+    ranks: int
+    status: str = "RUNNING"
+    errors: str = "OK"  # OK, or INCOMPLETE, ERROR, MISMATCH joined by commas (errorStr, 903-912)
+    missing: list[tuple[int, int, int, str]] = field(default_factory=list)  # (rank, gpu, pid, host)
+    kinds: list[Kind] = field(default_factory=list)
+
+
+def text_answer(comms: list[TextComm], dead: tuple[tuple[int, str, list[int]], ...] = ()) -> str:
+    """The STATUS answer in text; `dead`: processes as (pid, host, their GPUs)."""
+    parts: list[str] = []
+    out = parts.append
+    out("NCCL version 2.26.2 compiled with CUDA 12.8\nCUDA runtime version 12080, driver version 12080\n\n")
+    out("Job summary\n===========\n\n")
+    out("  Nodes  Processes         GPUs  Processes     GPUs\n(total)   per node  per process    (total)  (total)\n")
+    out(f"{2:7d}  {4:9d}  {1:11d}  {8:9d}  {8:7d}\n")
+    out("\nCommunicators... (0.05s)\n=============\n\n")
+    out("Group     Comms     Nodes     Ranks     Ranks     Ranks    Status  Errors\n")
+    out("    #  in group  per comm  per node  per comm  in group\n")
+    for group, comm in enumerate(comms):
+        row = f"{group:5d}  {1:8d}  {2:8d}  {'4':>8s}  {comm.ranks:8d}  {comm.ranks:8d}"
+        out(f"{row}  {comm.status:>8s}  {comm.errors:>6s}\n")
+    out("\nErrors\n======\n\n")
+    if dead:
+        out(f"DEAD\n  {len(dead)} job process{'es are' if len(dead) > 1 else ' is'} considered dead (unreachable via "
+            "the RAS network)\n")  # fmt: skip
+        for pid, host, gpus in dead:
+            devices = ",".join(map(str, gpus))
+            out(f"  Process {pid} on node {host} managing GPU{'s' if len(gpus) > 1 else ''} {devices}\n")
+        out("\n")
+    for group, comm in enumerate(comms):
+        if comm.missing:
+            count = len(comm.missing)
+            out(f"#{group}-0 ({comm.hash:016x}) INCOMPLETE\n  Missing communicator data from {count} rank"
+                f"{'s' if count > 1 else ''}\n")  # fmt: skip
+            for rank, gpu, pid, host in comm.missing:
+                out(f"  Rank {rank} -- GPU {gpu} managed by process {pid} on node {host}\n")
+            out("\n")
+    out("Warnings\n========\n\n")
+    for group, comm in enumerate(comms):
+        if not comm.kinds:
+            continue
+        out(f"#{group}-0 ({comm.hash:016x}) MISMATCH\n")
+        for kind in comm.kinds:
+            out(f"  Communicator ranks have different {kind.name} operation counts\n")
+            for ranks, count, listed in kind.groups:
+                if ranks > 1:
+                    out(f"  {ranks} ranks have launched up to operation {count}\n" if count > 0
+                        else f"  {ranks} ranks have not launched any operations\n")  # fmt: skip
+                for rank, gpu, pid, host in listed:
+                    place = f"GPU {gpu} managed by process {pid} on node {host}"
+                    if ranks > 1:
+                        out(f"  Rank {rank} -- {place}\n")
+                    elif count > 0:
+                        out(f"  Rank {rank} has launched up to operation {count} -- {place}\n")
+                    else:
+                        out(f"  Rank {rank} has not launched any operations -- {place}\n")
+            out("\n")
+    return "".join(parts)
