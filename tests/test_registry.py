@@ -342,3 +342,28 @@ def test_no_module_of_the_package_is_over_600_lines():
         str(p.relative_to(package)): n for p in package.rglob("*.py") if (n := len(p.read_text().splitlines())) > 600
     }
     assert long == {}
+
+
+def test_options_that_hold_several_things_take_a_yaml_list(tmp_path):
+    """`collectors.nccl.addresses: ["127.0.0.1:28028"]` was refused with "expected a string" (so was gpu_holders as a
+    list): a list is taken as the space-separated string it stands for; an item that is no word is refused, naming
+    the option."""
+    import yaml
+
+    from accelmon.config import ConfigError, load
+
+    config = tmp_path / "exporter.yml"
+    chosen = {
+        "nccl": {"addresses": ["127.0.0.1:28028", "localhost:28029"]},
+        "health": {"gpu_holders": ["accelmon-exporter.service", "nvidia-dcgm.service"], "breaker_nodes": ["gres:gpu"]},
+    }
+    config.write_text(yaml.safe_dump({"collectors": chosen}))
+    settings = load(str(config))
+    assert settings.collector("nccl").options["addresses"] == "127.0.0.1:28028 localhost:28029"
+    assert settings.collector("health").options["gpu_holders"] == "accelmon-exporter.service nvidia-dcgm.service"
+    config.write_text(yaml.safe_dump({"collectors": {"health": {"gpu_holders": ["a.service", "b c.service"]}}}))
+    with pytest.raises(ConfigError, match=r"collectors.health.gpu_holders: expected a list of strings without spaces"):
+        load(str(config))
+    config.write_text(yaml.safe_dump({"collectors": {"health": {"breaker_nodes": ["gres:gpu", "rack:4"]}}}))
+    with pytest.raises(ConfigError, match="breaker_nodes: expected gres:NAME"):
+        load(str(config))

@@ -86,6 +86,7 @@ BREAKER_NODES = Option(
     "the nodes the breaker's share is of, space separated, any of them matching: gres:NAME (a node with that gres), "
     "partition:NAME, feature:NAME, or all; powered-down nodes and nodes down for another reason never count",
     words=(r"all|(gres|partition|feature):[^\s:]+", "gres:NAME, partition:NAME, feature:NAME or all"),
+    several=True,
 )
 BREAKER_MAX_NODES = Option(
     "breaker_max_nodes",
@@ -124,6 +125,7 @@ GPU_HOLDERS_OPTION = Option(
     "the systemd units stopped before a GPU reset and started again after it, whatever its outcome (space "
     "separated; those not running are left alone): a reset is refused while any process holds the GPU",
     empty=True,
+    several=True,
 )
 OPTIONS = (
     REMEDIATION, JOURNAL, REPEAT_WINDOW_DAYS, BREAKER_MIN_NODES, BREAKER_FRACTION, BREAKER_NODES, BREAKER_MAX_NODES,

@@ -35,6 +35,9 @@ class Option:
     must_contain: tuple[str, ...] = ()  # strings: at least one of these must appear (a command's placeholders)
     # strings: (a pattern each space-separated word must match whole, the accepted forms in words): a list of selectors
     words: tuple[str, str] = ("", "")
+    # strings: several things (addresses, units, selectors): a YAML list of them is accepted as well as one string
+    # of them separated by spaces, and kept as that string
+    several: bool = False
     # Declared by several collectors as one setting (the job collectors' state_dir): set on one, it holds for all.
     shared: bool = False
 
@@ -46,6 +49,8 @@ class Option:
             return value
         if isinstance(self.default, (int, float)):
             return self._number(value, where)
+        if self.several and isinstance(value, list):
+            value = self._joined(value, where)
         if not isinstance(value, str) or (not value and not self.empty):
             kind = "a string" if self.empty else "a non-empty string"
             raise ConfigError(f"{where}: expected {kind}, got {value!r}")
@@ -58,6 +63,13 @@ class Option:
         if wrong:
             raise ConfigError(f"{where}: expected {forms}, got {wrong[0]!r}")
         return value
+
+    def _joined(self, items: list[Any], where: str) -> str:
+        """A list of several things as the one string they are kept as; each must be a string without spaces."""
+        for item in items:
+            if not isinstance(item, str) or not item or item.split() != [item]:
+                raise ConfigError(f"{where}: expected a list of strings without spaces, got {item!r} in it")
+        return " ".join(items)
 
     def _number(self, value: Any, where: str) -> float:
         number = finite(value)
@@ -88,6 +100,8 @@ class Option:
             bounds += f"; at least {self.minimum:g}"
         if self.shared:
             bounds += "; one setting for every collector that has it"
+        if self.several:
+            bounds += "; a list, or one string separated by spaces"
         return f"{self.name} (default {default}{bounds}): {self.help}"
 
 

@@ -116,6 +116,7 @@ ADDRESSES = Option(
     "RAS sockets always asked besides the jobs' own (HOST:PORT, space separated; e.g. localhost:28028, NCCL's "
     "default, where jobs do not get a port of their own): counted for the node's only job, if it has one",
     empty=True,
+    several=True,
 )
 TIMEOUT = seconds("timeout_seconds", 10.0, "how long one RAS query may take, connection to last byte")
 MAX_RANKS = Option(
