@@ -84,7 +84,9 @@ accelmon is running on a simulated cluster (containers accelmon-demo-master, -wo
 deployed and checked in $(( $(date +%s) - started )) s:
   Prometheus   http://127.0.0.1:9090   (this host only; from another machine: ssh -L 9090:127.0.0.1:9090 $(id -un)@$(hostname -f 2>/dev/null || hostname)
                then open http://127.0.0.1:9090 there; try accelmon_gpu_power_watts, accelmon_gpu_up == 0)
-  exporters    podman exec accelmon-demo-master curl -s http://accelmon-demo-worker-1:19470/metrics
+  exporters    curl -sG http://127.0.0.1:9090/federate --data-urlencode 'match[]={job="accelmon",node="accelmon-demo-worker-1"}'
+               (what worker-1's exporter served at the last scrape; the exporters serve HTTPS with basic auth, their
+               password only in the master's /etc/prometheus/secrets)
   job report   $report_dir/report.html (and .pdf, data.csv, data.parquet, summary.json) of Slurm job $job
   Slurm        podman exec accelmon-demo-worker-1 su alice -c 'sbatch --chdir=/tmp -N2 --gres=gpu:2 --wrap "srun sleep 60"'
   Alertmanager http://127.0.0.1:9093   (the alerts Prometheus sends; this demo sends them nowhere else)
@@ -113,7 +115,7 @@ deployed and checked in $(( $(date +%s) - started )) s:
     1 job      podman exec accelmon-demo-worker-1 su alice -c 'sbatch --chdir=/tmp -N2 --gres=gpu:2 --wrap "srun sleep 600"'
     2 drill    podman exec accelmon-demo-worker-1 systemd-run --unit nccl-drill accelmon-drill nccl --job JOB --dead
                (on the job's first node: it stands in for the job's RAS socket, the rank on its first GPU missing)
-    3 served   podman exec accelmon-demo-master curl -s http://accelmon-demo-worker-1:19470/metrics | grep nccl_rank
+    3 served   curl -sG http://127.0.0.1:9090/api/v1/query --data-urlencode 'query=accelmon_nccl_rank_missing'
                (within 30 s: rank 0, its GPU's UUID, dead="true"; accelmon_nccl_drill_active says it is a drill)
     4 alert    after 2 minutes: AccelmonNcclRankMissing, drill="true", naming the job, rank, node, GPU and process
     5 end      podman exec accelmon-demo-worker-1 accelmon-drill stop; then scancel JOB

@@ -401,14 +401,17 @@ def test_the_unit_grants_only_the_capabilities_the_exporter_asks_for(tmp_path, c
     assert chosen == expected
 
 
-@pytest.mark.parametrize("scheduler", ["slurm", "oar"])
-def test_the_health_check_runs_the_scan_with_the_exporters_environment(tmp_path, scheduler):
-    """The program slurm.conf names, or OAR's node check: the exporter's NVML library directory and extra environment
-    (quoted for the shell, whatever the value), then accelmon-<scheduler>-health over the exporter's config, with the
-    scheduler's arguments."""
+@pytest.mark.parametrize(
+    ("scheduler", "command"),
+    [("slurm", "accelmon-slurm-health"), ("oar", "accelmon-oar-health"), ("remediation", "accelmon-remediation")],
+)
+def test_the_health_check_runs_the_scan_with_the_exporters_environment(tmp_path, scheduler, command):
+    """The program slurm.conf names, or OAR's node check, or accelmon-remediation on root's PATH (docs/health.md
+    types it so): the exporter's NVML library directory and extra environment (quoted for the shell, whatever the
+    value), then the command over the exporter's config, with the caller's arguments."""
     install = tmp_path / "opt"
     (install / "venv" / "bin").mkdir(parents=True)
-    stand_in = install / "venv" / "bin" / f"accelmon-{scheduler}-health"
+    stand_in = install / "venv" / "bin" / command
     stand_in.write_text('#!/bin/sh\nprintf "%s\\n" "$LD_LIBRARY_PATH" "$ODD" "$@"\n')
     stand_in.chmod(0o755)
     program = tmp_path / "accelmon-health-check"

@@ -505,7 +505,7 @@ def test_the_repair_loop_and_the_circuit_breaker_on_the_real_slurm(host):
     worker = testinfra.get_host(f"podman://{name}")
     acting = {"remediation": "act", "gpu_reset_command": "true {pci_bus_id}", "breaker_min_nodes": 1}
     with slurm_health_checks(controller), health_options(worker, **acting), health_options(controller, **acting):
-        remediation = "/opt/accelmon/venv/bin/accelmon-remediation"
+        remediation = "accelmon-remediation"  # on root's PATH, as docs/health.md types it (the role links it)
         try:
             # The pause switch first (accelmon-remediation, through Slurm): the failing worker is not drained.
             controller.check_output(f"{remediation} pause --reason 'molecule: pause stops a drain'")
