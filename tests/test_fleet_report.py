@@ -24,6 +24,8 @@ pytestmark = pytest.mark.e2e
 pd = pytest.importorskip("pandas")
 pytest.importorskip("matplotlib")
 
+from accelmon.report import fleet  # noqa: E402  (its plots need matplotlib: after the skip)
+
 GPUS = 100
 # The fleet's GPUs in each state, constant over the week; the job states by (account, user); the lost by node.
 FLEET = {"productive": 60, "straggling": 3, "idle": 10, "hung": 2, "free": 20, "drained": 3, "unhealthy": 2}
@@ -121,15 +123,16 @@ def test_gpu_hours_per_state_add_up_to_the_fleet(report):
 def test_the_sentences_say_each_number(report):
     _, summary, _ = report
     text = " ".join(summary["sentences"])
-    assert "Of 16,202 GPU-hours, 9,721 (60.0 %) did useful work" in text
+    assert "Of 16,202 GPU-hours, 9,721 GPU-hours (60.0 %) did useful work" in text
     # 12 of 100 GPUs idle or hung, nlp's 8 of them.
     assert (
-        "1,944 of 16,202 GPU-hours (12.0 %) were held by jobs that used them under the idle threshold or hung; "
+        "1,944 GPU-hours of 16,202 GPU-hours (12.0 %) were held by jobs that used them under the idle threshold or "
+        "hung; "
         "account nlp 66.7 % of it" in text
     )
     assert (
-        "(5.0 %) were lost to failing GPUs (324), to nodes out of service (486) and to nodes that did not answer (0); "
-        "most on n7 (486)" in text
+        "(5.0 %) were lost to failing GPUs (324 GPU-hours), to nodes out of service (486 GPU-hours) and to nodes that "
+        "did not answer (0 GPU-hours); most on n7 (486 GPU-hours)" in text
     )
 
 
@@ -144,11 +147,11 @@ def test_the_report_checks_itself_and_names_the_gap(report, week):
     began = datetime.datetime.fromtimestamp(start + 3 * 86400 - STEP, datetime.timezone.utc)
     assert (gap["from"], gap["gpu_hours"]) == (began.isoformat(), pytest.approx(GPUS * GAP_HOURS))
     assert summary["sentences"][0] == (
-        "The fleet had 16,802 GPU-hours over the range; the ledger accounts for 16,202 of them (96.4 %)."
+        "The fleet had 16,802 GPU-hours over the range; the ledger accounts for 16,202 GPU-hours of them (96.4 %)."
     )
     ended = began + datetime.timedelta(hours=GAP_HOURS)
     assert summary["sentences"][1] == (
-        f"No state was recorded from {began.isoformat()[:16]} to {ended.isoformat()[:16]} UTC: 600 GPU-hours the "
+        f"No state was recorded from {began:%Y-%m-%d %H:%M} UTC to {ended:%Y-%m-%d %H:%M} UTC: 600 GPU-hours the "
         "ledger cannot place (the master or its rules were not running, or a shard was down)."
     )
 
@@ -208,3 +211,27 @@ def test_bad_ranges_are_refused_before_anything_is_written(tmp_path):
 
 def test_the_fleet_report_is_documented():
     assert "accelmon-report --fleet" in (Path(__file__).parents[1] / "docs" / "ledger.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("hours", "said"),
+    [(16202.4, "16,202 GPU-hours"), (10, "10 GPU-hours"), (2.5, "150 GPU-minutes"), (0.05, "3.0 GPU-minutes"),
+     (0.001, "4 GPU-seconds"), (0, "0 GPU-hours")],
+)  # fmt: skip
+def test_gpu_time_reads_right_at_any_size(hours, said):
+    """A short range read "0 GPU-hours (25 %)": no time that is not zero reads as 0."""
+    assert fleet.amount(hours) == said
+
+
+def test_a_short_range_says_minutes_and_its_times_to_the_minute():
+    """An hour of 4 GPUs: the shares in GPU-minutes, the range to the minute with its zone (it printed microseconds)."""
+    shares = (("productive", 3.0), ("idle", 0.25), ("free", 0.75))
+    table = [{"day": "2026-11-27", "scope": "fleet", "account": "", "user": "", "node": "", "state": state,
+              "gpu_hours": hours} for state, hours in shares]  # fmt: skip
+    start = 1795740000.123456
+    summary = fleet.summarize(table, start, start + 3600, 60, {"fleet_gpu_hours": 4.0, "gaps": []})
+    text = " ".join(summary["sentences"])
+    assert "Of 240 GPU-minutes, 180 GPU-minutes (75.0 %) did useful work" in text
+    assert "15 GPU-minutes of 240 GPU-minutes (6.2 %)" in text and " 0 GPU-hours (" not in text
+    page = fleet.html(summary, [], "http://prometheus:9090")
+    assert "2026-11-27 00:40 UTC to 2026-11-27 01:40 UTC" in page

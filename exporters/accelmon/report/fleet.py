@@ -133,6 +133,25 @@ def iso(stamp: float) -> str:
     return datetime.datetime.fromtimestamp(stamp, datetime.timezone.utc).isoformat()
 
 
+def amount(hours: float) -> str:
+    """GPU time in a unit that reads right at any size: GPU-hours from 10, GPU-minutes under that, GPU-seconds under
+    a tenth of a minute, so that no time that is not zero reads as 0."""
+    if not hours or abs(hours) >= 10:
+        return f"{hours:,.0f} GPU-hours"
+    minutes = hours * 60
+    if abs(minutes) >= 10:
+        return f"{minutes:,.0f} GPU-minutes"
+    if abs(minutes) >= 0.1:
+        return f"{minutes:,.1f} GPU-minutes"
+    return f"{minutes * 60:,.0f} GPU-seconds" if abs(minutes * 60) >= 0.5 else "under a GPU-second"
+
+
+def minute(stamp: str) -> str:
+    """An ISO time of the summary as a reader wants it: to the minute, with its zone (2026-11-28 01:05 UTC)."""
+    moment = datetime.datetime.fromisoformat(stamp).astimezone(datetime.timezone.utc)
+    return moment.strftime("%Y-%m-%d %H:%M UTC")
+
+
 def percent(part: float, whole: float) -> str:
     return f"{100 * part / whole:.1f} %" if whole else "n/a"
 
@@ -189,46 +208,46 @@ def sentences(summary: dict[str, Any], wasted: float) -> list[str]:
         return ["The ledger holds no GPU in this range: its rules were not running, or the range is outside the data."]
     had = summary["fleet_gpu_hours"]
     said = [
-        f"The fleet had {had:,.0f} GPU-hours over the range; the ledger accounts for {total:,.0f} of them "
+        f"The fleet had {amount(had)} over the range; the ledger accounts for {amount(total)} of them "
         f"({percent(total, had)})."
     ]
     gaps = summary["gaps"]
     for gap in gaps[:MAX_GAPS_NAMED]:
         said.append(
-            f"No state was recorded from {gap['from'][:16]} to {gap['to'][:16]} UTC: {gap['gpu_hours']:,.0f} "
-            "GPU-hours the ledger cannot place (the master or its rules were not running, or a shard was down)."
+            f"No state was recorded from {minute(gap['from'])} to {minute(gap['to'])}: {amount(gap['gpu_hours'])} "
+            "the ledger cannot place (the master or its rules were not running, or a shard was down)."
         )
     if len(gaps) > MAX_GAPS_NAMED:
         rest = sum(g["gpu_hours"] for g in gaps[MAX_GAPS_NAMED:])
-        said.append(f"{len(gaps) - MAX_GAPS_NAMED} more gaps: {rest:,.0f} GPU-hours (summary.json lists them).")
+        said.append(f"{len(gaps) - MAX_GAPS_NAMED} more gaps: {amount(rest)} (summary.json lists them).")
     said += [
-        f"Of {total:,.0f} GPU-hours, {hours['productive']:,.0f} ({percent(hours['productive'], total)}) did useful "
+        f"Of {amount(total)}, {amount(hours['productive'])} ({percent(hours['productive'], total)}) did useful "
         "work: held by jobs that were neither hung, idle nor straggling. That is the fleet's goodput.",
-        f"Jobs held {sum(hours[s] for s in HELD):,.0f} GPU-hours ({percent(sum(hours[s] for s in HELD), total)}, "
+        f"Jobs held {amount(sum(hours[s] for s in HELD))} ({percent(sum(hours[s] for s in HELD), total)}, "
         "the allocation); the rest were free for new jobs or out of service.",
     ]
     if wasted:
         top = summary["top_accounts_idle_or_hung"]
         lead = f"; account {top[0]['account']} {percent(top[0]['gpu_hours'], wasted)} of it" if top else ""
         said.append(
-            f"{wasted:,.0f} of {total:,.0f} GPU-hours ({percent(wasted, total)}) were held by jobs that used them "
+            f"{amount(wasted)} of {amount(total)} ({percent(wasted, total)}) were held by jobs that used them "
             f"under the idle threshold or hung{lead}."
         )
     if hours["straggling"]:
         said.append(
-            f"{hours['straggling']:,.0f} GPU-hours ({percent(hours['straggling'], total)}) ran slower than the rest "
+            f"{amount(hours['straggling'])} ({percent(hours['straggling'], total)}) ran slower than the rest "
             "of their job (stragglers): a synchronous job waits for its slowest GPU."
         )
     lost = hours["unhealthy"] + hours["drained"] + hours["unreachable"]
     if lost:
         nodes = summary["top_nodes_lost"]
-        where = f"; most on {nodes[0]['node']} ({nodes[0]['gpu_hours']:,.0f})" if nodes else ""
+        where = f"; most on {nodes[0]['node']} ({amount(nodes[0]['gpu_hours'])})" if nodes else ""
         said.append(
-            f"{lost:,.0f} GPU-hours ({percent(lost, total)}) were lost to failing GPUs ({hours['unhealthy']:,.0f}), "
-            f"to nodes out of service ({hours['drained']:,.0f}) and to nodes that did not answer "
-            f"({hours['unreachable']:,.0f}){where}."
+            f"{amount(lost)} ({percent(lost, total)}) were lost to failing GPUs ({amount(hours['unhealthy'])}), "
+            f"to nodes out of service ({amount(hours['drained'])}) and to nodes that did not answer "
+            f"({amount(hours['unreachable'])}){where}."
         )
-    said.append(f"{hours['free']:,.0f} GPU-hours ({percent(hours['free'], total)}) were free: no job asked for them.")
+    said.append(f"{amount(hours['free'])} ({percent(hours['free'], total)}) were free: no job asked for them.")
     return said
 
 
@@ -277,7 +296,7 @@ PAGE = """<!doctype html>
 td.l,th.l{text-align:left}table{border-collapse:collapse}tr:nth-child(even){background:#f4f4f4}</style></head>
 <body>
 <h1>Fleet ledger</h1>
-<p>{{ s.from }} to {{ s.to }}; where every GPU-hour went (docs/ledger.md).</p>
+<p>{{ minute(s.from) }} to {{ minute(s.to) }}; where every GPU-hour went (docs/ledger.md).</p>
 <ul>{% for line in s.sentences %}<li>{{ line }}</li>{% endfor %}</ul>
 <h2>GPU-hours by state</h2>
 <table><tr><th class="l">state</th><th>GPU-hours</th><th>share</th></tr>
@@ -306,7 +325,7 @@ def html(summary: dict[str, Any], images: list[tuple[str, bytes]], prometheus: s
     encoded = [(title, base64.b64encode(png).decode()) for title, png in images]
     total = summary["gpu_hours"]
     return environment.from_string(PAGE).render(
-        s=summary, images=encoded, prometheus=prometheus, share=lambda hours: percent(hours, total)
+        s=summary, images=encoded, prometheus=prometheus, share=lambda hours: percent(hours, total), minute=minute
     )
 
 
@@ -322,7 +341,7 @@ def pdf(summary: dict[str, Any], images: list[tuple[str, bytes]], path: Path) ->
     from matplotlib.backends.backend_pdf import PdfPages
 
     total = summary["gpu_hours"]
-    lines = [f"Fleet ledger, {summary['from'][:16]} to {summary['to'][:16]} UTC", ""]
+    lines = [f"Fleet ledger, {minute(summary['from'])} to {minute(summary['to'])}", ""]
     for sentence in summary["sentences"]:
         lines += [*textwrap.wrap(sentence, 95), ""]
     lines += [f"{state:<12} {hours:>12,.1f} GPU-hours  {percent(hours, total)}"
