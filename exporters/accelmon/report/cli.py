@@ -68,6 +68,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--to", dest="end", metavar="WHEN", help="with --fleet: a date, ISO time or epoch (default now)"
     )
+    parser.add_argument(
+        "--paper", choices=("a4", "letter"), default="a4", help="with --fleet: the PDF's page size (default a4)"
+    )
     parser.add_argument("--prometheus", required=True, metavar="URL", help="Prometheus's URL, e.g. http://master:9090")
     parser.add_argument("--out", metavar="DIR", help="where to write the report (default ./accelmon-report-JOB_ID)")
     parser.add_argument("--lookback", default="30d", help="how far back to look for the job (default 30d)")
@@ -134,7 +137,7 @@ def fleet_main(args: argparse.Namespace) -> int:
         end = parse_time(args.end) if args.end else time.time()
         start = parse_time(args.start) if args.start else end - 7 * 86400
         out = Path(args.out or f"accelmon-fleet-{time.strftime('%Y%m%d', time.gmtime(start))}")
-        return write_fleet_report(Prometheus(args.prometheus, args.timeout), start, end, out), out
+        return write_fleet_report(Prometheus(args.prometheus, args.timeout), start, end, out, args.paper), out
 
     written, status = reported(fleet_report)
     if written is None:

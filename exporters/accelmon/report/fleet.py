@@ -26,6 +26,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from accelmon.report.pages import Document
 from accelmon.report.query import Prometheus, ReportError, step_for
 
 STATES = ("productive", "straggling", "idle", "hung", "free", "drained", "unhealthy", "unreachable")
@@ -329,38 +330,40 @@ def html(summary: dict[str, Any], images: list[tuple[str, bytes]], prometheus: s
     )
 
 
-def pdf(summary: dict[str, Any], images: list[tuple[str, bytes]], path: Path) -> None:
-    """The sentences and the table on a first page, then the plots."""
-    import textwrap
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.image as mpimg
-    import matplotlib.pyplot as plt
-    from matplotlib.backends.backend_pdf import PdfPages
-
+def pdf(summary: dict[str, Any], images: list[tuple[str, bytes]], path: Path, paper: str = "a4") -> int:
+    """The same report as the HTML page, laid out on A4 or Letter pages, numbered; how many pages."""
     total = summary["gpu_hours"]
-    lines = [f"Fleet ledger, {minute(summary['from'])} to {minute(summary['to'])}", ""]
+    document = Document(paper)
+    document.title("Fleet ledger")
+    document.paragraph(f"{minute(summary['from'])} to {minute(summary['to'])}; where every GPU-hour went.")
     for sentence in summary["sentences"]:
-        lines += [*textwrap.wrap(sentence, 95), ""]
-    lines += [f"{state:<12} {hours:>12,.1f} GPU-hours  {percent(hours, total)}"
-              for state, hours in summary["gpu_hours_by_state"].items()]  # fmt: skip
-    with PdfPages(path) as document:
-        page = plt.figure(figsize=(8.27, 11.69))
-        page.text(0.06, 0.96, "\n".join(lines), va="top", family="monospace", fontsize=8)
-        document.savefig(page)
-        plt.close(page)
-        for _title, png in images:
-            page = plt.figure(figsize=(8.27, 5.8))
-            axes = page.add_axes((0, 0, 1, 1))
-            axes.imshow(mpimg.imread(io.BytesIO(png), format="png"))
-            axes.axis("off")
-            document.savefig(page)
-            plt.close(page)
+        document.paragraph(sentence, bullet=True)
+    document.heading("GPU-hours by state")
+    document.table(["state", "GPU-hours", "share"],
+                   [[state, f"{hours:,.1f}", percent(hours, total)]
+                    for state, hours in summary["gpu_hours_by_state"].items()])  # fmt: skip
+    for title, png in images:
+        document.heading(title)
+        document.image(png, int.from_bytes(png[20:24], "big") / int.from_bytes(png[16:20], "big"))  # PNG's IHDR
+    for title, key, name, empty in (
+        ("Top users by idle and hung GPU-hours", "top_users_idle_or_hung", "user", "None: no job held a GPU idle or "
+         "hung."),
+        ("GPU-hours lost by node (unreachable, unhealthy, drained)", "top_nodes_lost", "node", "None."),
+    ):  # fmt: skip
+        document.heading(title)
+        rows = [[row[name], f"{row['gpu_hours']:,.1f}"] for row in summary[key]]
+        if rows:
+            document.table([name, "GPU-hours"], rows)
+        else:
+            document.paragraph(empty)
+    document.paragraph(f"accelmon-report --fleet; the ledger's recorded counts at a {int(summary['step_seconds'])} s "
+                       "step (docs/ledger.md).")  # fmt: skip
+    return document.save(path)
 
 
-def write_fleet_report(prometheus: Prometheus, start: float, end: float, out: Path) -> dict[str, Any]:
+def write_fleet_report(
+    prometheus: Prometheus, start: float, end: float, out: Path, paper: str = "a4"
+) -> dict[str, Any]:
     import pandas
 
     if end <= start:
@@ -374,5 +377,5 @@ def write_fleet_report(prometheus: Prometheus, start: float, end: float, out: Pa
     frame.to_parquet(out / "ledger.parquet", index=False)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (out / "report.html").write_text(html(summary, images, prometheus.url), encoding="utf-8")
-    pdf(summary, images, out / "report.pdf")
+    pdf(summary, images, out / "report.pdf", paper)
     return summary
