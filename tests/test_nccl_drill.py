@@ -40,7 +40,7 @@ def node(tmp_path, fake_nvml_dir):
         f"collectors:\n"
         f"  health: {{drill_dir: {tmp_path / 'drills'}}}\n"
         f"  jobs: {{state_dir: {jobs}}}\n"
-        f"  nccl: {{enabled: true, state_dir: {jobs}, interval_seconds: 0.3, timeout_seconds: 2}}\n"
+        f"  nccl: {{enabled: true, state_dir: {jobs}, interval_seconds: 0.3, timeout_seconds: 13}}\n"
     )
     return {"config": config, "env": exporter_env(fake_nvml_dir, tmp_path / "nvml.conf"), "port": port,
             "jobs": jobs, "drills": tmp_path / "drills"}  # fmt: skip

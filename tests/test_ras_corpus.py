@@ -154,3 +154,26 @@ def test_a_dead_process_managing_several_gpus_is_read():
     text = text_answer([TextComm(0xD, 8)], dead=((4242, B, [0, 1]), (4243, B, [2])))
     status = nccl_ras.parse_text(text, 8)
     assert [(d.pid, d.host, d.nvml_dev) for d in status.dead_processes] == [(4242, B, 0), (4243, B, 2)]
+
+
+def test_an_answer_too_large_to_parse_is_asked_again_in_the_text_form():
+    """A 16k-rank job with six communicators answers about 50 MiB of JSON: past the cap, the text form (the ranks that
+    stand out only) is asked on a new connection, and read."""
+    big = answer("v2.29.2-1", [Comm(0xE, 0x1, 0x2, 64, ranks(*[STEADY] * 64))])
+    text = text_answer([TextComm(0xE, 64, errors="INCOMPLETE", missing=[(5, 5, 2005, B)])])
+    server = FakeRas(answer=big, text=text)
+    try:
+        form, said = nccl_ras.ask("127.0.0.1", server.port, 20.0, len(big) // 2)
+    finally:
+        server.stop()
+    assert form == "text" and server.commands[-1] == "VERBOSE STATUS"
+    (read,) = nccl_ras.parse(form, said, 8).communicators
+    assert [r.rank for r in read.missing] == [5]
+
+
+@pytest.mark.parametrize(("timeout", "sent"), [(13, 1), (20, 4), (30, 9), (5, 1)])
+def test_the_timeout_sent_leaves_room_for_rass_own(timeout, sent):
+    """RAS aborts each of a query's two collections after TIMEOUT + 5 s: a third of timeout_seconds (3 s of 10) let a
+    slow collection outlast the query."""
+    assert nccl_ras.ras_timeout(timeout) == sent
+    assert timeout < 13 or 2 * (sent + nccl_ras.RAS_EXTRA_SECONDS) <= timeout - 1

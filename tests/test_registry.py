@@ -244,7 +244,8 @@ def test_every_collector_declares_its_options_completely():
             assert option.help, f"{name}.{option.name} has no help"
             assert isinstance(option.default, (bool, float, str)), f"{name}.{option.name}: give a float, bool or str"
             if option.name.endswith("_seconds"):
-                assert option.minimum == 0.1, f"{name}.{option.name}: durations have the 0.1 s floor"
+                # No duration under 0.1 s (1e-9 spun a core); some need more (the nccl query: 13 s, RAS's own time).
+                assert option.minimum is not None and option.minimum >= 0.1, f"{name}.{option.name}: 0.1 s at least"
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ Every NCCL process since 2.24 runs a RAS thread that answers on a local TCP sock
 src/ras/client.cc and client_support.cc; docs/jobs.md, "NCCL RAS"):
 
     -> CLIENT PROTOCOL 2            <- SERVER PROTOCOL 2
-    -> TIMEOUT 3                    <- OK            (how long RAS waits for each leg of its own collection)
+    -> TIMEOUT 4                    <- OK            (how long RAS waits for each leg of its own collection)
     -> SET FORMAT json              <- OK            (2.28.7+; older: "ERROR: Unknown command ...": text instead)
     -> STATUS                       <- the answer, until the socket closes
 
@@ -147,9 +147,30 @@ class Exchange:
         return b"".join(parts).decode(errors="replace")
 
 
+# RAS gives each of its collections (a STATUS makes two: the RAS network's, then the communicators') the client's
+# TIMEOUT plus 5 s x NCCL_RAS_TIMEOUT_FACTOR before it aborts it (src/ras/ras_internal.h:13-14,218-221 and
+# collectives.cc:462 at v2.28.7-1; the factor is 1 unless the job sets it). TIMEOUT 0 disables the timeout.
+RAS_EXTRA_SECONDS = 5
+
+
+def ras_timeout(timeout: float) -> int:
+    """The TIMEOUT to send so that RAS's two collections end within `timeout` (one second to spare): at least 1."""
+    return max(1, int((timeout - 1) / 2) - RAS_EXTRA_SECONDS)
+
+
 def ask(host: str, port: int, timeout: float, max_bytes: int, want: str = "json") -> tuple[str, str]:
     """(format, answer) of one STATUS query: JSON where this NCCL has it (or text when `want` says so), else text.
-    RasError when there is none."""
+    A JSON answer over `max_bytes` (every rank of a job of many thousands, in memory to parse) is asked again in the
+    text form, which lists only the ranks that stand out. RasError when there is none."""
+    try:
+        return ask_once(host, port, timeout, max_bytes, want)
+    except RasError as error:
+        if error.kind != "too_large" or want != "json":
+            raise
+    return ask_once(host, port, timeout, max_bytes, "text")
+
+
+def ask_once(host: str, port: int, timeout: float, max_bytes: int, want: str) -> tuple[str, str]:
     exchange = Exchange(host, port, timeout, max_bytes)
     try:
         exchange.send("CLIENT PROTOCOL 2")
@@ -160,7 +181,7 @@ def ask(host: str, port: int, timeout: float, max_bytes: int, want: str = "json"
         if int(found.group(1)) not in PROTOCOLS:
             raise RasError("protocol", f"RAS protocol {found.group(1)}, not one this reads ({PROTOCOLS})")
         # RAS waits this long for each leg of its collection from the job's processes: within our own deadline.
-        exchange.send(f"TIMEOUT {max(1, int(timeout / 3))}")
+        exchange.send(f"TIMEOUT {ras_timeout(timeout)}")
         if exchange.line().upper() != "OK":
             raise RasError("protocol", "TIMEOUT refused")
         form = "text"

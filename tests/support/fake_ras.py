@@ -14,9 +14,11 @@ from typing import Any
 
 class FakeRas:
     def __init__(
-        self, answer: str = "", json_format: bool = True, behaviour: str = "normal", protocol: int = 2, port: int = 0
-    ) -> None:
+        self, answer: str = "", json_format: bool = True, behaviour: str = "normal", protocol: int = 2, port: int = 0,
+        text: str = "",
+    ) -> None:  # fmt: skip
         self.answer = answer
+        self.text = text  # the text form's answer where it differs from `answer`: for a client that set no format
         self.json_format = json_format
         self.behaviour = behaviour
         self.protocol = protocol
@@ -42,6 +44,7 @@ class FakeRas:
 
     def _talk(self, connection: socket.socket) -> None:
         reader = connection.makefile("rb")
+        as_json = False
         for raw in reader:
             command = raw.decode().strip()
             self.commands.append(command)
@@ -56,6 +59,7 @@ class FakeRas:
             elif upper.startswith("TIMEOUT"):
                 connection.sendall(b"OK\n")
             elif upper == "SET FORMAT JSON" and self.json_format:
+                as_json = True
                 connection.sendall(b"OK\n")
             elif upper in ("STATUS", "VERBOSE STATUS"):
                 if self.behaviour == "flood":
@@ -63,7 +67,7 @@ class FakeRas:
                     for _ in range(100):  # 100 MiB, unless the client stops reading first
                         connection.sendall(block)
                     return
-                connection.sendall(self.answer.encode())  # JSON once asked for, else the text form
+                connection.sendall((self.text if self.text and not as_json else self.answer).encode())
                 return
             else:
                 connection.sendall(f"ERROR: Unknown command {command}\n".encode())

@@ -39,7 +39,10 @@ from accelmon.runtime import Collector
 
 log = logging.getLogger("accelmon.nccl")
 
-MAX_ANSWER_BYTES = 32 * 1024 * 1024  # a 4,096-rank job's JSON is about 4 MiB
+# A rank is about 535 bytes of JSON in each of its communicators: a 4,096-rank job with one communicator answers about
+# 2 MiB, a 16k-rank job with six about 50 MiB, too much to parse in an exporter's memory. Past this, the text form
+# (only the ranks that stand out) is asked instead (accelmon.nccl_ras.ask).
+MAX_ANSWER_BYTES = 16 * 1024 * 1024
 RESULTS = ("ok", "refused", "timeout", "cut_short", "malformed", "protocol", "too_large")
 RANK_LABELS = ["job_id", "communicator", "rank", "host", "pid", "nvml_dev", "uuid"]
 
@@ -118,7 +121,13 @@ ADDRESSES = Option(
     empty=True,
     several=True,
 )
-TIMEOUT = seconds("timeout_seconds", 10.0, "how long one RAS query may take, connection to last byte")
+TIMEOUT = Option(
+    "timeout_seconds",
+    20.0,
+    "how long one RAS query may take, connection to last byte; RAS is sent a TIMEOUT that leaves room for its own "
+    "5 s a collection (two a query): 13 s at least",
+    minimum=13,
+)
 MAX_RANKS = Option(
     "max_ranks", 8.0, "ranks served per communicator, of each kind (missing, behind)", minimum=1, maximum=1024,
     whole=True,
