@@ -170,3 +170,43 @@ def test_dcgms_diagnostic_after_a_reset_waits_for_its_host_engine_and_never_pass
         assert (tmp_path / "count").read_text().strip() == "3"
     else:
         assert "DRAIN" in node["state"] and "could not run" in node["reason"], node
+
+
+def joining(index: str = "2") -> health.NodeHealth:
+    """GPU `index` registering with its NVLink fabric again (the Fabric Manager at work): a warning, not a pass."""
+    check = Check("fabric", "warning", "fabric registration in progress", "check_fabric")
+    return health.NodeHealth([health.GpuHealth(index, f"GPU-{index}", [check], f"S{index}", BUS)], [])
+
+
+@pytest.mark.parametrize("joins", [True, False], ids=["joins-again", "never-joins"])
+def test_a_reset_gpu_passes_only_once_it_has_joined_its_nvlink_fabric(tmp_path, monkeypatch, joins):
+    """A reset GPU on an NVSwitch system registers with the fabric again; "in progress" is a warning, which resumed
+    the node before its GPU could run CUDA. The loop rescans until it completes (resumed) or FABRIC_READY_SECONDS
+    pass (left drained, saying so)."""
+    monkeypatch.setattr(repair, "FABRIC_READY_SECONDS", 60.0 if joins else 0.3)
+    procfs = node_procfs(tmp_path)
+    cluster = drained_for_a_reset(tmp_path, procfs)
+    scans = iter([joining(), joining()])
+    loop = reset_loop(tmp_path, cluster, procfs)
+    loop.run(failing("reset_gpu", "ecc"), lambda r: next(scans, passing()) if joins else joining())
+    node = cluster.node(NODE)
+    if joins:
+        assert node == {"state": "IDLE", "reason": ""}
+    else:
+        assert "DRAIN" in node["state"] and "still joining the NVLink fabric" in node["reason"], node
+
+
+def test_a_node_back_from_its_reboot_waits_for_its_fabric(tmp_path):
+    cluster = Cluster(tmp_path, {NODE: "IDLE", **{f"gpu-{n}": "IDLE" for n in range(10, 20)}})
+    procfs = node_procfs(tmp_path)
+    reset_loop(tmp_path, cluster, procfs).run(failing("reboot_node"), lambda r: failing("reboot_node"))
+    reset_loop(tmp_path, cluster, procfs).run(failing("reboot_node"), lambda r: failing("reboot_node"))  # reboots
+    cluster.boot(NODE)
+    lines: list[str] = []
+    loop = reset_loop(tmp_path, cluster, procfs)
+    loop.say = lines.append
+    loop.run(joining(), lambda r: joining())
+    assert "DRAIN" in cluster.node(NODE)["state"]
+    assert any("not in the NVLink fabric yet" in line for line in lines), lines
+    reset_loop(tmp_path, cluster, procfs).run(passing(), lambda r: passing())
+    assert cluster.node(NODE) == {"state": "IDLE", "reason": ""}

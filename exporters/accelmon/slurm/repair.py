@@ -43,6 +43,7 @@ HOLDERS_EXIT_SECONDS = 10.0  # how long the units stopped before a reset have to
 # DCGM's host engine restarts with the units stopped around a reset: its diagnostic is asked again for this long
 # before "could not run" leaves the node for a person (never a pass).
 DIAG_READY_SECONDS = 60.0
+FABRIC_READY_SECONDS = 60.0  # how long a reset GPU has to join its NVLink fabric again before a person looks
 REBOOT_PENDING = "accelmon: reboot pending"  # the reason through a reboot (Slurm appends ": reboot issued")
 LOCK_FD = "ACCELMON_REPAIR_LOCK_FD"  # a background repair inherits the check's lock through this descriptor
 # The journal's events that say whether accelmon has a drain of this node open: a claim (journalled before the drain,
@@ -106,6 +107,15 @@ def still_failing(node: health.NodeHealth) -> str:
              for g in node.gpus if g.verdict == "failure"]  # fmt: skip
     named += [c.name for c in node.checks if c.verdict == "failure"]
     return ", ".join(named)
+
+
+def joining_fabric(node: health.NodeHealth) -> str:
+    """The GPUs whose NVLink fabric registration is still in progress ("GPU 2, GPU 5"), or "": a warning that is no
+    pass: until it completes, CUDA programs on the GPU fail to start (accelmon.collectors.fabric)."""
+    return ", ".join(
+        f"GPU {gpu.index}" for gpu in node.gpus
+        if any(c.name == "fabric" and c.verdict == "warning" and "in progress" in c.detail for c in gpu.checks)
+    )  # fmt: skip
 
 
 def back_from_reboot(state: SlurmNode) -> bool:
@@ -419,6 +429,10 @@ class SlurmRepair:
             self.say(f"remediation: node {self.node} left drained: the reboot is under way")
             return
         gpus = tuple(failing)
+        if not failing and not node_failing and joining_fabric(verdict):
+            self.say(f"remediation: node {self.node} left drained: {joining_fabric(verdict)} not in the NVLink fabric "
+                     "yet; the next check judges it")  # fmt: skip
+            return
         if failing or node_failing:
             self.note("repair", "reboot_node", "failed", gpus, f"{still_failing(verdict)} still fails after the reboot")
             self.escalate(f"accelmon: {still_failing(verdict)}: hardware_service (still fails after reboot_node)", gpus,
@@ -507,7 +521,15 @@ class SlurmRepair:
         if not failed:
             resets = {**self.journal.resets(), **{gpu.uuid: reset_at for gpu in plan.gpus if gpu.uuid}}
             after = rescan(resets)
-            if still_failing(after):
+            deadline = time.monotonic() + FABRIC_READY_SECONDS
+            while not still_failing(after) and joining_fabric(after) and time.monotonic() < deadline:
+                self.fleet.sleep(5.0)  # the Fabric Manager registers a reset GPU again: a pass only once it has
+                after = rescan(resets)
+            if joining_fabric(after) and not still_failing(after):
+                failed.append(
+                    f"{joining_fabric(after)} still joining the NVLink fabric {FABRIC_READY_SECONDS:g} s after"
+                )
+            elif still_failing(after):
                 failed.append(f"{still_failing(after)} still fails")
                 blamed = tuple(failing_gpus(after)) or plan.gpus
         if not failed and shutil.which(self.dcgmi):
