@@ -12,6 +12,10 @@ and NUMA node (GPUDirect RDMA placement), the link layer, and every hw_counters 
 
 What a device's tree holds (its identity, placement, ports and counter files) is listed once and trusted until its
 class link or firmware changes or LAYOUT_SECONDS pass; the values are read every sample.
+
+Where the node has NVIDIA GPUs too, which path joins each GPU to each device (`accelmon_gpu_nic_info{link}`, as
+`nvidia-smi topo -m` names it) and the devices NCCL uses for each GPU by default (`accelmon_gpu_nic_nearest_info`),
+from accelmon.topology; worked out again when a GPU or a device comes or goes.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from accelmon import topology
 from accelmon.metrics import Catalogue, MetricSpec, Samples
 from accelmon.registry import Paths, Registration, register, seconds
 from accelmon.runtime import Collector
@@ -65,6 +70,20 @@ PHYSICAL_STATE = C.gauge(
     PORT,
 )
 RATE = C.gauge("accelmon_infiniband_rate_bytes_per_second", "Signalling rate of the port (sysfs: Gb/s).", PORT)
+GPU_NIC = C.gauge(
+    "accelmon_gpu_nic_info",
+    "The path between a GPU and an RDMA device of the node, as nvidia-smi topo -m names it: PIX (one PCIe switch), "
+    "PXB (several switches), PHB (the host bridge), NODE (host bridges of one NUMA node), SYS (across NUMA nodes); "
+    "value is 1.",
+    ["gpu", "uuid", "device", "link"],
+    read="when a GPU or a device comes or goes",
+)
+GPU_NIC_NEAREST = C.gauge(
+    "accelmon_gpu_nic_nearest_info",
+    "The RDMA devices of the closest path to a GPU: those NCCL uses for it unless the job sets NCCL_IB_HCA; value 1.",
+    ["gpu", "uuid", "device"],
+    read="when a GPU or a device comes or goes",
+)
 
 # counters/<file> -> (metric, help, multiplier). The names are node_exporter's, with our prefix.
 COUNTERS: dict[str, tuple[str, str, int]] = {
@@ -182,7 +201,9 @@ class _Layout:
 class InfinibandCollector(Collector):
     name = "infiniband"
 
-    def __init__(self, sysfs: str = "/sys", clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, sysfs: str = "/sys", clock: Callable[[], float] = time.monotonic, procfs: str = "/proc") -> None:
+        self.sysfs, self.procfs = sysfs, procfs
+        self._topology: tuple[tuple[str, ...], list[topology.Pair]] = ((), [])
         self.root = os.path.join(sysfs, "class", "infiniband")
         self._devices_found = False
         self._clock = clock
@@ -198,7 +219,19 @@ class InfinibandCollector(Collector):
             self._sample_device(device, samples)
         self._layouts = {device: layout for device, layout in self._layouts.items() if device in devices}
         self._devices_found = INFO in samples.rows
+        self._sample_topology(devices, samples)
         return samples
+
+    def _sample_topology(self, devices: list[str], out: Samples) -> None:
+        """The GPU-to-device paths, worked out again only when the GPUs or the devices changed."""
+        key = (*sorted(devices), "|", *sorted(_listdir(os.path.join(self.procfs, "driver", "nvidia", "gpus"))))
+        if key != self._topology[0]:
+            self._topology = (key, topology.gpu_nic_pairs(self.sysfs, self.procfs))
+        pairs = self._topology[1]
+        for pair in pairs:
+            out.add(GPU_NIC, [pair.gpu, pair.uuid, pair.device, pair.link], 1)
+        for pair in topology.nearest(pairs):
+            out.add(GPU_NIC_NEAREST, [pair.gpu, pair.uuid, pair.device], 1)
 
     def _sample_device(self, device: str, out: Samples) -> None:
         path = os.path.join(self.root, device)
@@ -283,7 +316,7 @@ REGISTRATION = register(
     Registration(
         name="infiniband",
         help="InfiniBand, RoCE and OmniPath port counters from sysfs (default: on where class/infiniband exists)",
-        build=lambda options, paths: InfinibandCollector(sysfs=paths.sysfs),
+        build=lambda options, paths: InfinibandCollector(sysfs=paths.sysfs, procfs=paths.procfs),
         catalogue=CATALOGUE,
         options=(seconds("interval_seconds", 5, "how often the port counters are read"),),
         enabled_by_default=_has_class,
