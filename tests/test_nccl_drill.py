@@ -140,7 +140,7 @@ def test_without_gpu_the_jobs_first_gpu_here_is_drilled(node):
 def test_a_port_a_real_nccl_holds_is_never_taken(node):
     with socket.create_server(("127.0.0.1", node["port"])):  # the job's own NCCL answers there
         result = run_drill(node, "nccl", "--job", JOB, "--gpu", "1")
-    assert result.returncode == 2 and f"localhost:{node['port']} is taken" in result.stderr
+    assert result.returncode == 2 and f"localhost:{node['port']} (127.0.0.1) is taken" in result.stderr
     assert not node["drills"].exists()
 
 
@@ -162,3 +162,43 @@ def test_an_ncclsanswer_is_no_drill_and_a_gpu_drill_reader_skips_nccl_files(tmp_
     nccl_drill.write_file(str(tmp_path), drill)
     assert drill_store.read(str(tmp_path)) == [] and "skipped" not in caplog.text
     assert [r["job"] for r in nccl_drill.read_files(str(tmp_path))] == [JOB]
+
+
+LOCALHOST_BOTH = [
+    (socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", 0, 0, 0)),
+    (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", 0)),
+]
+
+
+def ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not ipv6_loopback(), reason="this host has no IPv6 loopback")
+def test_the_drill_stands_in_on_every_address_localhost_resolves_to(monkeypatch):
+    """Where localhost is ::1 first (many hosts), NCCL binds ::1 and the collector tries ::1 first: a drill on
+    127.0.0.1 alone could start beside a real RAS on ::1, and was never reached. It binds both, and refuses where
+    either is held."""
+    port = free_port()
+
+    def resolved(host, wanted_port, *args, **kwargs):
+        return [(f, k, p, c, (a[0], wanted_port, *a[2:])) for f, k, p, c, a in LOCALHOST_BOTH]
+
+    monkeypatch.setattr(nccl_drill.socket, "getaddrinfo", resolved)
+    servers = nccl_drill.bind(port)
+    try:
+        assert sorted(s.getsockname()[0] for s in servers) == ["127.0.0.1", "::1"]
+    finally:
+        for server in servers:
+            server.close()
+    with socket.socket(socket.AF_INET6) as real_ras:  # the job's NCCL on ::1 only
+        real_ras.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        real_ras.bind(("::1", port))
+        real_ras.listen(1)
+        with pytest.raises(nccl_drill.DrillRefusedError, match=r"\(::1\) is taken: the job's own NCCL answers there"):
+            nccl_drill.bind(port)

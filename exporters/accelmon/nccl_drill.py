@@ -22,6 +22,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import select
 import signal
 import socket
 import time
@@ -146,20 +147,44 @@ def answer(drill: NcclDrill, now: float, queries: int) -> str:
     )  # fmt: skip
 
 
-def bind(port: int) -> socket.socket:
-    """The job's RAS socket; DrillRefusedError where something holds it (the job's own NCCL, most likely)."""
-    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+def bind(port: int) -> list[socket.socket]:
+    """The job's RAS socket on every address `localhost` resolves to (NCCL binds the first that getaddrinfo gives,
+    ::1 on many hosts, and the collector tries them in that order); DrillRefusedError where something holds any of
+    them (the job's own NCCL, most likely: a drill never stands in beside a real RAS). An address this host cannot
+    bind (no IPv6 loopback) is left out."""
+    servers: list[socket.socket] = []
     try:
-        server.bind(("127.0.0.1", port))
-        server.listen(4)
-    except OSError as error:
-        server.close()
-        if error.errno == errno.EADDRINUSE:
-            raise DrillRefusedError(
-                f"localhost:{port} is taken: the job's own NCCL answers there (a drill never stands in for a real RAS)"
-            ) from error
-        raise DrillRefusedError(f"localhost:{port}: {error}") from error
-    return server
+        addresses = socket.getaddrinfo("localhost", port, type=socket.SOCK_STREAM)
+    except OSError:
+        addresses = []
+    if not any(family == socket.AF_INET for family, *_ in addresses):
+        addresses.append((socket.AF_INET, socket.SOCK_STREAM, 0, "", ("127.0.0.1", port)))
+    for family, kind, protocol, _, address in addresses:
+        if any(server.family == family for server in servers):
+            continue  # one socket a family: getaddrinfo may list an address once per protocol
+        try:
+            server = socket.socket(family, kind, protocol)
+        except OSError:
+            continue  # a family this kernel has not (IPv6 off)
+        try:
+            if family == socket.AF_INET6:
+                server.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            server.bind(address)
+            server.listen(4)
+        except OSError as error:
+            server.close()
+            if error.errno == errno.EADDRNOTAVAIL:
+                continue
+            for opened in servers:
+                opened.close()
+            if error.errno == errno.EADDRINUSE:
+                raise DrillRefusedError(
+                    f"localhost:{port} ({address[0]}) is taken: the job's own NCCL answers there (a drill never stands "
+                    "in for a real RAS)"
+                ) from error
+            raise DrillRefusedError(f"localhost:{port} ({address[0]}): {error}") from error
+        servers.append(server)
+    return servers
 
 
 def talk(connection: socket.socket, drill: NcclDrill, queries: int) -> None:
@@ -182,9 +207,9 @@ def talk(connection: socket.socket, drill: NcclDrill, queries: int) -> None:
             connection.sendall(f"ERROR: Unknown command {command[:80]}\n".encode())
 
 
-def serve(drill: NcclDrill, server: socket.socket, drill_file: str, stop: Optional[Any] = None) -> str:
-    """Answers RAS queries until the drill expires, its file is removed or `stop()` says so; returns why it ended."""
-    server.settimeout(0.5)
+def serve(drill: NcclDrill, servers: list[socket.socket], drill_file: str, stop: Optional[Any] = None) -> str:
+    """Answers RAS queries on every socket until the drill expires, its file is removed or `stop()` says so; returns
+    why it ended."""
     queries = 0
     while True:
         if stop is not None and stop():
@@ -193,9 +218,12 @@ def serve(drill: NcclDrill, server: socket.socket, drill_file: str, stop: Option
             return "expired"
         if not os.path.exists(drill_file):
             return "stopped (accelmon-drill stop)"
+        ready, _, _ = select.select(servers, [], [], 0.5)
+        if not ready:
+            continue
         try:
-            connection, _ = server.accept()
-        except socket.timeout:
+            connection, _ = ready[0].accept()
+        except OSError:
             continue
         with connection:
             try:
@@ -219,7 +247,7 @@ def read_files(drill_dir: str) -> list[dict[str, Any]]:
 def run(drill: NcclDrill, drill_dir: str, say: Any = print) -> int:
     """Binds the job's RAS socket, writes the drill's file and answers until the drill ends; the file is removed at
     the end whatever ends it."""
-    server = bind(drill.port)
+    servers = bind(drill.port)
     stopping: list[int] = []
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
     path = write_file(drill_dir, drill)
@@ -230,11 +258,12 @@ def run(drill: NcclDrill, drill_dir: str, say: Any = print) -> int:
     )
     say("The exporter's nccl collector reads it at its interval; Ctrl-C or `accelmon-drill stop` ends it now.")
     try:
-        why = serve(drill, server, path, stop=lambda: bool(stopping))
+        why = serve(drill, servers, path, stop=lambda: bool(stopping))
     except KeyboardInterrupt:
         why = "stopped (Ctrl-C)"
     finally:
-        server.close()
+        for server in servers:
+            server.close()
         signal.signal(signal.SIGTERM, previous)
         try:
             os.unlink(path)
