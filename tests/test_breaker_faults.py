@@ -58,7 +58,7 @@ def test_a_slow_controller_never_keeps_a_check_past_its_budget_and_the_next_roun
         took[node], said[node] = time.monotonic() - started, "\n".join(lines)
 
     together(check, nodes)
-    assert max(took.values()) < 6.0 + 1.0, took  # its last call's timeout was cut to what was left
+    assert max(took.values()) < 6.0 + 2.0, took  # its last call's timeout was cut to what was left
     out = out_by_accelmon(cluster)
     assert len(out) <= 1, (out, said)
     assert all("not drained, it keeps taking jobs" in said[node] for node in nodes if node not in out), said
