@@ -553,6 +553,19 @@ def test_the_repair_loop_and_the_circuit_breaker_on_the_real_slurm(host):
             controller.run(f"scontrol update NodeName={name} State=RESUME")
             controller.run(f"{remediation} resume")
     assert wait_for(lambda: "DRAIN" not in node_line(controller, name), timeout=30), node_line(controller, name)
+    # A check of worker-1 whose scan began before its log was emptied may still drain it once worker-2 is resumed (it
+    # then counts nobody out). The health checks are off now: once one in flight has ended, such a drain is lifted
+    # by hand, as an operator would, so that the next tests start with nothing of accelmon's out.
+    other = f"{CLUSTER}-worker-1"
+    time.sleep(10)
+
+    def settled() -> bool:
+        if "Reason=accelmon" in node_line(controller, other):
+            controller.run(f"scontrol update NodeName={other} State=RESUME")
+            return False
+        return True
+
+    assert wait_for(settled, timeout=30), node_line(controller, other)
 
 
 class NodeTrace:
