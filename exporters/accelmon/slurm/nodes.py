@@ -153,10 +153,6 @@ class SlurmNode:
             return stamp_time(found.group(1))
         return self.reason_time
 
-    def gpu_gres(self) -> bool:
-        """Whether Slurm schedules GPUs on it (a `gpu` gres)."""
-        return any(part.split(":")[0] == "gpu" for part in re.split(r",(?![^(]*\))", self.gres) if part)
-
 
 def keyed_reason(reason: str, since: Optional[float], limit: int = 200) -> str:
     """`reason` carrying `since` (when the node first went out), within `limit` characters: where it carries one
