@@ -21,7 +21,8 @@ from typing import Optional, TypeVar
 
 from accelmon import xid as catalogue
 from accelmon.checks import VERDICTS, ActiveDrill, Check, Gpu, GpuCheck, NodeCheck, View, worst
-from accelmon.gpu_metrics import INFO
+from accelmon.collectors.fabric import LINK_REMOTE
+from accelmon.gpu_metrics import INFO, MIG_MODE
 from accelmon.metrics import Samples
 from accelmon.registry import Registration
 
@@ -35,6 +36,10 @@ class GpuHealth:
     checks: list[Check] = field(default_factory=list)
     serial: str = ""  # the board's serial (NVML, amdsmi): the repair journal's key, "" where not reported
     pci_bus_id: str = ""  # what a GPU reset names it by
+    # What decides which GPUs a reset must take together (accelmon.reset_scope): "9.0", "" where not reported
+    compute_capability: str = ""
+    mig_mode: bool = False
+    nvlink_remotes: tuple[tuple[str, str], ...] = ()  # (remote type, remote PCI bus id) of each link
 
     @property
     def verdict(self) -> str:
@@ -138,6 +143,16 @@ def evaluate(
             ],
             view.label(INFO, (index, uuid), "serial"),
             view.label(INFO, (index, uuid), "pci_bus_id"),
+            view.label(INFO, (index, uuid), "cuda_compute_capability"),
+            any(value == 1 for _, value in view.of(MIG_MODE, (index, uuid))),
+            tuple(
+                sorted(
+                    {
+                        (labels["remote_type"], labels["remote_pci_bus_id"])
+                        for labels, _ in view.of(LINK_REMOTE, (index, uuid))
+                    }
+                )
+            ),
         )
         for index, uuid in listed
     ]

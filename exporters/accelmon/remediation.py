@@ -114,10 +114,12 @@ MAX_REPAIRS_PER_HOUR = Option(
 )
 GPU_RESET_COMMAND = Option(
     "gpu_reset_command",
-    "nvidia-smi --gpu-reset -i {pci_bus_id}",
-    "the command that resets one GPU, by {pci_bus_id} or {uuid} (an index shifts when a GPU falls off the bus), run "
-    "by the Slurm health check in act mode once gpu_holders are stopped",
-    must_contain=("{pci_bus_id}", "{uuid}"),
+    "nvidia-smi --gpu-reset -i {pci_bus_ids}",
+    "the command that resets GPUs, by {pci_bus_ids} (every GPU of one reset, comma separated: the failing ones and, "
+    "where the platform needs it, the GPUs NVLink joins them to), or one GPU at a time by {pci_bus_id} or {uuid} "
+    "(an index shifts when a GPU falls off the bus); run by the Slurm health check in act mode once the GPUs' "
+    "holders are stopped",
+    must_contain=("{pci_bus_ids}", "{pci_bus_id}", "{uuid}"),
 )
 GPU_HOLDERS_OPTION = Option(
     "gpu_holders",
@@ -339,6 +341,9 @@ class RepairPlan:
     why: str = ""
     drill: bool = False
     earlier: Optional[Record] = None  # escalate: the repair the GPU failed again after
+    # reset: the GPUs the reset takes beside the failing ones (linked by NVLink where the platform resets them
+    # together: accelmon.reset_scope)
+    linked: tuple[FailingGpu, ...] = ()
 
 
 def repeat_offender(
@@ -416,7 +421,12 @@ def would(plan: RepairPlan) -> str:
     indices = ", ".join(g.index for g in plan.gpus)
     return {
         "reboot": "would reboot the node",
-        "reset": f"would reset GPU {indices}",
+        "reset": f"would reset GPU {indices}"
+        + (
+            f" with GPU {', '.join(g.index for g in plan.linked)} (NVLink-linked: reset together)"
+            if plan.linked
+            else ""
+        ),
         "resume": "would resume the node",
         "escalate": "would leave it drained for hardware_service",
     }.get(plan.step, f"would {plan.step}")

@@ -28,6 +28,10 @@
  *   nvlink_down I L             GPU I's link L is down
  *   nvlink_errors I L TYPE N    GPU I's link L has counted N errors of TYPE (0 replay, 1 recovery, 2 CRC flit,
  *                               3 CRC data: nvmlNvLinkErrorCounter_t) since the driver loaded
+ *   nvlink_peer I L J           GPU I's link L leads straight to GPU J (an NVLink bridge, or a board without
+ *                               NVSwitch); every other link leads to an NVSwitch (nvmlNvLinkDeviceType_t 2), as on
+ *                               an HGX H100 board, at bus 0xC0 + L % 4 (its four switches)
+ *   capability I MAJOR MINOR    GPU I's CUDA compute capability (default 9.0, Hopper; 7.0 a Volta V100)
  *   process I PID MIB [GI]      GPU I runs compute process PID using MIB MiB (in MIG instance GI); repeatable; the
  *                               first one for a GPU replaces its default processes (index % 3 of them, 512 MiB each)
  *   process_samples 1           nvmlDeviceGetProcessUtilization answers a sample per running process (SM 10 % plus 5 %
@@ -100,6 +104,8 @@ static int pcie_gen[MAX_GPUS], pcie_width[MAX_GPUS];  /* 0: the default link */
 #define MAX_LINKS 18
 static int nvlinks[MAX_GPUS];                        /* links per GPU; 0 = no NVLink */
 static int nvlink_down[MAX_GPUS][MAX_LINKS];
+static int nvlink_peer[MAX_GPUS][MAX_LINKS];        /* GPU index + 1 at the link's other end; 0 = a switch */
+static int capability[MAX_GPUS][2];                   /* compute capability; {0, 0} = 9.0 */
 static unsigned long long nvlink_errors[MAX_GPUS][MAX_LINKS][4];
 static struct { int state, status; unsigned mask; } fabric[MAX_GPUS];
 #define MAX_PROCS 8
@@ -137,6 +143,8 @@ static void read_config(void) {
     memset(nvlinks, 0, sizeof nvlinks);
     memset(nvlink_down, 0, sizeof nvlink_down);
     memset(nvlink_errors, 0, sizeof nvlink_errors);
+    memset(nvlink_peer, 0, sizeof nvlink_peer);
+    memset(capability, 0, sizeof capability);
     memset(fabric, 0, sizeof fabric);
     for (int i = 0; i < MAX_GPUS; i++) n_procs[i] = -1;
     process_samples = 0;
@@ -190,6 +198,13 @@ static void read_config(void) {
         else if (!strcmp(key, "nvlink_errors") && sscanf(arg, "%d %d %d %llu", &a, &b, &c, &count) == 4 && a >= 0
                  && a < MAX_GPUS && b >= 0 && b < MAX_LINKS && c >= 0 && c < 4)
             nvlink_errors[a][b][c] = count;
+        else if (!strcmp(key, "nvlink_peer") && sscanf(arg, "%d %d %d", &a, &b, &c) == 3 && a >= 0 && a < MAX_GPUS
+                 && b >= 0 && b < MAX_LINKS && c >= 0 && c < MAX_GPUS)
+            nvlink_peer[a][b] = c + 1;
+        else if (!strcmp(key, "capability") && sscanf(arg, "%d %d %d", &a, &b, &c) == 3 && a >= 0 && a < MAX_GPUS) {
+            capability[a][0] = b;
+            capability[a][1] = c;
+        }
         else if (!strcmp(key, "process") && (given = sscanf(arg, "%d %d %llu %d", &a, &b, &count, &c)) >= 3 && a >= 0
                  && a < MAX_GPUS) {
             if (n_procs[a] < 0) n_procs[a] = 0;
@@ -396,7 +411,12 @@ nvmlReturn_t nvmlDeviceGetUUID(device_t *d, char *uuid, unsigned int n) {
 nvmlReturn_t nvmlDeviceGetSerial(device_t *d, char *s, unsigned int n) { DEVICE(d); snprintf(s, n, "16500000%05d", d->index); return OK; }
 nvmlReturn_t nvmlDeviceGetVbiosVersion(device_t *d, char *s, unsigned int n) { DEVICE(d); snprintf(s, n, "96.00.89.00.01"); return OK; }
 nvmlReturn_t nvmlDeviceGetMinorNumber(device_t *d, unsigned int *m) { DEVICE(d); *m = (unsigned)d->index; return OK; }
-nvmlReturn_t nvmlDeviceGetCudaComputeCapability(device_t *d, int *major, int *minor) { DEVICE(d); *major = 9; *minor = 0; return OK; }
+nvmlReturn_t nvmlDeviceGetCudaComputeCapability(device_t *d, int *major, int *minor) {
+    DEVICE(d);
+    *major = capability[d->index][0] ? capability[d->index][0] : 9;
+    *minor = capability[d->index][0] ? capability[d->index][1] : 0;
+    return OK;
+}
 
 typedef struct {
     char busIdLegacy[16];
@@ -645,6 +665,25 @@ nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(device_t *d, unsigned int link, int
     if (r != OK) return r;
     if (counter < 0 || counter > 4) return ERR_INVALID_ARGUMENT;
     *value = counter == 4 ? 0 : nvlink_errors[d->index][link][counter];  /* 4: ECC data, 0 on this fake */
+    return OK;
+}
+/* What a link leads to (nvml.h: nvmlDeviceGetNvLinkRemoteDeviceType, nvmlDeviceGetNvLinkRemotePciInfo_v2): another
+ * GPU of this fake (its own PCI address) or an NVSwitch. Unmeasured: the lent H100 had no NVLink. */
+nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(device_t *d, unsigned int link, unsigned int *type) {
+    DEVICE(d);
+    nvmlReturn_t r = link_of(d, link);
+    if (r == OK) *type = nvlink_peer[d->index][link] ? 0 : 2;
+    return r;
+}
+nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(device_t *d, unsigned int link, pci_info_t *p) {
+    DEVICE(d);
+    nvmlReturn_t r = link_of(d, link);
+    if (r != OK) return r;
+    int peer = nvlink_peer[d->index][link];
+    memset(p, 0, sizeof *p);
+    p->bus = peer ? 0x18 + (unsigned)(peer - 1) * 0x10 : 0xC0 + link % 4;
+    snprintf(p->busId, sizeof p->busId, "00000000:%02X:00.0", p->bus);
+    snprintf(p->busIdLegacy, sizeof p->busIdLegacy, "0000:%02X:00.0", p->bus);
     return OK;
 }
 typedef struct { unsigned char clusterUuid[16]; nvmlReturn_t status; unsigned int cliqueId, state; } fabric_v1_t;

@@ -49,6 +49,12 @@ LINK_ERRORS = C.counter(
     "NVLink data-link errors since the driver loaded, by type: crc_flit, crc_data, replay, recovery.",
     [*LINK, "type"],
 )
+LINK_REMOTE = C.gauge(
+    "accelmon_gpu_nvlink_remote_info",
+    "What the NVLink link leads to: remote_type gpu, switch, ibmnpu or unknown, and that device's PCI bus id as NVML "
+    "prints it; value is 1. Which GPUs a reset must take together is read from it (docs/health.md).",
+    [*LINK, "remote_type", "remote_pci_bus_id"],
+)
 FABRIC_STATE = C.gauge(
     "accelmon_gpu_fabric_state",
     "The GPU's registration with its NVLink fabric: 1 not started, 2 in progress, 3 completed.",
@@ -79,6 +85,12 @@ ERROR_COUNTERS = {
     "crc_flit": pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT,
     "crc_data": pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA,
 }
+# nvmlNvLinkDeviceType_t -> remote_type label.
+REMOTE_TYPES = {
+    pynvml.NVML_NVLINK_DEVICE_TYPE_GPU: "gpu",
+    pynvml.NVML_NVLINK_DEVICE_TYPE_IBMNPU: "ibmnpu",
+    pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH: "switch",
+}
 FABRIC_STATE_NOT_SUPPORTED = 0
 # healthMask bits 0-1: degraded bandwidth, 1 true, 2 false, 0 not reported (nvml.h NVML_GPU_FABRIC_HEALTH_MASK_*).
 DEGRADED_BW_TRUE, DEGRADED_BW_FALSE = 1, 2
@@ -91,6 +103,7 @@ class Gpu:
     handle: Any
     uuid: str = ""
     links: Optional[list[int]] = None  # learnt at the first read; [] = no NVLink
+    remotes: dict[int, tuple[str, str]] = field(default_factory=dict)  # link -> (remote type, bus id), learnt once
     unsupported: set[str] = field(default_factory=set)
 
 
@@ -145,6 +158,9 @@ class FabricCollector(OwnSessionCollector):
                 raise
             except nvml.NVMLError as error:
                 log.debug("GPU %d link %d state: %s", gpu.index, link, error)
+            remote = self._remote(gpu, link)
+            if remote is not None:
+                out.add(LINK_REMOTE, [*labels, *remote], 1)
             if "errors" in gpu.unsupported:
                 continue
             for kind, counter in ERROR_COUNTERS.items():
@@ -160,6 +176,26 @@ class FabricCollector(OwnSessionCollector):
                     log.debug("GPU %d link %d %s: %s", gpu.index, link, kind, error)
                     continue
                 out.add(LINK_ERRORS, [*labels, kind], value)
+
+    def _remote(self, gpu: Gpu, link: int) -> Optional[tuple[str, str]]:
+        """What the link leads to, asked until it answers and then kept (the wiring of a board does not change while
+        the driver runs); None where the driver does not say (a link down, an older driver)."""
+        nvml = self.nvml
+        if link in gpu.remotes or "remote" in gpu.unsupported:
+            return gpu.remotes.get(link)
+        try:
+            kind = REMOTE_TYPES.get(nvml.nvmlDeviceGetNvLinkRemoteDeviceType(gpu.handle, link), "unknown")
+            bus = text(nvml.nvmlDeviceGetNvLinkRemotePciInfo(gpu.handle, link).busId)
+        except (nvml.NVMLError_GpuIsLost, nvml.NVMLError_Unknown):
+            raise
+        except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound):
+            gpu.unsupported.add("remote")
+            return None
+        except nvml.NVMLError as error:
+            log.debug("GPU %d link %d remote: %s", gpu.index, link, error)
+            return None
+        gpu.remotes[link] = (kind, bus)
+        return gpu.remotes[link]
 
     def _find_links(self, gpu: Gpu) -> list[int]:
         """The GPU's links: NotSupported on the first means no NVLink, InvalidArgument marks the end."""

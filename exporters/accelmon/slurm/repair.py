@@ -25,10 +25,11 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
-from accelmon import gpu_holders, health, remediation
+from accelmon import gpu_holders, health, remediation, reset_scope
+from accelmon.collectors.fabric import fabric_manager_running
 from accelmon.config import Settings
 from accelmon.remediation import FailingGpu, Journal, Record, RepairPlan
 from accelmon.slurm.diag import diagnose, run_long
@@ -343,6 +344,8 @@ class SlurmRepair:
         plan = remediation.plan_repair(
             failing, node_failing, self.journal, state, self.options.repeat_window_seconds, self.now
         )
+        if plan.step == "reset":
+            plan = self.scoped(plan, failing, node_failing, verdict, state)
         if plan.step in ("wait", "leave"):
             self.say(f"remediation: node {self.node} left drained: {plan.why}")
             if plan.step == "leave":
@@ -370,6 +373,34 @@ class SlurmRepair:
             self.say(f"remediation: {'reset started in the background' if started else 'a repair is already running'}")
         else:
             self.reset(state, plan, rescan)
+
+    def scoped(
+        self, plan: RepairPlan, failing: list[FailingGpu], node_failing: list[tuple[str, str]],
+        verdict: health.NodeHealth, state: SlurmNode,
+    ) -> RepairPlan:  # fmt: skip
+        """The reset as the platform allows it (accelmon.reset_scope): with the GPUs NVLink joins to the failing ones
+        where they must be reset together, or a reboot where a reset cannot be right (planned as a reboot_node, so a
+        reboot Slurm refused is not asked again on this drain)."""
+        scope = reset_scope.of(
+            verdict, [gpu.pci_bus_id for gpu in plan.gpus], fabric_manager_running(self.options.procfs),
+            self.options.reset_command,
+        )  # fmt: skip
+        if scope.reboot:
+            chosen = {gpu.uuid for gpu in plan.gpus}
+            rebooting = [replace(gpu, action="reboot_node") if gpu.uuid in chosen else gpu for gpu in failing]
+            instead = remediation.plan_repair(
+                rebooting, node_failing, self.journal, state, self.options.repeat_window_seconds, self.now
+            )
+            return replace(instead, why=f"{instead.why}, not a reset: {scope.reboot}")
+        failing_buses = {gpu_holders.same_bus(gpu.pci_bus_id) for gpu in plan.gpus}
+        linked = tuple(
+            FailingGpu(gpu.index, gpu.uuid, gpu.serial, "none", (), False, gpu.pci_bus_id)
+            for gpu in scope.gpus if gpu_holders.same_bus(gpu.pci_bus_id) not in failing_buses
+        )  # fmt: skip
+        if not linked:
+            return plan
+        together = ", ".join(gpu.index for gpu in linked)
+        return replace(plan, linked=linked, why=f"{plan.why}, with GPU {together} (NVLink-linked: reset together)")
 
     def resume(self, action: str, gpus: tuple[FailingGpu, ...], why: str, written: str) -> None:
         """Returns the node to service, unless the pause switch is on (it stops every change accelmon makes), and only
@@ -481,6 +512,27 @@ class SlurmRepair:
                       ", ".join(holder.words() for holder in found))  # fmt: skip
         return ", ".join(holder.words() for holder in found)
 
+    def run_resets(self, gpus: tuple[FailingGpu, ...]) -> list[str]:
+        """The reset command: once for every GPU where it takes them all ({pci_bus_ids}: GPUs linked by NVLink must
+        go in one command where the platform resets them together), else once a GPU; what failed, in words."""
+        template = self.options.reset_command
+        if reset_scope.MANY in template:
+            buses = ",".join(gpu.pci_bus_id for gpu in gpus)
+            commands = [(", ".join(gpu.index for gpu in gpus), template.replace(reset_scope.MANY, buses))]
+        else:
+            commands = [(gpu.index, template.format(pci_bus_id=gpu.pci_bus_id, uuid=gpu.uuid)) for gpu in gpus]
+        failed = []
+        for indices, command in commands:
+            try:
+                result = subprocess.run(
+                    shlex.split(command), capture_output=True, text=True, timeout=RESET_TIMEOUT_SECONDS
+                )
+                if result.returncode != 0:
+                    failed.append(f"GPU {indices} reset: {(result.stderr or result.stdout).strip()[-120:]}")
+            except (OSError, subprocess.TimeoutExpired) as error:
+                failed.append(f"GPU {indices} reset: {error}")
+        return failed
+
     def diagnose_after_reset(self) -> Optional[list[str]]:
         """DCGM's `dcgmi diag -r 2` after a reset, asked again while it cannot run (its host engine, stopped around
         the reset, not listening yet) for up to DIAG_READY_SECONDS; None if it never could."""
@@ -502,24 +554,19 @@ class SlurmRepair:
         # The reset's time is taken before it starts: a kernel log line written during the reset is one it answers.
         reset_at = time.time()
         failed = []
+        taken = plan.gpus + plan.linked
         stopped = self.stop_holders(self.options.gpu_holders)
         try:
-            held = self.let_go(plan.gpus, stopped)
+            held = self.let_go(taken, stopped)
             if held:
                 failed.append(f"not reset: still held by {held}")
-            for gpu in plan.gpus if not held else ():
-                command = shlex.split(self.options.reset_command.format(pci_bus_id=gpu.pci_bus_id, uuid=gpu.uuid))
-                try:
-                    result = subprocess.run(command, capture_output=True, text=True, timeout=RESET_TIMEOUT_SECONDS)
-                    if result.returncode != 0:
-                        failed.append(f"GPU {gpu.index} reset: {(result.stderr or result.stdout).strip()[-120:]}")
-                except (OSError, subprocess.TimeoutExpired) as error:
-                    failed.append(f"GPU {gpu.index} reset: {error}")
+            else:
+                failed.extend(self.run_resets(taken))
         finally:
             self.start_holders(stopped)
         blamed = plan.gpus
         if not failed:
-            resets = {**self.journal.resets(), **{gpu.uuid: reset_at for gpu in plan.gpus if gpu.uuid}}
+            resets = {**self.journal.resets(), **{gpu.uuid: reset_at for gpu in taken if gpu.uuid}}
             after = rescan(resets)
             deadline = time.monotonic() + FABRIC_READY_SECONDS
             while not still_failing(after) and joining_fabric(after) and time.monotonic() < deadline:
@@ -547,7 +594,8 @@ class SlurmRepair:
                           claimed)  # fmt: skip
             return
         self.note("repair", "reset_gpu", "resolved", plan.gpus, plan.why)
-        self.resume("reset_gpu", plan.gpus, f"reset GPU {indices}, every check passed after it", claimed)
+        done = ", ".join(gpu.index for gpu in plan.gpus + plan.linked)
+        self.resume("reset_gpu", plan.gpus, f"reset GPU {done}, every check passed after it", claimed)
 
 
 def in_background(argv: list[str], lock: int) -> bool:
