@@ -187,6 +187,12 @@ CALLS: dict[str, Probe] = {
     "nvmlDeviceGetNvLinkErrorCounter": lambda n, h: _links(
         n, h, lambda link: [n.nvmlDeviceGetNvLinkErrorCounter(h, link, c) for c in range(4)]
     ),
+    "nvmlDeviceGetNvLinkRemoteDeviceType": lambda n, h: _links(
+        n, h, lambda link: n.nvmlDeviceGetNvLinkRemoteDeviceType(h, link)
+    ),
+    "nvmlDeviceGetNvLinkRemotePciInfo": lambda n, h: _links(
+        n, h, lambda link: n.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId
+    ),
     "nvmlDeviceGetGpuFabricInfo": lambda n, h: _fabric(n, h, "nvmlDeviceGetGpuFabricInfo", "c_nvmlGpuFabricInfo_t"),
     "nvmlDeviceGetGpuFabricInfoV": lambda n, h: _fabric(n, h, "nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfoV_t"),
     "nvmlDeviceGetProcessUtilization": lambda n, h: [

@@ -75,6 +75,9 @@ def field_kinds(fields: dict) -> dict:
 # Readings (utilization, clocks, temperatures, energy) are compared by shape alone. Left out: the v1 fabric
 # structure, whose UUID array's length follows the pynvml that asked, not the driver.
 LEFT_OUT = {"nvmlDeviceGetGpuFabricInfo"}
+# Calls the exporter made only after the H100 was measured (the next session with a GPU records them with the rest):
+# the fake answers them as nvml.h describes, and this comparison takes them in once they are in the measurement.
+NOT_YET_MEASURED = {"nvmlDeviceGetNvLinkRemoteDeviceType", "nvmlDeviceGetNvLinkRemotePciInfo"}
 # Facts of the board and driver the code relies on, to be answered exactly as the H100 did.
 FACTS = (
     "nvmlDeviceGetName", "nvmlDeviceGetCudaComputeCapability", "nvmlSystemGetDriverVersion",
@@ -95,7 +98,7 @@ def test_the_fake_answers_as_the_h100_did(fake_nvml_dir, tmp_path):
     real = {call: decoded(row["answer"]) for call, row in measured.items()}
     rows, _ = probe_the_fake(fake_nvml_dir, tmp_path, "gpus 1\nprofile h100\ngpm 0\n")
     fake = {row["call"]: decoded(row["answer"]) for row in rows}
-    assert set(fake) == set(real)
+    assert set(fake) - (NOT_YET_MEASURED - set(real)) == set(real)
     for call in sorted(set(real) - LEFT_OUT):
         if call == "nvmlDeviceGetFieldValues":
             assert field_kinds(fake[call]) == field_kinds(real[call])

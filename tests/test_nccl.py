@@ -219,11 +219,6 @@ def test_this_nodes_addresses_come_from_procfs(tmp_path):
     assert "10.0.0.0" not in local_addresses(str(procfs(tmp_path / "again")))
 
 
-def test_a_jobs_port_is_its_id_modulo_the_range():
-    assert nccl_ras.job_port("4242") == 28100 + 242
-    assert nccl_ras.job_port("1000") == 28100
-
-
 def test_golden(node):
     make, serve, state = node
     server = serve(answer=stuck_job())
@@ -233,36 +228,69 @@ def test_golden(node):
     check_golden("nccl_stuck_job.prom", text)
 
 
-@pytest.mark.e2e  # the role's prolog and TaskProlog, rendered by ansible-playbook
-def test_the_roles_task_prolog_gives_the_job_the_port_the_prolog_records(tmp_path):
-    """Two jobs on one node: the TaskProlog gives each job's NCCL its own RAS port (NCCL_RAS_ADDR), the prolog
-    records the same port for the collector, which asks it; a job that set NCCL_RAS_ADDR itself keeps it."""
-    state = tmp_path / "jobs"
-    state.mkdir()
-    for script in ("prolog", "task-prolog"):
-        render_role_template("accelmon_exporter", f"slurm-{script}.sh.j2", tmp_path / f"{script}.sh",
+@pytest.mark.e2e  # the role's prolog, TaskProlog and epilog, rendered by ansible-playbook
+def test_each_job_on_a_node_gets_a_ras_port_of_its_own_and_the_collector_asks_the_one_it_uses(tmp_path):
+    """Issue 58, point 5: jobs 4242 and 5242 (equal modulo 1000, which once gave them one port) get ports of their
+    own, never one a socket of the host holds; the TaskProlog gives each job its port; the epilog frees it. A job
+    that set NCCL_RAS_ADDR itself keeps it and the collector asks that port, unless another job holds it."""
+    state = tmp_path / "run" / "jobs"
+    state.mkdir(parents=True)
+    scripts = {}
+    for script in ("prolog", "task-prolog", "epilog"):
+        scripts[script] = tmp_path / f"{script}.sh"
+        render_role_template("accelmon_exporter", f"slurm-{script}.sh.j2", scripts[script],
                              {"__accelmon_exporter_jobs_dir": str(state)})  # fmt: skip
-    job = "4242"
-    prolog = subprocess.run(["/bin/sh", str(tmp_path / "prolog.sh")], env={"SLURM_JOB_ID": job, "SLURM_JOB_GPUS": "0"},
-                            capture_output=True, text=True, timeout=30)  # fmt: skip
-    assert prolog.returncode == 0, prolog.stderr
-    record = dict(line.split("=", 1) for line in (state / f"slurm-{job}").read_text().splitlines())
-    assert (record["nccl_ras_port"], record["nccl_ras_query"]) == ("28342", "1")  # no node list here: it asks
-    task = subprocess.run(["/bin/sh", str(tmp_path / "task-prolog.sh")], env={"SLURM_JOB_ID": job},
-                          capture_output=True, text=True, timeout=30)  # fmt: skip
-    assert task.stdout == "export NCCL_RAS_ADDR=localhost:28342\n"
-    own = subprocess.run(["/bin/sh", str(tmp_path / "task-prolog.sh")],
-                         env={"SLURM_JOB_ID": job, "NCCL_RAS_ADDR": "localhost:30000"},
-                         capture_output=True, text=True, timeout=30)  # fmt: skip
-    assert own.stdout == ""
+    text = scripts["prolog"].read_text()
+    assert f"RAS_FIRST={nccl_ras.JOB_PORT_BASE}\n" in text
+    assert f"RAS_LAST={nccl_ras.JOB_PORT_BASE + nccl_ras.JOB_PORTS - 1}\n" in text
+
+    def run(script: str, job: str, **env: str) -> str:
+        done = subprocess.run(["/bin/sh", str(scripts[script])], env={"SLURM_JOB_ID": job, **env},
+                              capture_output=True, text=True, timeout=30)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def port(job: str) -> int:
+        record = dict(line.split("=", 1) for line in (state / f"slurm-{job}").read_text().splitlines())
+        assert record["nccl_ras_query"] == "1"  # no node list here: it asks
+        return int(record["nccl_ras_port"])
+
+    squatter = None  # a process that outlived its job, on the lowest port of the range this host leaves free
+    for candidate in range(nccl_ras.JOB_PORT_BASE, nccl_ras.JOB_PORT_BASE + 50):
+        try:
+            squatter = FakeRas(answer=stuck_job(), port=candidate)
+            break
+        except OSError:
+            continue
+    assert squatter is not None
     try:
-        server = FakeRas(answer=stuck_job(), port=28342)
-    except OSError:
-        pytest.skip("port 28342 is taken on this machine")
+        run("prolog", "4242")
+        run("prolog", "5242")
+        ports = {job: port(job) for job in ("4242", "5242")}
+        assert len(set(ports.values())) == 2, ports
+        assert all(nccl_ras.JOB_PORT_BASE <= p < nccl_ras.JOB_PORT_BASE + nccl_ras.JOB_PORTS for p in ports.values())
+        assert squatter.port not in ports.values()
+        assert run("task-prolog", "5242") == f"export NCCL_RAS_ADDR=localhost:{ports['5242']}\n"
+        run("epilog", "4242")
+        assert not (state / "slurm-4242").exists() and not (state.parent / "nccl-ras" / "4242").exists()
+        run("prolog", "6242")  # the freed port is the lowest free one again
+        assert port("6242") == ports["4242"], ports
+    finally:
+        squatter.stop()
+
+    # Job 5242 set NCCL_RAS_ADDR itself: the TaskProlog keeps it and writes its port for the collector.
+    server = FakeRas(answer=stuck_job())
     try:
+        assert run("task-prolog", "5242", NCCL_RAS_ADDR=f"localhost:{server.port}") == ""
+        assert (state.parent / "nccl-ras" / "5242.own").read_text() == f"{server.port}\n"
         collector = NcclCollector(str(state), "", 5.0, 8, str(procfs(tmp_path / "proc")), Gpus())
-        text = text_of(collector)
-        assert {labels["job_id"] for labels, _ in series(text, "accelmon_nccl_communicator_status")} == {job}
+        assert ("5242", "localhost", server.port) in collector.targets()
+        assert {labels["job_id"] for labels, _ in series(text_of(collector), "accelmon_nccl_communicator_status")} == {
+            "5242"
+        }
+        # A port another job of the node holds is never taken from the job's own file.
+        (state.parent / "nccl-ras" / "5242.own").write_text(f"{port('6242')}\n")
+        assert ("5242", "localhost", ports["5242"]) in collector.targets()
     finally:
         server.stop()
 

@@ -142,7 +142,8 @@ def test_the_roles_prolog_gives_each_job_a_directory_its_inspector_writes_and_th
     run("prolog", SLURM_JOB_UID="65534", SLURM_JOB_GPUS="0")
     made = os.stat(planted)
     assert (made.st_uid, made.st_mode & 0o777, os.listdir(planted)) == (65534, 0o755, [])
-    ras = "export NCCL_RAS_ADDR=localhost:28342\n"
+    port = (tmp_path / "nccl-ras" / "4242").read_text().strip()  # the prolog's choice (tests/test_nccl.py)
+    ras = f"export NCCL_RAS_ADDR=localhost:{port}\n"
     assert run("task-prolog", NCCL_INSPECTOR_PROM_DUMP="1") == ras + f"export NCCL_INSPECTOR_DUMP_DIR={planted}\n"
     assert run("task-prolog") == ras  # Inspector off, or in its JSON mode: nothing of it
     assert run("task-prolog", NCCL_INSPECTOR_PROM_DUMP="1", NCCL_INSPECTOR_DUMP_DIR="/scratch/mine") == ras

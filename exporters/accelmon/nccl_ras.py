@@ -26,11 +26,14 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 DEFAULT_PORT = 28028
-# Ports for jobs that share a node: the role's TaskProlog sets NCCL_RAS_ADDR=localhost:(JOB_PORT_BASE + job id
-# modulo JOB_PORTS) and the prolog records it; two jobs on one node collide only if their ids differ by a multiple
-# of JOB_PORTS.
+# Ports for jobs that share a node: the role's prolog gives each job the lowest port of JOB_PORT_BASE to
+# JOB_PORT_BASE + JOB_PORTS - 1 that no other job of the node holds and no socket uses, records it and writes it in
+# PORTS_DIR (beside the jobs' state_dir) for its TaskProlog, which sets NCCL_RAS_ADDR=localhost:PORT. NCCL binds that
+# address with SO_REUSEADDR and SO_REUSEPORT (src/ras/client_support.cc, rasClientInitSocket): jobs given one port
+# would share it or lose it.
 JOB_PORT_BASE = 28100
 JOB_PORTS = 1000
+PORTS_DIR = "nccl-ras"
 PROTOCOLS = (1, 2)  # the versions whose answers this reads (NCCL 2.24 to 2.29 answer 2)
 MAX_LINE = 4096
 STATUSES = ("ok", "init", "mismatch", "incomplete", "error")
@@ -79,10 +82,6 @@ class JobStatus:
     drill: bool = False  # the answer is accelmon-drill's stand-in (accelmon.nccl_drill), not NCCL's
     repaired: bool = False  # NCCL 2.28.7-2.28.9's invalid JSON, read after putting its missing comma back
     timeouts: int = 0  # RAS's own legs that timed out while collecting this answer (`timeouts_count`)
-
-
-def job_port(job_id: str) -> int:
-    return JOB_PORT_BASE + int(job_id) % JOB_PORTS
 
 
 class Exchange:

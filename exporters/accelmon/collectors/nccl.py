@@ -9,10 +9,11 @@ Example exposition lines::
         nvml_dev="5",uuid="",dead="true"} 1.0
 
 Which sockets: each job record of this node (the jobs collector's `state_dir`) that carries `nccl_ras_port` (the
-role's prolog records it, its TaskProlog gives the job NCCL_RAS_ADDR=localhost:PORT), asked only where the record
-says this node asks for the job (`nccl_ras_query=1`: the job's first node, so that one node a job asks, not every
-one: RAS gathers from every process of the job for each query); and the `addresses` always asked. Each query is
-bounded by `timeout_seconds` and the answer by MAX_ANSWER_BYTES; every query's result is counted
+role's prolog chooses a port no other job of the node holds and records it, its TaskProlog gives the job
+NCCL_RAS_ADDR=localhost:PORT; a job that set its own has its port in `nccl-ras/JOB.own` beside `state_dir`), asked
+only where the record says this node asks for the job (`nccl_ras_query=1`: the job's first node, so that one node a
+job asks, not every one: RAS gathers from every process of the job for each query); and the `addresses` always
+asked. Each query is bounded by `timeout_seconds` and the answer by MAX_ANSWER_BYTES; every query's result is counted
 (`accelmon_nccl_queries_total{result}`): refused (nothing listening: a job without NCCL, or not yet initialised) is
 no error, the others are. Series are summaries plus outliers: per communicator its size and ranks answering and
 missing, its status and highest collective count; per rank only the missing or dead ones and those behind, at most
@@ -194,7 +195,8 @@ class NcclCollector(Collector):
             except OSError:
                 continue  # the job ended between the listing and the read
         asked_here = [r for r in records if r.get("job_id") and r.get("nccl_ras_query", "1") != "0"]
-        jobs = [(r["job_id"], "localhost", int(r["nccl_ras_port"])) for r in asked_here
+        held = {r.get("nccl_ras_port", "") for r in records}
+        jobs = [(r["job_id"], "localhost", self.port_of(r["job_id"], r["nccl_ras_port"], held)) for r in asked_here
                 if r.get("nccl_ras_port", "").isdigit()]  # fmt: skip
         owners = {r.get("job_id", "") for r in records} - {""}
         if len(owners) == 1 and not asked_here:
@@ -202,6 +204,19 @@ class NcclCollector(Collector):
         owner = next(iter(owners)) if len(owners) == 1 else ""
         taken = {(host, port) for _, host, port in jobs}
         return jobs + [(owner, host, port) for host, port in self.addresses if (host, port) not in taken]
+
+    def port_of(self, job: str, recorded: str, held: set[str]) -> int:
+        """The port the job's NCCL listens on: the one the prolog gave it, or the job's own NCCL_RAS_ADDR port that
+        the TaskProlog wrote beside it (a file the job's user may write: a port another job of this node holds is
+        not taken from it, so no job is served another's answers)."""
+        try:
+            with open(os.path.join(os.path.dirname(self.state_dir), nccl_ras.PORTS_DIR, f"{job}.own")) as stream:
+                own = stream.read(16).strip()
+        except OSError:
+            own = ""
+        if own.isdigit() and 0 < int(own) < 65536 and (own == recorded or own not in held):
+            return int(own)
+        return int(recorded)
 
     def uuids(self) -> dict[int, str]:
         found = self.nvml.gpus() if self.nvml is not None else None

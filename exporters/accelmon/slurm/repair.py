@@ -20,7 +20,6 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import shlex
 import shutil
 import subprocess
 import sys
@@ -34,13 +33,12 @@ from accelmon.config import Settings
 from accelmon.remediation import FailingGpu, Journal, Record, RepairPlan
 from accelmon.slurm.diag import diagnose, run_long
 from accelmon.slurm.fleet import Budget, Decision, Fleet, Limits, Run, pause_of
+from accelmon.slurm.gpu_reset import GpuReset
 from accelmon.slurm.nodes import BUSY, DRAINED, SlurmNode, keyed_reason
 
 log = logging.getLogger("accelmon.slurm")
 
 Scan = Callable[[dict[str, float]], health.NodeHealth]  # a fresh scan, given the GPU resets to apply
-RESET_TIMEOUT_SECONDS = 120  # nvidia-smi --gpu-reset takes seconds; a GPU that hangs it is not reset
-HOLDERS_EXIT_SECONDS = 10.0  # how long the units stopped before a reset have to let the GPU go
 # DCGM's host engine restarts with the units stopped around a reset: its diagnostic is asked again for this long
 # before "could not run" leaves the node for a person (never a pass).
 DIAG_READY_SECONDS = 60.0
@@ -472,67 +470,6 @@ class SlurmRepair:
         self.note("repair", "reboot_node", "resolved", detail="every check passed after the reboot")
         self.resume("reboot_node", (), "every check passed after the reboot", state.reason)
 
-    def stop_holders(self, units: tuple[str, ...]) -> list[str]:
-        """Stops those of `units` that run; the ones stopped (to start again)."""
-        stopped = []
-        for unit in units:
-            active = self.fleet.call(["systemctl", "is-active", "--quiet", unit])
-            if active.returncode != 0:
-                continue
-            result = self.fleet.call(["systemctl", "stop", unit])
-            if result.returncode != 0:
-                log.error("could not stop %s before the reset: %s", unit, (result.stderr or result.stdout).strip())
-            stopped.append(unit)
-        return stopped
-
-    def start_holders(self, stopped: list[str]) -> None:
-        for unit in stopped:
-            result = self.fleet.call(["systemctl", "start", unit])
-            if result.returncode != 0:
-                log.error(
-                    "could not start %s again after the reset: %s", unit, (result.stderr or result.stdout).strip()
-                )
-
-    def let_go(self, gpus: tuple[FailingGpu, ...], stopped: list[str]) -> str:
-        """Makes every process let the GPUs go before their reset: the services found holding their device files are
-        stopped too (added to `stopped`, started again after), then waited for. Whatever still holds one, in words
-        ("" when none, or when the driver does not list the GPUs: the reset is tried and says)."""
-        devices = set(gpu_holders.device_files(self.options.procfs, [gpu.pci_bus_id for gpu in gpus]).values())
-        if not devices:
-            return ""
-        found = gpu_holders.holders(self.options.procfs, devices)
-        more = tuple(sorted({holder.unit for holder in found if holder.unit and holder.unit not in stopped}))
-        stopped.extend(self.stop_holders(more))
-        deadline = time.monotonic() + HOLDERS_EXIT_SECONDS
-        while found and time.monotonic() < deadline:
-            self.fleet.sleep(0.5)
-            found = gpu_holders.holders(self.options.procfs, devices)
-        if found:
-            log.error("GPU %s still held before its reset: %s", ", ".join(g.index for g in gpus),
-                      ", ".join(holder.words() for holder in found))  # fmt: skip
-        return ", ".join(holder.words() for holder in found)
-
-    def run_resets(self, gpus: tuple[FailingGpu, ...]) -> list[str]:
-        """The reset command: once for every GPU where it takes them all ({pci_bus_ids}: GPUs linked by NVLink must
-        go in one command where the platform resets them together), else once a GPU; what failed, in words."""
-        template = self.options.reset_command
-        if reset_scope.MANY in template:
-            buses = ",".join(gpu.pci_bus_id for gpu in gpus)
-            commands = [(", ".join(gpu.index for gpu in gpus), template.replace(reset_scope.MANY, buses))]
-        else:
-            commands = [(gpu.index, template.format(pci_bus_id=gpu.pci_bus_id, uuid=gpu.uuid)) for gpu in gpus]
-        failed = []
-        for indices, command in commands:
-            try:
-                result = subprocess.run(
-                    shlex.split(command), capture_output=True, text=True, timeout=RESET_TIMEOUT_SECONDS
-                )
-                if result.returncode != 0:
-                    failed.append(f"GPU {indices} reset: {(result.stderr or result.stdout).strip()[-120:]}")
-            except (OSError, subprocess.TimeoutExpired) as error:
-                failed.append(f"GPU {indices} reset: {error}")
-        return failed
-
     def diagnose_after_reset(self) -> Optional[list[str]]:
         """DCGM's `dcgmi diag -r 2` after a reset, asked again while it cannot run (its host engine, stopped around
         the reset, not listening yet) for up to DIAG_READY_SECONDS; None if it never could."""
@@ -555,15 +492,16 @@ class SlurmRepair:
         reset_at = time.time()
         failed = []
         taken = plan.gpus + plan.linked
-        stopped = self.stop_holders(self.options.gpu_holders)
+        resetting = GpuReset(self.fleet, self.options.reset_command, self.options.procfs)
+        stopped = resetting.stop_holders(self.options.gpu_holders)
         try:
-            held = self.let_go(taken, stopped)
+            held = resetting.let_go(taken, stopped)
             if held:
                 failed.append(f"not reset: still held by {held}")
             else:
-                failed.extend(self.run_resets(taken))
+                failed.extend(resetting.run(taken))
         finally:
-            self.start_holders(stopped)
+            resetting.start_holders(stopped)
         blamed = plan.gpus
         if not failed:
             resets = {**self.journal.resets(), **{gpu.uuid: reset_at for gpu in taken if gpu.uuid}}

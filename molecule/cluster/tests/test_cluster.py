@@ -220,13 +220,16 @@ def test_a_slurm_job_is_attributed_while_it_runs_and_reported_after(host, tmp_pa
         held = {r["metric"]["uuid"] for r in series if r["metric"]["node"] == worker}
         assert held == {expected["0"], expected["1"]}, (worker, held, expected)
     assert {r["metric"]["user"] for r in series} == {"alice"}
-    # The prolog recorded the job's RAS port on both nodes, and that only its first node (worker-1) asks RAS; the
-    # TaskProlog gave each task that port.
-    port = 28100 + int(job) % 1000
+    # The prolog gave the job a RAS port of its own on both nodes (the lowest free one of the node's range) and
+    # recorded it, and that only its first node (worker-1) asks RAS; the TaskProlog gave each task that port.
     for worker, asks in ((f"{CLUSTER}-worker-1", "1"), (f"{CLUSTER}-worker-2", "0")):
         on = testinfra.get_host(f"podman://{worker}")
         record = on.check_output(f"cat /run/accelmon/jobs/slurm-{job}")
+        port = re.search(r"^nccl_ras_port=(\d+)$", record, re.M)
+        assert port and 28100 <= int(port.group(1)) < 29100, (worker, record)
+        port = int(port.group(1))
         assert f"nccl_ras_port={port}\nnccl_ras_query={asks}" in record, (worker, record)
+        assert on.check_output(f"cat /run/accelmon/nccl-ras/{job}").strip() == str(port)
         given = wait_for(lambda on=on, worker=worker: on.run(f"cat /tmp/ras-{job}-{worker}").stdout.strip(), 20)
         assert given == f"localhost:{port}", (worker, given)
     nccl_drill_served(host, job, controller)
@@ -494,17 +497,61 @@ def xid_48_now(worker, sequence: int) -> str:
     return record(sequence, uptime, xid_line(bus_id(2).rsplit(".", 1)[0], 48, "DBE (double bit error) ECC error."))
 
 
+STANDIN_UNIT = "gpu-standin.service"
+STANDIN_RESET = "/usr/local/bin/standin-gpu-reset"
+
+
+@contextlib.contextmanager
+def gpu_holder_standin(worker):
+    """A service that holds GPU 2's device file open, as nvidia-persistenced or another exporter does: no unit in
+    gpu_holders, so the repair finds it by the file. The reset command stands in for the driver's: it refuses, as
+    nvidia-smi does, while any process has the file open, and records the GPUs it reset. The fake procfs holds the
+    driver's files only, so the holder's process entry is linked into it: the repair reads that process's real
+    descriptors and cgroup, stops its real unit and starts it again."""
+    minor = worker.check_output(
+        f"sed -n 's/^Device Minor:[[:space:]]*//p' /opt/fake-proc/driver/nvidia/gpus/{bus_id(2)}/information"
+    ).strip()
+    device = f"/dev/nvidia{minor}"
+    unit = f"[Service]\nExecStart=/bin/sh -c 'exec 3<{device}; exec sleep infinity'\n"
+    reset = (
+        "#!/bin/sh\n"
+        f"if ls -l /proc/[0-9]*/fd 2>/dev/null | grep -q ' {device}$'; then\n"
+        "  echo 'the GPU is currently in use by another process' >&2; exit 255\nfi\n"
+        'echo "$1" >> /run/standin-resets\n'
+    )
+    worker.check_output(
+        f"touch {device} && printf {shlex.quote(unit)} > /etc/systemd/system/{STANDIN_UNIT} && "
+        f"printf {shlex.quote(reset)} > {STANDIN_RESET} && chmod 755 {STANDIN_RESET} && rm -f /run/standin-resets && "
+        f"systemctl daemon-reload && systemctl start {STANDIN_UNIT}"
+    )
+    pid = worker.check_output(f"systemctl show -p MainPID --value {STANDIN_UNIT}").strip()
+    assert wait_for(lambda: worker.run(f"ls -l /proc/{pid}/fd | grep -q ' {device}$'").rc == 0, 10)
+    worker.check_output(f"ln -sfn /proc/{pid} /opt/fake-proc/{pid}")
+    try:
+        yield
+    finally:
+        worker.run(
+            f"systemctl stop {STANDIN_UNIT}; rm -f /etc/systemd/system/{STANDIN_UNIT} {STANDIN_RESET} {device} "
+            "/run/standin-resets; find /opt/fake-proc -maxdepth 1 -type l -delete; systemctl daemon-reload"
+        )
+
+
 def test_the_repair_loop_and_the_circuit_breaker_on_the_real_slurm(host):
     """From verdict to repair (docs/health.md) with remediation `act` on worker-2: an XID 48 (reset_gpu) drains it,
-    the loop resets the GPU (a reset command the fake driver needs nothing of), the scan passes (the XID was before
+    the loop stops what holds the GPU (the exporter, and a stand-in found by its device file), resets the GPU (a
+    stand-in command that refuses while the GPU is held), starts them again, the scan passes (the XID was before
     the reset) and Slurm resumes the node, which runs a job again; the same GPU failing again within the window is
     drained for hardware_service, naming the reset. Then the breaker, breaker_min_nodes 1 on worker-1: with worker-2
     out by accelmon, worker-1's failing GPU is not drained, and AccelmonDrainBreakerHolding fires for the fleet."""
     controller = testinfra.get_host(f"podman://{CLUSTER}-worker-1")
     name = f"{CLUSTER}-worker-2"
     worker = testinfra.get_host(f"podman://{name}")
-    acting = {"remediation": "act", "gpu_reset_command": "true {pci_bus_id}", "breaker_min_nodes": 1}
-    with slurm_health_checks(controller), health_options(worker, **acting), health_options(controller, **acting):
+    acting = {"remediation": "act", "gpu_reset_command": f"{STANDIN_RESET} {{pci_bus_ids}}", "breaker_min_nodes": 1}
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(slurm_health_checks(controller))
+        for each in (worker, controller):
+            stack.enter_context(health_options(each, **acting))
+        stack.enter_context(gpu_holder_standin(worker))
         remediation = "accelmon-remediation"  # on root's PATH, as docs/health.md types it (the role links it)
         try:
             # The pause switch first (accelmon-remediation, through Slurm): the failing worker is not drained.
@@ -530,6 +577,10 @@ def test_the_repair_loop_and_the_circuit_breaker_on_the_real_slurm(host):
                 in journal
             )
             assert runs_on(controller, f"--nodelist={name}") == name
+            # The reset ran with nothing holding the GPU (the stand-in refuses otherwise), and every unit it stopped
+            # runs again: the exporter (gpu_holders) and the holder found by its device file.
+            assert worker.check_output("cat /run/standin-resets").split() == [f"0000{bus_id(2)}".upper()]
+            assert worker.run(f"systemctl is-active {STANDIN_UNIT} accelmon-exporter.service").rc == 0
 
             # The same GPU again, after the reset: a repeat offender, left for hardware service.
             worker.check_output(f"printf '%s' {shlex.quote(xid_48_now(worker, 22))} >> /opt/fake-kmsg")

@@ -1,0 +1,91 @@
+"""The GPU reset itself, for the repair loop (accelmon.slurm.repair): the processes that hold the GPUs stopped and
+waited for, the reset command run (once for every GPU where it takes them all), the services started again.
+
+The driver refuses a reset while any process holds a GPU (nvidia-smi(1), `-r`): the units configured as holders are
+stopped, then whoever still has a GPU's device file open is found (accelmon.gpu_holders) and, where it is a service,
+stopped too; a job's process or this one is named instead, and no reset is run.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import subprocess
+import time
+
+from accelmon import gpu_holders, reset_scope
+from accelmon.remediation import FailingGpu
+from accelmon.slurm.fleet import Fleet
+
+log = logging.getLogger("accelmon.slurm")
+
+RESET_TIMEOUT_SECONDS = 120  # nvidia-smi --gpu-reset takes seconds; a GPU that hangs it is not reset
+HOLDERS_EXIT_SECONDS = 10.0  # how long the units stopped before a reset have to let the GPU go
+
+
+class GpuReset:
+    def __init__(self, fleet: Fleet, command: str, procfs: str) -> None:
+        self.fleet = fleet  # its call (systemctl) and sleep, which tests replace
+        self.command = command  # gpu_reset_command
+        self.procfs = procfs
+
+    def stop_holders(self, units: tuple[str, ...]) -> list[str]:
+        """Stops those of `units` that run; the ones stopped (to start again)."""
+        stopped = []
+        for unit in units:
+            active = self.fleet.call(["systemctl", "is-active", "--quiet", unit])
+            if active.returncode != 0:
+                continue
+            result = self.fleet.call(["systemctl", "stop", unit])
+            if result.returncode != 0:
+                log.error("could not stop %s before the reset: %s", unit, (result.stderr or result.stdout).strip())
+            stopped.append(unit)
+        return stopped
+
+    def start_holders(self, stopped: list[str]) -> None:
+        for unit in stopped:
+            result = self.fleet.call(["systemctl", "start", unit])
+            if result.returncode != 0:
+                log.error(
+                    "could not start %s again after the reset: %s", unit, (result.stderr or result.stdout).strip()
+                )
+
+    def let_go(self, gpus: tuple[FailingGpu, ...], stopped: list[str]) -> str:
+        """Makes every process let the GPUs go before their reset: the services found holding their device files are
+        stopped too (added to `stopped`, started again after), then waited for. Whatever still holds one, in words
+        ("" when none, or when the driver does not list the GPUs: the reset is tried and says)."""
+        devices = set(gpu_holders.device_files(self.procfs, [gpu.pci_bus_id for gpu in gpus]).values())
+        if not devices:
+            return ""
+        found = gpu_holders.holders(self.procfs, devices)
+        more = tuple(sorted({holder.unit for holder in found if holder.unit and holder.unit not in stopped}))
+        stopped.extend(self.stop_holders(more))
+        deadline = time.monotonic() + HOLDERS_EXIT_SECONDS
+        while found and time.monotonic() < deadline:
+            self.fleet.sleep(0.5)
+            found = gpu_holders.holders(self.procfs, devices)
+        if found:
+            log.error("GPU %s still held before its reset: %s", ", ".join(g.index for g in gpus),
+                      ", ".join(holder.words() for holder in found))  # fmt: skip
+        return ", ".join(holder.words() for holder in found)
+
+    def run(self, gpus: tuple[FailingGpu, ...]) -> list[str]:
+        """The reset command: once for every GPU where it takes them all ({pci_bus_ids}: GPUs linked by NVLink must
+        go in one command where the platform resets them together), else once a GPU; what failed, in words."""
+        template = self.command
+        if reset_scope.MANY in template:
+            buses = ",".join(gpu.pci_bus_id for gpu in gpus)
+            commands = [(", ".join(gpu.index for gpu in gpus), template.replace(reset_scope.MANY, buses))]
+        else:
+            commands = [(gpu.index, template.format(pci_bus_id=gpu.pci_bus_id, uuid=gpu.uuid)) for gpu in gpus]
+        failed = []
+        for indices, command in commands:
+            try:
+                result = subprocess.run(
+                    shlex.split(command), capture_output=True, text=True, timeout=RESET_TIMEOUT_SECONDS
+                )
+                if result.returncode != 0:
+                    failed.append(f"GPU {indices} reset: {(result.stderr or result.stdout).strip()[-120:]}")
+            except (OSError, subprocess.TimeoutExpired) as error:
+                failed.append(f"GPU {indices} reset: {error}")
+        return failed
