@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from accelmon.collectors.nccl_inspector import MAX_FILE_BYTES, NcclInspectorCollector
+from tests.support import inspector_corpus
 from tests.support.ansible import render_role_template
 from tests.support.exposition import check_golden, promtool_check, sample_value, series, text_of
 from tests.support.jobs_tree import nvidia_procfs, uuid
@@ -20,17 +21,8 @@ COMM = "0xd152c00f111816"
 
 
 def lines(rank: int, bus_gbs: float, job: str = "4242", comm: str = COMM, collective: str = "AllReduce") -> str:
-    """One communicator's three lines, with Inspector's labels (free text among them: hostname, timestamp, coll_sn)."""
-    labels = (
-        f'comm_id="{comm}",hostname="pool0-0002",rank="{rank}",slurm_job="train",slurm_job_id="{job}",'
-        f'nranks="16",n_nodes="2",gpu_device_id="GPU{rank % 8}",collective="{collective}",coll_sn="228924",'
-        f'timestamp="2026-11-27T03:31:47Z",message_size="2.00GB"'
-    )
-    return (
-        f"nccl_algorithm_bandwidth_gbs{{{labels}}} {bus_gbs / 1.875:.6g}\n"
-        f"nccl_bus_bandwidth_gbs{{{labels}}} {bus_gbs:.6g}\n"
-        f"nccl_collective_exec_time_microseconds{{{labels}}} 61974\n"
-    )
+    """One communicator's three lines as NCCL 2.29 writes them (free text among the labels: hostname, timestamp)."""
+    return inspector_corpus.file_2_29(rank, bus_gbs, comm=comm, job=job, collective=collective, cuda_device=rank % 8)
 
 
 def gpu_file(folder: Path, index: int, text: str) -> Path:
@@ -144,9 +136,13 @@ def test_the_roles_prolog_gives_each_job_a_directory_its_inspector_writes_and_th
     assert (made.st_uid, made.st_mode & 0o777, os.listdir(planted)) == (65534, 0o755, [])
     port = (tmp_path / "nccl-ras" / "4242").read_text().strip()  # the prolog's choice (tests/test_nccl.py)
     ras = f"export NCCL_RAS_ADDR=localhost:{port}\n"
-    assert run("task-prolog", NCCL_INSPECTOR_PROM_DUMP="1") == ras + f"export NCCL_INSPECTOR_DUMP_DIR={planted}\n"
+    every_30_s = "export NCCL_INSPECTOR_DUMP_THREAD_INTERVAL_MICROSECONDS=30000000\n"  # 2.30 writes at teardown else
+    assert run("task-prolog", NCCL_INSPECTOR_PROM_DUMP="1") == (
+        ras + f"export NCCL_INSPECTOR_DUMP_DIR={planted}\n" + every_30_s
+    )
     assert run("task-prolog") == ras  # Inspector off, or in its JSON mode: nothing of it
-    assert run("task-prolog", NCCL_INSPECTOR_PROM_DUMP="1", NCCL_INSPECTOR_DUMP_DIR="/scratch/mine") == ras
+    mine = {"NCCL_INSPECTOR_DUMP_DIR": "/scratch/mine", "NCCL_INSPECTOR_DUMP_THREAD_INTERVAL_MICROSECONDS": "60000000"}
+    assert run("task-prolog", NCCL_INSPECTOR_PROM_DUMP="1", **mine) == ras
     gpu_file(planted, 3, lines(3, 200.0, job="999"))  # the file says another job: the directory is the job's
     text = text_of(NcclInspectorCollector(str(dump), 120.0, 64, str(nvidia_procfs(tmp_path / "proc", gpus=8))))
     assert [s["job_id"] for s, _ in series(text, "accelmon_nccl_bus_bandwidth_bytes_per_second")] == ["4242"]
@@ -161,3 +157,50 @@ def test_golden(tmp_path):
     text = text_of(collector(tmp_path))
     promtool_check(text)
     check_golden("nccl_inspector_slow_rank.prom", text)
+
+
+def test_nccl_2_30_buckets_serve_each_communicators_largest_messages_by_gpu(tmp_path):
+    """Issue 58, point 1: NCCL 2.30's form (no comm_id, no rank: tests/support/inspector_corpus.py) was read as
+    nothing. Now each communicator's collective is served from its bucket of the largest messages, under its name
+    made a bounded label value, with the GPU; point to point too; free text (node, the raw name) never."""
+    corpus = inspector_corpus
+    text = (
+        corpus.bucket_2_30(410.0, size=64 << 20, exec_us=310.0)  # smaller messages: not served
+        + corpus.bucket_2_30(678.263, size=(4 << 30) + 12345, algo_proto="Ring_LL128", exec_us=9498.47)
+        + corpus.bucket_2_30(120.0, comm_name="unknown", nranks=8, collective="AllGather", size=1 << 20)
+        + corpus.p2p_bucket_2_30(464.9, operation="Send")
+    )
+    gpu_file(tmp_path / "dump" / "4242", 3, text)
+    exposition = text_of(collector(tmp_path))
+    promtool_check(exposition)
+    dp = {"job_id": "4242", "communicator": "DP_Group_0/16", "rank": "", "collective": "AllReduce", "gpu": "3",
+          "uuid": uuid(3)}  # fmt: skip
+    assert sample_value(exposition, "accelmon_nccl_bus_bandwidth_bytes_per_second", **dp) == 678.263e9
+    assert sample_value(exposition, "accelmon_nccl_collective_duration_seconds", **dp) == 9498.47e-6
+    assert sample_value(exposition, "accelmon_nccl_collective_message_bytes", **dp) == 4 * 1024**3  # "4-5GB"
+    bus = series(exposition, "accelmon_nccl_bus_bandwidth_bytes_per_second")
+    assert sorted((s["communicator"], s["collective"], v) for s, v in bus) == [
+        ("DP_Group_0/16", "AllReduce", 678.263e9), ("PP_Group_0/16", "Send", 464.9e9), ("unknown/8", "AllGather", 120e9)
+    ]  # fmt: skip
+    assert series(exposition, "accelmon_nccl_algorithm_bandwidth_bytes_per_second") == []  # 2.30 has none
+    assert "pool0-0002" not in exposition and "DP Group 0" not in exposition
+    assert sample_value(exposition, "accelmon_nccl_inspector_skipped_lines_total") == 0
+
+
+def test_a_communicator_name_is_a_bounded_label_value():
+    from accelmon.collectors.nccl_inspector import communicator_of
+
+    assert communicator_of("DP Group 0", "16") == "DP_Group_0/16"
+    assert communicator_of("unknown", "8") == "unknown/8"
+    long = communicator_of("x" * 200, "4")
+    assert long.startswith("name-") and len(long) == len("name-") + 12 + 2
+    assert communicator_of('"}\n', "2").startswith("name-")  # nothing left but replacements: hashed
+
+
+def test_files_of_every_release_are_read(tmp_path):
+    """The corpus: 2.29's and 2.30's files side by side on one node (two jobs on different releases)."""
+    gpu_file(tmp_path / "dump" / "4242", 0, inspector_corpus.file_2_29(0, 350.0))
+    gpu_file(tmp_path / "dump" / "5151", 1, inspector_corpus.bucket_2_30(340.0, job="5151"))
+    exposition = text_of(collector(tmp_path))
+    bus = series(exposition, "accelmon_nccl_bus_bandwidth_bytes_per_second")
+    assert sorted((s["job_id"], s["rank"], s["gpu"]) for s, _ in bus) == [("4242", "0", "0"), ("5151", "", "1")]

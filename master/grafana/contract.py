@@ -45,6 +45,8 @@ ONLY_WHILE = {
     "accelmon_node_remediation_events_total": "the Slurm health check decided something (tests/test_remediation.py)",
     "accelmon_node_drain_breaker_nodes": "the circuit breaker holds a drain back (tests/test_remediation.py)",
     "accelmon_node_out_by_accelmon_since_seconds": "Slurm shows a node out by accelmon (tests/test_scheduler.py)",
+    "accelmon_gpu_nic_nearest_info": "a node has NVIDIA GPUs and RDMA NICs (tests/test_topology.py)",
+    "accelmon:gpu_path_fault": "a part on a GPU's path is at fault (master/prometheus/tests/alerts-test.yml)",
     "node:accelmon_gpus_by_state:count": "a GPU is unhealthy or drained (master/prometheus/tests/ledger-test.yml)",
     "job:accelmon_hung:bool": "a job hangs (ledger-test.yml)",
     # The ledger's GPUs of each state: only while some GPU is in it (the counts, zeros included, always are).

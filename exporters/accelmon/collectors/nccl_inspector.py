@@ -19,19 +19,30 @@ is the job id served), and serves them in base units with bounded labels only: j
 collective (one of NCCL's), and the GPU's NVML index and UUID (from the file's name, through the driver's procfs).
 A file older than `max_age_seconds` is a finished or stopped job's and is left out. A line that is not Inspector's,
 a file over MAX_FILE_BYTES and lines past `max_communicators` a file are skipped and counted.
+
+NCCL 2.30 (plugins/profiler/inspector, tests/support/inspector_corpus.py) writes another form into the same files:
+what completed during the dump interval, in buckets by communicator name, size, message size range ("4-5GB") and
+algorithm, each with its bus bandwidth's geometric mean and its execution time's mean, and point to point
+(`nccl_p2p_*`); no communicator id, no rank, no algorithm bandwidth. Of each communicator's collective the bucket
+of the largest messages is served (every rank of the communicator has it), under the communicator's name made a
+bounded label value with its size (`DP_Group_0/16`) and an empty `rank`: the GPU (`gpu`, `uuid`, and the node)
+names the rank's place. Its default dump interval is "at teardown only": accelmon's TaskProlog sets 30 s where the
+job asks for Prometheus files and sets no interval.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
 import time
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from accelmon.metrics import Catalogue, Samples
+from accelmon.metrics import Catalogue, MetricSpec, Samples
 from accelmon.nvidia import driver_gpus
 from accelmon.registry import Option, Registration, register, seconds
 from accelmon.runtime import Collector
@@ -42,6 +53,15 @@ FILE = re.compile(r"^nccl_inspector_metrics_([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}
 MAX_FILE_BYTES = 1 << 20  # 3 lines of about 400 bytes a communicator: hundreds of communicators a GPU
 COLLECTIVES = ("AllGather", "AllReduce", "Broadcast", "Recv", "Reduce", "ReduceScatter", "SendRecv", "Send")
 SIZE = re.compile(r"^(\d+(?:\.\d+)?)(B|KB|MB|GB|TB)$")
+SIZE_RANGE = re.compile(
+    r"^(\d+)-\d+(B|KB|MB|GB|TB)$"
+)  # 2.30's message_size: "4-5GB" (inspectorPromFormatMessageSizeRange)
+NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.:/-]")
+# 2.30's metrics: collectives and point-to-point (nccl_p2p_*, with p2p_operation for collective).
+V2_30 = {
+    "nccl_bus_bandwidth_gbs": "collective", "nccl_collective_exec_time_microseconds": "collective",
+    "nccl_p2p_bus_bandwidth_gbs": "p2p", "nccl_p2p_exec_time_microseconds": "p2p",
+}  # fmt: skip
 UNITS = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}  # inspectorFormatHumanReadableSize
 LABELS = ["job_id", "communicator", "rank", "collective", "gpu", "uuid"]
 
@@ -49,7 +69,8 @@ C = Catalogue(
     "nccl_inspector",
     "NCCL Inspector's per-collective bandwidth (its Prometheus files)",
     "Source: NCCL Inspector's Prometheus files (NCCL 2.29+ profiler plugin, `NCCL_INSPECTOR_PROM_DUMP=1`) in "
-    "dump_dir: each GPU's communicators' latest completed collective, rewritten every 30 s or more by the job; "
+    "dump_dir: each GPU's communicators' latest completed collective (2.29), or its means over the dump interval "
+    "for the largest message size (2.30: no rank, no algorithm bandwidth), rewritten every 30 s or more by the job; "
     "docs/jobs.md. Job series carry `job_id` only: join `accelmon_gpu_job_info` for user and account.",
 )
 BUS_BANDWIDTH = C.gauge(
@@ -107,6 +128,56 @@ SOURCES = {
 def message_bytes(text: str) -> Optional[float]:
     found = SIZE.match(text)
     return float(found.group(1)) * UNITS[found.group(2)] if found else None
+
+
+def communicator_of(name: str, nranks: str) -> str:
+    """2.30's communicator label: the name the application gave it (free text, "DP Group 0"), as a bounded label
+    value (letters, digits and ._:/- kept, anything else _, at most 32 characters; a longer or emptied name by a short
+    hash), with its size: communicators without a name ("unknown") are told apart by it."""
+    kept = NAME_UNSAFE.sub("_", name.strip())[:33]
+    if len(kept) > 32 or not kept.strip("_"):
+        kept = "name-" + hashlib.sha256(name.encode()).hexdigest()[:12]
+    return f"{kept}/{nranks}"
+
+
+@dataclass
+class Bucket:
+    """What NCCL 2.30 wrote of one (communicator, collective) in a GPU's file: of its buckets by message size range
+    and algorithm, the one of the largest messages (the bandwidth a slow link shows in, and the same bucket on every
+    rank of the communicator)."""
+
+    communicator: str
+    collective: str
+    size: float  # the size range's lower bound, bytes
+    bus: Optional[float] = None  # bytes per second: the geometric mean over the dump interval
+    duration: Optional[float] = None  # seconds: the arithmetic mean
+    range: tuple[str, str] = ("", "")  # (message_size, algo_proto): the bucket the values are of
+
+    def take(self, other: Bucket) -> None:
+        """Keeps the larger size range's values; a second line of the same bucket adds its metric."""
+        if other.size > self.size:
+            self.size, self.bus, self.duration, self.range = other.size, other.bus, other.duration, other.range
+        elif other.range == self.range:
+            self.bus = other.bus if other.bus is not None else self.bus
+            self.duration = other.duration if other.duration is not None else self.duration
+
+
+def bucket_of(metric: str, labels: dict[str, str], value: float) -> Optional[Bucket]:
+    """A line of NCCL 2.30's format as a Bucket, None if it is not one (tests/support/inspector_corpus.py)."""
+    kind = V2_30.get(metric)
+    collective = labels.get("collective" if kind != "p2p" else "p2p_operation", "")
+    found = SIZE_RANGE.match(labels.get("message_size", ""))
+    nranks = labels.get("nranks", "")
+    if kind is None or collective not in COLLECTIVES or not found or not nranks.isdigit():
+        return None
+    size = float(found.group(1)) * UNITS[found.group(2)]
+    bucket = Bucket(communicator_of(labels.get("comm_name", ""), nranks[:8]), collective, size,
+                    range=(labels["message_size"], labels.get("algo_proto", "")))  # fmt: skip
+    if metric.endswith("_gbs"):
+        bucket.bus = value * 1e9
+    else:
+        bucket.duration = value / 1e6
+    return bucket
 
 
 class NcclInspectorCollector(Collector):
@@ -180,6 +251,7 @@ class NcclInspectorCollector(Collector):
         job id wins over what the file says (`slurm_job_id`, which the job's environment sets)."""
         directory_job, gpu, uuid = where
         communicators: set[tuple[str, str]] = set()
+        buckets: dict[tuple[str, str, str], Bucket] = {}  # 2.30's, by (job, communicator, collective): the largest
         bad = 0
         for line in text.splitlines():
             if not line.strip() or line.startswith("#"):
@@ -190,31 +262,55 @@ class NcclInspectorCollector(Collector):
             except ValueError:
                 bad += 1
                 continue
-            source = SOURCES.get(sample.name)
             labels = sample.labels
+            job = directory_job or labels.get("slurm_job_id", "")
+            job = job if job.isdigit() else ""
+            if "comm_name" in labels:  # NCCL 2.30: buckets of the dump interval, no communicator id, no rank
+                found = bucket_of(sample.name, labels, sample.value)
+                if found is None:
+                    bad += 1
+                    continue
+                key = (found.communicator, "")
+                if key not in communicators and len(communicators) >= self.max_communicators:
+                    bad += 1
+                    continue
+                communicators.add(key)
+                chosen = buckets.setdefault((job, found.communicator, found.collective), found)
+                chosen.take(found)
+                continue
+            source = SOURCES.get(sample.name)
             collective = labels.get("collective", "")
             rank = labels.get("rank", "")
             if source is None or collective not in COLLECTIVES or not labels.get("comm_id") or not rank.isdigit():
                 bad += 1
                 continue
-            job = directory_job or labels.get("slurm_job_id", "")
             key = (labels["comm_id"][:32], rank[:8])
             if key not in communicators and len(communicators) >= self.max_communicators:
                 bad += 1
                 continue
             communicators.add(key)
-            series = (job if job.isdigit() else "", key[0], key[1], collective, gpu, uuid)
+            series = (job, key[0], key[1], collective, gpu, uuid)
             spec, multiplier, divisor = source
-            if (spec.name, *series) in served:
-                continue
-            served.add((spec.name, *series))
-            out.add(spec, series, sample.value * multiplier / divisor)
+            self._serve(out, served, spec, series, sample.value * multiplier / divisor)
             if spec is BUS_BANDWIDTH:
                 size = message_bytes(labels.get("message_size", ""))
                 if size is not None:
-                    out.add(MESSAGE, series, size)
+                    self._serve(out, served, MESSAGE, series, size)
+        for (job, communicator, collective), bucket in buckets.items():
+            series = (job, communicator, "", collective, gpu, uuid)
+            for spec, value in ((BUS_BANDWIDTH, bucket.bus), (DURATION, bucket.duration), (MESSAGE, bucket.size)):
+                if value is not None:
+                    self._serve(out, served, spec, series, value)
         if bad:
             self._skip(path, bad, "lines that are not NCCL Inspector's, or past max_communicators")
+
+    @staticmethod
+    def _serve(
+        out: Samples, served: set[tuple[str, ...]], spec: MetricSpec, series: tuple[str, ...], value: float
+    ) -> None:
+        if (spec.name, *series) not in served:
+            served.add((spec.name, *series))
+            out.add(spec, series, value)
 
     def _skip(self, path: str, lines: int, why: str) -> None:
         self.skipped += lines

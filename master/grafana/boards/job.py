@@ -187,9 +187,10 @@ DASHBOARD = Dashboard(
                 )
             ],
             width=24,
-            description="From NCCL Inspector (NCCL 2.29+, where the job loads it): each rank's bus bandwidth in its "
-            "latest collective. A communicator's ranks stand close together; one far below sits behind a slow link "
-            "or a throttled GPU (AccelmonNcclRankSlow).",
+            description="From NCCL Inspector (NCCL 2.29+, where the job loads it): each rank's bus bandwidth (its "
+            "own kernel's time, which includes waiting for its peers). One rank far above the others reaches the "
+            "collectives last: the others wait for it (AccelmonNcclRankLate). Every rank low alike: a slow part on "
+            "the way, which AccelmonNcclSlowPath names.",
             expect_data=False,  # a job without Inspector has none
         ),
     ],
