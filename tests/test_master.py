@@ -88,6 +88,7 @@ def test_the_live_job_rules_follow_the_roles_variables(tmp_path):
         "accelmon_master_live_jobs_idle_for": "2m",
         "accelmon_master_live_jobs_hung_power_ratio": 0.25,
         "accelmon_master_live_jobs_interval": "30s",
+        "accelmon_master_live_jobs_straggler_cpu_throttled": 0.25,
     }
     rendered = tmp_path / "accelmon-live-jobs.yml"
     render_role_template("accelmon_master", "accelmon-live-jobs.yml.j2", rendered, variables)
@@ -100,11 +101,17 @@ def test_the_live_job_rules_follow_the_roles_variables(tmp_path):
     (straggling,) = [r for r in rules if r.get("record") == "job_gpu:straggling:bool"]
     assert "ratio_to_job_median < 0.85\n" in straggling["expr"] and "ratio_to_job_median < 0.8\n" in straggling["expr"]
     stragglers = [r for r in rules if r.get("alert") == "AccelmonJobStraggler"]
-    assert [r["labels"]["reason"] for r in stragglers] == ["thermal", "power_cap", "link_degraded", "unknown"]
+    reasons = [r["labels"]["reason"] for r in stragglers]
+    assert reasons == ["thermal", "power_cap", "link_degraded", "nic_port", "host_cpu", "unknown"]
     for rule in stragglers:
-        assert rule["for"] == "30s" and rule["expr"].startswith("job_gpu:straggling:bool == 1")
+        assert rule["for"] == "30s" and rule["expr"].startswith("(job_gpu:straggling:bool == 1)")
         assert "SM clock under 0.85 of it" in " ".join(rule["annotations"]["description"].split())
         assert "for 30s" in rule["annotations"]["description"]
+    # The host's threshold reaches both rules that read it (the one that names it, the one that rules it out).
+    assert [r["labels"]["reason"] for r in stragglers if "throttled_seconds_total[5m]) > 0.25)" in r["expr"]] == [
+        "host_cpu",
+        "unknown",
+    ]
     assert {r["for"] for r in rules if r.get("alert") == "AccelmonJobGpuIdle"} == {"2m"}
     hung = {r["labels"]["signals"]: r for r in rules if r.get("alert") == "AccelmonJobHung"}
     assert sorted(hung) == ["utilization_power", "utilization_power_sm_active", "utilization_sm_active"]

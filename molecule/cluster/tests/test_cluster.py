@@ -525,7 +525,8 @@ def gpu_holder_standin(worker):
         f"systemctl daemon-reload && systemctl start {STANDIN_UNIT}"
     )
     pid = worker.check_output(f"systemctl show -p MainPID --value {STANDIN_UNIT}").strip()
-    assert wait_for(lambda: worker.run(f"ls -l /proc/{pid}/fd | grep -q ' {device}$'").rc == 0, 10)
+    held = wait_for(lambda: worker.run(f"ls -l /proc/{pid}/fd | grep -q ' {device}$'").rc == 0, 10)
+    assert held, worker.run(f"systemctl status --no-pager {STANDIN_UNIT}; ls -l /proc/{pid}/fd").stdout
     worker.check_output(f"ln -sfn /proc/{pid} /opt/fake-proc/{pid}")
     try:
         yield
