@@ -7,7 +7,7 @@
 #                                       runs a 45 s Slurm job on both workers (a real Slurm over the fake GPUs)
 #                                       and writes its report; Slurm's health check and Alertmanager run too, so
 #                                       a drill (accelmon-drill) shows the whole path from a GPU fault to a
-#                                       drained node
+#                                       drained node; Grafana on 127.0.0.1:3000 where its image can be pulled
 #   ./scripts/demo.sh -i host.ini [...] your own cluster: ansible-playbook -i host.ini ansible/deploy.yaml [...]
 #   ./scripts/demo.sh --down            remove the local simulated cluster (containers, network, state)
 # The test suite's cluster is accelmon-cluster-*, with state of its own: running the tests leaves the demo up.
@@ -47,10 +47,29 @@ if podman network exists "$ACCELMON_CLUSTER" \
 fi
 
 bash molecule/images/build.sh
+# Grafana where its image can be pulled (scripts/demo-grafana.sh); else the demo runs without it and says why.
+source scripts/demo-grafana.sh
+grafana_password="$MOLECULE_EPHEMERAL_DIRECTORY/secrets/grafana-admin-password"
+if demo_grafana "$(demo_grafana_image)" "$MOLECULE_EPHEMERAL_DIRECTORY"; then
+  if podman container exists accelmon-demo-master && ! podman port accelmon-demo-master 3000 >/dev/null 2>&1; then
+    echo "the demo cluster was made without Grafana's port: remove it ($0 --down) and run $0 again for Grafana" >&2
+  fi
+  grafana_text="Grafana      http://127.0.0.1:3000   user admin, password in $grafana_password
+               (the nine dashboards; the Job dashboard's job_id is the job below)"
+else
+  grafana_text="Grafana      NOT SHOWN: $(cat "$MOLECULE_EPHEMERAL_DIRECTORY/grafana-not-shown")
+               A real master runs it on port 3000 (deploy.yaml); here the dashboards are only checked against
+               this Prometheus (tests/test_master.py). With a registry that serves the image, run $0 again."
+fi
 started=$(date +%s)
 molecule converge -s cluster
 if ! python3 scripts/check_cluster.py --url http://127.0.0.1:9090 --timeout 120; then
   echo "the demo is up but not whole (above: what is down and why); remove it with: $0 --down" >&2
+  exit 1
+fi
+if [ "${ACCELMON_CLUSTER_GRAFANA:-}" = true ] \
+   && ! python3 scripts/check_grafana.py --url http://127.0.0.1:3000 --password-file "$grafana_password"; then
+  echo "Grafana is up but not whole (above: what is wrong); remove the demo with: $0 --down" >&2
   exit 1
 fi
 # A short Slurm job on both workers: the real Slurm of the simulated cluster (slurmctld on worker-1, 8 GRES GPUs
@@ -119,8 +138,6 @@ deployed and checked in $(( $(date +%s) - started )) s:
                (within 30 s: rank 0, its GPU's UUID, dead="true"; accelmon_nccl_drill_active says it is a drill)
     4 alert    after 2 minutes: AccelmonNcclRankMissing, drill="true", naming the job, rank, node, GPU and process
     5 end      podman exec accelmon-demo-worker-1 accelmon-drill stop; then scancel JOB
-  Grafana      not started here: Grafana runs on a real master (deploy.yaml, port 3000). This machine reaches no
-               container registry that ships Grafana's image, and Debian does not package Grafana, so the
-               dashboards are only checked here against this Prometheus (tests/test_master.py).
+  $grafana_text
 Run it again: changes nothing. Stop it with: $0 --down
 MSG

@@ -511,8 +511,10 @@ def gpu_holder_standin(worker):
     minor = worker.check_output(
         f"sed -n 's/^Device Minor:[[:space:]]*//p' /opt/fake-proc/driver/nvidia/gpus/{bus_id(2)}/information"
     ).strip()
+    # The device node slurm.yml made for Slurm's gres (no driver behind it: it opens by path only, O_PATH).
     device = f"/dev/nvidia{minor}"
-    unit = f"[Service]\nExecStart=/bin/sh -c 'exec 3<{device}; exec sleep infinity'\n"
+    hold = f"import os, time; os.open('{device}', os.O_PATH); time.sleep(1e9)"
+    unit = f'[Service]\nExecStart=/usr/bin/python3 -c "{hold}"\n'
     reset = (
         "#!/bin/sh\n"
         f"if ls -l /proc/[0-9]*/fd 2>/dev/null | grep -q ' {device}$'; then\n"
@@ -520,7 +522,7 @@ def gpu_holder_standin(worker):
         'echo "$1" >> /run/standin-resets\n'
     )
     worker.check_output(
-        f"touch {device} && printf {shlex.quote(unit)} > /etc/systemd/system/{STANDIN_UNIT} && "
+        f"test -e {device} && printf {shlex.quote(unit)} > /etc/systemd/system/{STANDIN_UNIT} && "
         f"printf {shlex.quote(reset)} > {STANDIN_RESET} && chmod 755 {STANDIN_RESET} && rm -f /run/standin-resets && "
         f"systemctl daemon-reload && systemctl start {STANDIN_UNIT}"
     )
@@ -532,7 +534,7 @@ def gpu_holder_standin(worker):
         yield
     finally:
         worker.run(
-            f"systemctl stop {STANDIN_UNIT}; rm -f /etc/systemd/system/{STANDIN_UNIT} {STANDIN_RESET} {device} "
+            f"systemctl stop {STANDIN_UNIT}; rm -f /etc/systemd/system/{STANDIN_UNIT} {STANDIN_RESET} "
             "/run/standin-resets; find /opt/fake-proc -maxdepth 1 -type l -delete; systemctl daemon-reload"
         )
 
@@ -703,7 +705,10 @@ def test_a_reboot_slower_than_slurm_waits_keeps_the_node_out_until_a_check_passe
             fall_off_the_bus(worker, 6, 50)
             assert wait_for(lambda: "REBOOT_ISSUED" in trace.state(), 90), trace.evidence()
             claimed = len(trace.seen) - 1
-            assert wait_for(lambda: trace.state() == "IDLE", 120), trace.evidence()  # resumed: IDLE, no drain
+            # Resumed: out of DRAIN, REBOOT and DOWN (the first reading may still carry NOT_RESPONDING: slurmd was
+            # restarted by the reboot and answers the controller's next ping; CI met it once in five runs).
+            takes_jobs = lambda: not re.search(r"DRAIN|REBOOT|DOWN", trace.state())  # noqa: E731
+            assert wait_for(takes_jobs, 120), trace.evidence()
             through = trace.since(claimed)
             assert any("DOWN" in state and "REBOOT" not in state for state in through), trace.evidence()  # timed out
             assert all(re.search(r"DRAIN|REBOOT|DOWN", state) for state in through), trace.evidence()  # no jobs
@@ -746,8 +751,11 @@ def test_the_prolog_passes_a_job_in_a_maintenance_reservation(host):
         ).strip()
         running = wait_for(lambda: "JobState=RUNNING" in controller.check_output(f"scontrol show job {job} -o"), 60)
         assert running, controller.check_output(f"scontrol show job {job} -o")
-        state = re.search(r" State=(\S+)", node_line(controller, name)).group(1)
-        assert "MAINT" in state, state  # Slurm 22.05 flags the node (docs/slurm.md): it takes no other jobs
+        # Slurm 22.05 flags the node (docs/slurm.md): it takes no other jobs. The flag comes with the reservation's
+        # activation, which slurmctld may apply a few seconds after the job started (met out of the tests' order).
+        state = lambda: re.search(r" State=(\S+)", node_line(controller, name)).group(1)  # noqa: E731
+        assert wait_for(lambda: "MAINT" in state(), 30), state()
+        state = state()
         prolog = worker.run(
             f"SLURMD_NODENAME={name} SLURM_JOB_ID={job} /opt/accelmon/venv/bin/accelmon-slurm-health --diag "
             f"--config {CONFIG} --dcgmi {dcgmi}"
