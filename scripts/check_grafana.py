@@ -96,7 +96,7 @@ def caller(url: str, password: str, timeout: float = 10.0) -> Call:
         request.add_header("Authorization", f"Basic {token}")
         request.add_header("Content-Type", "application/json")
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 (an operator's URL)
+            with urllib.request.urlopen(request, timeout=timeout) as response:
                 return json.loads(response.read())
         except urllib.error.HTTPError as error:
             raise RuntimeError(f"{path}: HTTP {error.code} {error.read()[:200].decode(errors='replace')}") from None
