@@ -241,6 +241,7 @@ def test_each_job_on_a_node_gets_a_ras_port_of_its_own_and_the_collector_asks_th
         render_role_template("accelmon_exporter", f"slurm-{script}.sh.j2", scripts[script],
                              {"__accelmon_exporter_jobs_dir": str(state)})  # fmt: skip
     text = scripts["prolog"].read_text()
+    assert f"STEP_PORTS={nccl_ras.STEP_PORTS}\n" in text
     assert f"RAS_FIRST={nccl_ras.JOB_PORT_BASE}\n" in text
     assert f"RAS_LAST={nccl_ras.JOB_PORT_BASE + nccl_ras.JOB_PORTS - 1}\n" in text
 
@@ -267,10 +268,20 @@ def test_each_job_on_a_node_gets_a_ras_port_of_its_own_and_the_collector_asks_th
         run("prolog", "4242")
         run("prolog", "5242")
         ports = {job: port(job) for job in ("4242", "5242")}
-        assert len(set(ports.values())) == 2, ports
+        blocks = {job: range(first, first + nccl_ras.STEP_PORTS) for job, first in ports.items()}
+        assert not set(blocks["4242"]) & set(blocks["5242"]), ports  # a block of ports each, one a step
         assert all(nccl_ras.JOB_PORT_BASE <= p < nccl_ras.JOB_PORT_BASE + nccl_ras.JOB_PORTS for p in ports.values())
-        assert squatter.port not in ports.values()
+        assert all(squatter.port not in block for block in blocks.values())
         assert run("task-prolog", "5242") == f"export NCCL_RAS_ADDR=localhost:{ports['5242']}\n"
+        # Steps that run at once: a port each; the batch script (Slurm's 4294967291) the block's first.
+        assert run("task-prolog", "5242", SLURM_STEP_ID="1") == f"export NCCL_RAS_ADDR=localhost:{ports['5242'] + 1}\n"
+        assert run("task-prolog", "5242", SLURM_STEP_ID="6") == f"export NCCL_RAS_ADDR=localhost:{ports['5242'] + 2}\n"
+        assert (
+            run("task-prolog", "5242", SLURM_STEP_ID="4294967291")
+            == f"export NCCL_RAS_ADDR=localhost:{ports['5242']}\n"
+        )
+        asked = NcclCollector(str(state), "", 5.0, 8, str(procfs(tmp_path / "proc0")), Gpus()).targets()
+        assert sorted(p for job, _, p in asked if job == "5242") == list(blocks["5242"])
         run("epilog", "4242")
         assert not (state / "slurm-4242").exists() and not (state.parent / "nccl-ras" / "4242").exists()
         run("prolog", "6242")  # the freed port is the lowest free one again
@@ -284,13 +295,13 @@ def test_each_job_on_a_node_gets_a_ras_port_of_its_own_and_the_collector_asks_th
         assert run("task-prolog", "5242", NCCL_RAS_ADDR=f"localhost:{server.port}") == ""
         assert (state.parent / "nccl-ras" / "5242.own").read_text() == f"{server.port}\n"
         collector = NcclCollector(str(state), "", 5.0, 8, str(procfs(tmp_path / "proc")), Gpus())
-        assert ("5242", "localhost", server.port) in collector.targets()
+        assert [t for t in collector.targets() if t[0] == "5242"] == [("5242", "localhost", server.port)]
         assert {labels["job_id"] for labels, _ in series(text_of(collector), "accelmon_nccl_communicator_status")} == {
             "5242"
         }
         # A port another job of the node holds is never taken from the job's own file.
         (state.parent / "nccl-ras" / "5242.own").write_text(f"{port('6242')}\n")
-        assert ("5242", "localhost", ports["5242"]) in collector.targets()
+        assert [p for job, _, p in collector.targets() if job == "5242"] == list(blocks["5242"])
     finally:
         server.stop()
 

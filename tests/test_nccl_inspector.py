@@ -134,7 +134,7 @@ def test_the_roles_prolog_gives_each_job_a_directory_its_inspector_writes_and_th
     run("prolog", SLURM_JOB_UID="65534", SLURM_JOB_GPUS="0")
     made = os.stat(planted)
     assert (made.st_uid, made.st_mode & 0o777, os.listdir(planted)) == (65534, 0o755, [])
-    port = (tmp_path / "nccl-ras" / "4242").read_text().strip()  # the prolog's choice (tests/test_nccl.py)
+    port = (tmp_path / "nccl-ras" / "4242").read_text().split()[0]  # the prolog's block (tests/test_nccl.py)
     ras = f"export NCCL_RAS_ADDR=localhost:{port}\n"
     every_30_s = "export NCCL_INSPECTOR_DUMP_THREAD_INTERVAL_MICROSECONDS=30000000\n"  # 2.30 writes at teardown else
     assert run("task-prolog", NCCL_INSPECTOR_PROM_DUMP="1") == (

@@ -26,13 +26,15 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 DEFAULT_PORT = 28028
-# Ports for jobs that share a node: the role's prolog gives each job the lowest port of JOB_PORT_BASE to
-# JOB_PORT_BASE + JOB_PORTS - 1 that no other job of the node holds and no socket uses, records it and writes it in
-# PORTS_DIR (beside the jobs' state_dir) for its TaskProlog, which sets NCCL_RAS_ADDR=localhost:PORT. NCCL binds that
-# address with SO_REUSEADDR and SO_REUSEPORT (src/ras/client_support.cc, rasClientInitSocket): jobs given one port
-# would share it or lose it.
+# Ports for jobs that share a node: the role's prolog gives each job the lowest block of STEP_PORTS ports of
+# JOB_PORT_BASE to JOB_PORT_BASE + JOB_PORTS - 1 that no other job of the node holds and no socket uses, records it,
+# and writes it in PORTS_DIR (beside the jobs' state_dir) for its TaskProlog, which sets
+# NCCL_RAS_ADDR=localhost:PORT + step id modulo STEP_PORTS. NCCL binds that address with SO_REUSEADDR and
+# SO_REUSEPORT (src/ras/client_support.cc, rasClientInitSocket): jobs or steps given one port would share it or lose
+# it.
 JOB_PORT_BASE = 28100
 JOB_PORTS = 1000
+STEP_PORTS = 4  # a job's block: steps that run at once on a node get a port each (step id modulo this)
 PORTS_DIR = "nccl-ras"
 PROTOCOLS = (1, 2)  # the versions whose answers this reads (NCCL 2.24 to 2.29 answer 2)
 MAX_LINE = 4096

@@ -137,6 +137,15 @@ MAX_RANKS = Option(
 Ask = Callable[[str, int, float, int], "tuple[str, str]"]
 
 
+def ports_of(record: dict[str, str]) -> list[int]:
+    """The RAS ports the prolog recorded for a job: `nccl_ras_port` and the `nccl_ras_ports` after it (a block, one
+    port a step; 1 in records written before blocks)."""
+    first, count = record.get("nccl_ras_port", ""), record.get("nccl_ras_ports", "1")
+    if not first.isdigit():
+        return []
+    return [int(first) + step for step in range(int(count) if count.isdigit() and 0 < int(count) <= 64 else 1)]
+
+
 def local_addresses(procfs: str) -> set[str]:
     """This node's IP addresses, as RAS writes a rank's host: IPv4 from `net/fib_trie` (its LOCAL entries), IPv6
     from `net/if_inet6`."""
@@ -195,9 +204,8 @@ class NcclCollector(Collector):
             except OSError:
                 continue  # the job ended between the listing and the read
         asked_here = [r for r in records if r.get("job_id") and r.get("nccl_ras_query", "1") != "0"]
-        held = {r.get("nccl_ras_port", "") for r in records}
-        jobs = [(r["job_id"], "localhost", self.port_of(r["job_id"], r["nccl_ras_port"], held)) for r in asked_here
-                if r.get("nccl_ras_port", "").isdigit()]  # fmt: skip
+        held = {str(port) for r in records for port in ports_of(r)}
+        jobs = [(r["job_id"], "localhost", port) for r in asked_here for port in self.ports_asked(r, held)]
         owners = {r.get("job_id", "") for r in records} - {""}
         if len(owners) == 1 and not asked_here:
             return jobs  # the node's only job is asked by its first node
@@ -205,18 +213,20 @@ class NcclCollector(Collector):
         taken = {(host, port) for _, host, port in jobs}
         return jobs + [(owner, host, port) for host, port in self.addresses if (host, port) not in taken]
 
-    def port_of(self, job: str, recorded: str, held: set[str]) -> int:
-        """The port the job's NCCL listens on: the one the prolog gave it, or the job's own NCCL_RAS_ADDR port that
-        the TaskProlog wrote beside it (a file the job's user may write: a port another job of this node holds is
-        not taken from it, so no job is served another's answers)."""
+    def ports_asked(self, record: dict[str, str], held: set[str]) -> list[int]:
+        """The ports the job's NCCL listens on: the block the prolog gave it (one a step, for steps that run at
+        once), or the job's own NCCL_RAS_ADDR port that the TaskProlog wrote beside it (a file the job's user may
+        write: a port another job of this node holds is not taken from it, so no job is served another's answers)."""
+        given = ports_of(record)
         try:
-            with open(os.path.join(os.path.dirname(self.state_dir), nccl_ras.PORTS_DIR, f"{job}.own")) as stream:
+            own_file = os.path.join(os.path.dirname(self.state_dir), nccl_ras.PORTS_DIR, f"{record['job_id']}.own")
+            with open(own_file) as stream:
                 own = stream.read(16).strip()
         except OSError:
             own = ""
-        if own.isdigit() and 0 < int(own) < 65536 and (own == recorded or own not in held):
-            return int(own)
-        return int(recorded)
+        if own.isdigit() and 0 < int(own) < 65536 and (int(own) in given or own not in held):
+            return [int(own)]
+        return given
 
     def uuids(self) -> dict[int, str]:
         found = self.nvml.gpus() if self.nvml is not None else None

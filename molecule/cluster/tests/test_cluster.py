@@ -228,8 +228,11 @@ def test_a_slurm_job_is_attributed_while_it_runs_and_reported_after(host, tmp_pa
         port = re.search(r"^nccl_ras_port=(\d+)$", record, re.M)
         assert port and 28100 <= int(port.group(1)) < 29100, (worker, record)
         port = int(port.group(1))
-        assert f"nccl_ras_port={port}\nnccl_ras_query={asks}" in record, (worker, record)
-        assert on.check_output(f"cat /run/accelmon/nccl-ras/{job}").strip() == str(port)
+        assert f"nccl_ras_port={port}\nnccl_ras_ports=4\nnccl_ras_query={asks}" in record, (worker, record)
+        assert on.check_output(f"cat /run/accelmon/nccl-ras/{job}").split() == [
+            str(port),
+            "4",
+        ]  # a block, a port a step
         given = wait_for(lambda on=on, worker=worker: on.run(f"cat /tmp/ras-{job}-{worker}").stdout.strip(), 20)
         assert given == f"localhost:{port}", (worker, given)
     nccl_drill_served(host, job, controller)
