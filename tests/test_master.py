@@ -148,6 +148,7 @@ def test_the_report_reads_the_thresholds_the_rules_were_rendered_with(tmp_path):
         "input_gpu_utilization": 0.25,
         "input_cpu_ratio": 0.8,
         "memory_ratio": 0.9,
+        "straggler_cpu_throttled": 0.3,
     }
     variables = {f"accelmon_master_live_jobs_{name}": value for name, value in chosen.items()}
     variables["accelmon_master_live_jobs_straggler_for"] = "90s"

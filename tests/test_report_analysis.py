@@ -148,6 +148,29 @@ def test_the_summary_json_has_no_float_noise():
     }  # fmt: skip
 
 
+def test_the_report_gives_the_stragglers_reasons_beyond_its_gpu():
+    """As AccelmonJobStraggler reads them (issue 59): GPU 2's NIC at fault (accelmon:gpu_path_fault) and the job's
+    CPUs on its node throttled over the deployed threshold; GPU 1 straggles too, its node's CPUs under it."""
+    job = report.Job("11", "u", "a", 0.0, 600.0, 30.0, [("n1", str(i), f"GPU-{i}") for i in range(4)])
+    busy = {("n1", f"GPU-{i}"): [0.6] * 20 for i in range(4)}
+    power = {("n1", f"GPU-{i}"): [300.0] * 20 for i in range(4)}
+    power[("n1", "GPU-2")] = [200.0] * 20
+    clock = {("n1", f"GPU-{i}"): [1.98e9] * 20 for i in range(4)}
+    nic = {("n1", "GPU-2"): [0.0] * 5 + [1.0] * 15}
+    rows = gpu_rows(busy) + gpu_rows(power, "power_watts") + gpu_rows(clock, "sm_clock_hertz")
+    rows += gpu_rows(nic, "nic_fault")
+    rows += [{"time": i * 30.0, "node": "n1", "gpu": "", "uuid": "", "metric": "job_cpu_throttled", "value": 0.35}
+             for i in range(20)]  # fmt: skip
+    (entry,) = report.summarize(job, frame_of(rows))["stragglers"]
+    assert entry["reasons"] == [
+        "the NIC its traffic leaves by down, trained slow or counting errors",
+        "the job's CPUs on n1 held back by their quota (0.35 s a second)",
+    ]
+    site = Thresholds(straggler_cpu_throttled=0.5)  # the deployed rules' threshold: 0.35 is under it
+    (entry,) = report.summarize(job, frame_of(rows), site)["stragglers"]
+    assert entry["reasons"] == ["the NIC its traffic leaves by down, trained slow or counting errors"]
+
+
 def test_a_straggler_is_what_the_live_rule_names():
     """Four busy GPUs (60 %) of a job; GPU 2's power falls to 200 W against its peers' 300 W (under 0.8 of the
     median) for 5 minutes mid-run: the report names it as AccelmonJobStraggler did while the job ran, and says what

@@ -273,6 +273,14 @@ def stragglers(
         events = frame[(frame.metric == "clock_events") & this_gpu].value
         if len(events) and events.max() > 0:
             entry["reasons"].append("clock events active (throttling: thermal, power or other capping)")
+        # What lies beyond the GPU, as the live rule reads it (AccelmonJobStraggler's reasons).
+        if frame[(frame.metric == "link_fault") & this_gpu].value.max() > 0:
+            entry["reasons"].append("its PCIe link trained narrow, or an NVLink link down or erring")
+        if frame[(frame.metric == "nic_fault") & this_gpu].value.max() > 0:
+            entry["reasons"].append("the NIC its traffic leaves by down, trained slow or counting errors")
+        held = frame[(frame.metric == "job_cpu_throttled") & (frame.node == node)].value
+        if len(held) and held.max() > thresholds.straggler_cpu_throttled:
+            entry["reasons"].append(f"the job's CPUs on {node} held back by their quota ({held.max():.2f} s a second)")
         xids = frame[(frame.metric == "xid_events_total") & this_gpu].sort_values("time").value.tolist()
         if len(xids) >= 2 and counter_increase(xids) > 0:
             entry["reasons"].append("XID errors during the job")

@@ -30,6 +30,19 @@ GPU_METRICS = (
     ("energy_joules_total", "accelmon_gpu_energy_joules_total", "J", "GPU energy counter"),
     ("xid_events_total", "accelmon_gpu_xid_events_total", "", "XID events"),
     ("clock_events", "max by (instance, uuid) (accelmon_gpu_clock_event_active)", "", "Clock events active"),
+    # A part at fault on the GPU's path (the recording rule accelmon:gpu_path_fault): the straggler's reasons.
+    (
+        "link_fault",
+        'max by (instance, uuid) (accelmon:gpu_path_fault{part=~"pcie_link|nvlink"})',
+        "",
+        "PCIe or NVLink link at fault",
+    ),
+    (
+        "nic_fault",
+        'max by (instance, uuid) (accelmon:gpu_path_fault{part="nic_port"})',
+        "",
+        "The NIC the GPU's traffic leaves by at fault",
+    ),
 )
 # Per node: (name, PromQL with {nodes}, {window} and {job}, unit, title).
 NODE_METRICS = (
@@ -49,6 +62,9 @@ NODE_METRICS = (
     ("job_cpu_cores_used",
      'sum by (node) (rate(accelmon_job_cpu_seconds_total{{job_id="{job}",node=~"{nodes}"}}[{window}]))',
      "cores", "The job's CPU cores in use"),
+    ("job_cpu_throttled",
+     'sum by (node) (rate(accelmon_job_cpu_throttled_seconds_total{{job_id="{job}",node=~"{nodes}"}}[{window}]))',
+     "s/s", "The job's CPU time held back by its quota"),
     ("job_cpus_allocated", 'sum by (node) (accelmon_job_cpus_allocated{{job_id="{job}",node=~"{nodes}"}})',
      "cores", "The job's CPUs"),
     ("job_memory_used_bytes", 'sum by (node) (accelmon_job_memory_used_bytes{{job_id="{job}",node=~"{nodes}"}})',

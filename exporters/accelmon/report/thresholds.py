@@ -31,6 +31,9 @@ class Thresholds:
     busy_utilization: float = 0.3
     active_utilization: float = 0.05
     straggler_for_seconds: float = 300.0
+    # Its reason host_cpu: the job's CPUs on the straggler's node throttled by their quota more than this many
+    # seconds a second.
+    straggler_cpu_throttled: float = 0.1
     # AccelmonJobGpuIdle: a held GPU under this utilization counts as idle.
     idle_utilization: float = 0.05
     # AccelmonJobInputBound: GPUs under this mean utilization while the job's cores are this busy.
@@ -55,6 +58,7 @@ PLACES: dict[str, tuple[str, str]] = {
     ),
     "active_utilization": ("job_gpu:straggling:bool", rf"and\s+\(?\s*job_gpu:utilization:ratio\s*>=\s*{NUMBER}"),
     "straggler_for_seconds": ("AccelmonJobStraggler", "for"),
+    "straggler_cpu_throttled": ("AccelmonJobStraggler", rf"throttled_seconds_total\[5m\]\)\s*>\s*{NUMBER}"),
     "idle_utilization": ("AccelmonJobGpuIdle", rf"job_gpu:utilization:ratio\s*<\s*{NUMBER}"),
     "input_gpu_utilization": ("AccelmonJobInputBound", rf"job_gpu:utilization:ratio\s*\)\s*<\s*{NUMBER}"),
     "input_cpu_ratio": ("AccelmonJobInputBound", rf"accelmon_job_cpus_allocated\s*\)\s*>=\s*{NUMBER}"),
@@ -65,20 +69,20 @@ PLACES: dict[str, tuple[str, str]] = {
 def from_rules(groups: list[dict[str, Any]]) -> tuple[Thresholds, list[str]]:
     """The thresholds the rules in `groups` (the rules API's `data.groups`) use, and the names of those read from
     them; each one not found keeps its default."""
-    rules: dict[str, dict[str, Any]] = {}
+    rules: dict[str, list[dict[str, Any]]] = {}
     for group in groups:
         for rule in group.get("rules", ()):
-            rules.setdefault(str(rule.get("name", "")), rule)  # the first of a name: the straggler's reasons share one
+            rules.setdefault(str(rule.get("name", "")), []).append(rule)  # the straggler's reasons share one name
     found: dict[str, float] = {}
     for name, (rule_name, place) in PLACES.items():
-        rule = rules.get(rule_name)
-        if rule is None:
+        named = rules.get(rule_name, [])
+        if not named:
             continue
         if place == "for":
-            if isinstance(rule.get("duration"), (int, float)) and rule["duration"] > 0:
-                found[name] = float(rule["duration"])
+            if isinstance(named[0].get("duration"), (int, float)) and named[0]["duration"] > 0:
+                found[name] = float(named[0]["duration"])
             continue
-        match = re.search(place, str(rule.get("query", "")))
+        match = next((m for rule in named if (m := re.search(place, str(rule.get("query", ""))))), None)
         if match:
             found[name] = float(match.group(1))
     return replace(Thresholds(), **found), sorted(found)

@@ -69,6 +69,24 @@ DASHBOARD = Dashboard(
             expect_data=False,
         ),
         Panel(
+            "Parts at fault on the job's GPUs' paths",
+            "short",
+            [
+                (
+                    f"accelmon:gpu_path_fault and on (instance, uuid) accelmon_gpu_job_info{{{J}}}",
+                    "{{node}} GPU {{gpu}}: {{part}} {{device}} {{reason}}",
+                )
+            ],
+            "table",
+            24,
+            5,
+            description="What slows a GPU's collectives beyond the GPU itself (docs/jobs.md, \"Reading a rank's "
+            'bandwidth"): its clocks held down, its PCIe link trained narrow, an NVLink link down or erring, the NIC '
+            "its traffic leaves by down, trained slow or erring. The straggler's reason and AccelmonNcclSlowPath read "
+            "the same. Empty: nothing at fault.",
+            expect_data=False,  # a sound job has none
+        ),
+        Panel(
             "SM clock against the job's median",
             "percentunit",
             [(against_job_median("accelmon_gpu_sm_clock_hertz"), JOB_LEGEND)],
