@@ -117,6 +117,16 @@ deployed and checked in $(( $(date +%s) - started )) s:
                http://127.0.0.1:9090/alerts (the demo's straggler window is 10 s), and the Job dashboard's ratios
     4 end      podman exec accelmon-demo-worker-2 rm /opt/fake-nvml/slow; accelmon-report JOB --prometheus
                http://127.0.0.1:9090 names the straggler too (at the thresholds of the deployed rules)
+  NIC drill    a straggler its own GPU does not explain, explained by the NIC its traffic leaves by (issue 59):
+    1 job      podman exec accelmon-demo-worker-1 su alice -c 'sbatch --chdir=/tmp -w accelmon-demo-worker-2 --gres=gpu:2 --wrap "srun sleep 300"'
+    2 slow     podman exec accelmon-demo-worker-2 sh -c 'echo 3 quiet > /opt/fake-nvml/slow'   (NVML's GPU 3 slowed
+               with no clock event of its own, as a GPU held back by its network runs)
+    3 drill    podman exec accelmon-demo-worker-2 accelmon-drill nic --device mlx5_0   (its NIC:
+               accelmon_gpu_nic_nearest_info{node="accelmon-demo-worker-2",gpu="3"}; the port's counters stay real)
+    4 alert    within a minute: AccelmonJobStraggler reason nic_port, device mlx5_0, "DRILL, no real fault" at
+               http://127.0.0.1:9090/alerts; the Job dashboard's "Parts at fault" lists it
+    5 end      podman exec accelmon-demo-worker-2 sh -c 'accelmon-drill stop --device mlx5_0; rm /opt/fake-nvml/slow'
+               then podman exec accelmon-demo-worker-1 scancel JOB
   Game day     rehearse a GPU failure end to end (docs/health.md, "Game day"); nothing else on the node is fooled:
     1 start    podman exec accelmon-demo-worker-2 accelmon-drill start --gpu 2 --check ecc
     2 verdict  podman exec accelmon-demo-worker-2 accelmon-slurm-health-check --dry-run   (the exporter's --scan:

@@ -355,6 +355,11 @@ def test_a_gpu_slowed_mid_run_is_served_slowed(make_collector, tmp_path):
     assert slowed.value("accelmon_gpu_power_watts", **gpu3) == pytest.approx(131.5 * 0.6)
     assert slowed.value("accelmon_gpu_clock_event_active", reason="sw_power_cap", **gpu3) == 1
     assert slowed.value("accelmon_gpu_sm_clock_hertz", gpu="2") == 1725e6
+    slow.write_text("3 quiet\n")  # slowed by what lies beyond it: no clock event of its own
+    time.sleep(1.1)
+    quiet = Reading(collector)
+    assert quiet.value("accelmon_gpu_sm_clock_hertz", **gpu3) == 1026e6
+    assert quiet.value("accelmon_gpu_clock_event_active", reason="sw_power_cap", **gpu3) == 0
     slow.unlink()
     time.sleep(1.1)
     assert Reading(collector).value("accelmon_gpu_sm_clock_hertz", **gpu3) == 1710e6

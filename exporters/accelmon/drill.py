@@ -2,7 +2,8 @@
 
     accelmon-drill [--config FILE] start --gpu INDEX (--xid CODE | --check NAME) [--minutes N]
     accelmon-drill [--config FILE] nccl --job JOB [--gpu INDEX] [--dead] [--minutes N]   (accelmon.nccl_drill)
-    accelmon-drill [--config FILE] stop [--gpu INDEX] [--check NAME]
+    accelmon-drill [--config FILE] nic --device NAME [--port N] [--minutes N]
+    accelmon-drill [--config FILE] stop [--gpu INDEX] [--check NAME] [--device NAME]
     accelmon-drill [--config FILE] status [--json]
 
 A drill is a small JSON file in the health collector's `drill_dir` (one setting of the exporter's config, default
@@ -15,7 +16,12 @@ Nothing is written to the kernel log or the driver, and the served device series
 the node see no fault. A drill ends by itself (30 minutes by default, so a forgotten one cannot keep a node
 drained) or at `stop`; accelmon never resumes a node, whoever drained it (docs/health.md, "Game day").
 
-start and stop need root (the directory is root's; the exporter only reads it). A GPU index the node does not have,
+A NIC drill (`nic`) marks one InfiniBand or RoCE port as at fault: the infiniband collector serves
+`accelmon_infiniband_drill_active{device, port}` while it is in force, and the master's rules treat the port as a NIC
+at fault (accelmon:gpu_path_fault, reason drill): the straggler whose traffic leaves by it is explained by it, and
+AccelmonNcclSlowPath names it, each labelled drill="true". The port's real counters and state are served untouched.
+
+start, nic and stop need root (the directory is root's; the exporter only reads it). A GPU index the node does not have,
 a check no collector drills and an XID outside 1-65535 are refused before anything is written.
 """
 
@@ -26,6 +32,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -35,7 +42,7 @@ from typing import Optional
 from accelmon import nccl_drill
 from accelmon.checks import ActiveDrill, Drill
 from accelmon.config import load
-from accelmon.drill_store import DRILL_DIR, read, remove, write
+from accelmon.drill_store import DRILL_DIR, nic_drills, nic_file_name, read, remove, write, write_record
 from accelmon.registry import collectors
 from accelmon.scan import scan_health
 from accelmon.validation import ConfigError
@@ -44,6 +51,7 @@ log = logging.getLogger("accelmon.drill")
 
 DEFAULT_MINUTES = 30
 MAX_MINUTES = 24 * 60
+NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # an RDMA device's name, before it names a path
 
 
 def declared() -> dict[str, Drill]:
@@ -87,9 +95,18 @@ def parser() -> argparse.ArgumentParser:
     nccl.add_argument(
         "--minutes", type=float, default=DEFAULT_MINUTES, help="how long until it ends by itself (default 30)"
     )
-    stop = commands.add_parser("stop", help="end drills now: all of them, or those of one GPU or check")
+    nic = commands.add_parser(
+        "nic", help="rehearse a fault of a NIC port: the rules treat it as at fault, saying DRILL (ends by itself)"
+    )
+    nic.add_argument("--device", required=True, help="the RDMA device (mlx5_0), as class/infiniband names it")
+    nic.add_argument("--port", default="1", help="the port number (default 1)")
+    nic.add_argument(
+        "--minutes", type=float, default=DEFAULT_MINUTES, help="how long until it ends by itself (default 30)"
+    )
+    stop = commands.add_parser("stop", help="end drills now: all of them, or those of one GPU, check or NIC")
     stop.add_argument("--gpu")
     stop.add_argument("--check")
+    stop.add_argument("--device")
     status = commands.add_parser("status", help="the drills in force")
     status.add_argument("--json", action="store_true")
     return p
@@ -130,8 +147,33 @@ def start_nccl(args: argparse.Namespace, now: float) -> int:
         return refuse(str(error))
 
 
+def start_nic(args: argparse.Namespace, now: float) -> int:
+    if not 0 < args.minutes <= MAX_MINUTES:
+        return refuse(f"--minutes {args.minutes:g}: from more than 0 to {MAX_MINUTES}")
+    settings = load(args.config)
+    ports = os.path.join(settings.paths.sysfs, "class", "infiniband")
+    if not NAME.fullmatch(args.device) or not os.path.isdir(os.path.join(ports, args.device)):
+        found = sorted(os.listdir(ports)) if os.path.isdir(ports) else []
+        return refuse(f"--device {args.device!r}: this node's RDMA devices are {', '.join(found) or 'none'}")
+    if not args.port.isdigit() or not os.path.isdir(os.path.join(ports, args.device, "ports", args.port)):
+        return refuse(f"--port {args.port!r}: {args.device} has no such port")
+    drill_dir = drill_dir_of(args.config)  # one setting: the infiniband collector reads the same (drill_store)
+    record = {"device": args.device, "port": args.port, "started": now, "expires": now + args.minutes * 60}
+    path = write_record(drill_dir, nic_file_name(args.device, args.port), record)
+    print(f"drill started: {args.device} port {args.port} at fault, until {clock(record['expires'])} ({path}).")
+    print("The exporter serves it within its interval; `accelmon-drill stop` ends it now.")
+    return 0
+
+
 def stop(args: argparse.Namespace) -> int:
     drill_dir = drill_dir_of(args.config)
+    if args.device is not None:  # a NIC's drills only
+        nics = [nic for nic in nic_drills(drill_dir) if nic.device == args.device]
+        for nic in nics:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(drill_dir, nic_file_name(nic.device, nic.port)))
+        print(f"{len(nics)} drill(s) ended.")
+        return 0
     ended = [d for d in read(drill_dir) if args.gpu in (None, d.gpu) and args.check in (None, d.check)]
     for drill in ended:
         remove(drill_dir, drill)
@@ -140,8 +182,12 @@ def stop(args: argparse.Namespace) -> int:
     for record in nccl:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(record["path"])  # its stand-in sees its file gone and ends within a second
+    nics = nic_drills(drill_dir) if args.gpu is None and args.check is None else []
+    for nic in nics:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(drill_dir, nic_file_name(nic.device, nic.port)))
     drained = " A node the drill drained stays drained: resume it" if ended else ""
-    print(f"{len(ended) + len(nccl)} drill(s) ended.{drained}")
+    print(f"{len(ended) + len(nccl) + len(nics)} drill(s) ended.{drained}")
     if ended:
         print("  (Slurm: scontrol update NodeName=<node> State=RESUME; OAR: oarnodecheckquery and the log's removal).")
     return 0
@@ -151,13 +197,18 @@ def status(args: argparse.Namespace, now: float) -> int:
     drill_dir = drill_dir_of(args.config)
     drills = read(drill_dir)
     nccl = nccl_drill.read_files(drill_dir)
+    nics = nic_drills(drill_dir)
     if args.json:
         found = [{**asdict(d), "in_force": d.started <= now < d.expires} for d in drills]
         found += [{k: v for k, v in r.items() if k != "path"} for r in nccl]
+        found += [{**asdict(n), "in_force": n.started <= now < n.expires} for n in nics]
         print(json.dumps(found, indent=2))
         return 0
-    if not drills and not nccl:
+    if not drills and not nccl and not nics:
         print(f"no drill ({drill_dir})")
+    for n in nics:
+        state = f"until {clock(n.expires)}" if now < n.expires else f"ended by itself at {clock(n.expires)}"
+        print(f"NIC {n.device} port {n.port}: at fault, started {clock(n.started)}, {state}")
     for d in drills:
         what = f"XID {d.xid}" if d.check == "xid" else d.check
         state = f"until {clock(d.expires)}" if now < d.expires else f"ended by itself at {clock(d.expires)}"
@@ -188,6 +239,8 @@ def main(argv: Optional[Sequence[str]] = None, now: Optional[float] = None) -> i
             return start(args, moment)
         if args.command == "nccl":
             return start_nccl(args, moment)
+        if args.command == "nic":
+            return start_nic(args, moment)
         if args.command == "stop":
             return stop(args)
         return status(args, moment)

@@ -1,6 +1,6 @@
-"""Where the drills in force are kept (accelmon-drill writes them, the health checks read them): one small JSON
-file per drilled GPU and check in the health collector's `drill_dir` (default /run/accelmon/drills: it survives an
-exporter restart, not a reboot). Root's directory; the exporter only reads it."""
+"""Where the drills in force are kept (accelmon-drill writes them, the health checks and the infiniband collector
+read them): one small JSON file per drilled GPU and check, or NIC port, in `drill_dir` (default /run/accelmon/drills:
+it survives an exporter restart, not a reboot). Root's directory; the exporter only reads it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import logging
 import os
 import tempfile
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 from accelmon.checks import ActiveDrill
@@ -20,7 +20,8 @@ DRILL_DIR = Option(
     "drill_dir",
     "/run/accelmon/drills",
     "where accelmon-drill keeps the drills in force (root's; the exporter reads them): a drilled GPU is judged as "
-    "if the fault were real",
+    "if the fault were real, a drilled NIC port is served as a drill",
+    shared=True,
 )
 MAX_DRILL_BYTES = 4096
 
@@ -89,6 +90,36 @@ def write_record(drill_dir: str, name: str, record: dict[str, Any]) -> str:
         os.unlink(temporary)
         raise
     return path
+
+
+def nic_file_name(device: str, port: str) -> str:
+    return f"nic-{device}-{port}.json"
+
+
+@dataclass(frozen=True)
+class NicDrill:
+    """A NIC port rehearsed as at fault (accelmon-drill nic)."""
+
+    device: str
+    port: str
+    started: float
+    expires: float
+
+
+def nic_drills(drill_dir: str, now: Optional[float] = None) -> list[NicDrill]:
+    """The NIC port drills in `drill_dir`, those in force at `now` (every one when None), by device and port. A file
+    that is not one is skipped and logged."""
+    found = []
+    for name, record in files(drill_dir, "nic-"):
+        try:
+            drill = NicDrill(str(record["device"]), str(record["port"]), float(record["started"]),
+                             float(record["expires"]))  # fmt: skip
+        except (ValueError, KeyError, TypeError) as error:
+            log.warning("drill file %s skipped: %s", name, error)
+            continue
+        if now is None or drill.started <= now < drill.expires:
+            found.append(drill)
+    return sorted(found, key=lambda d: (d.device, d.port))
 
 
 def remove(drill_dir: str, drill: ActiveDrill) -> None:

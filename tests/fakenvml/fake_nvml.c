@@ -39,6 +39,8 @@
  *   slow_file PATH              the GPUs whose indices PATH lists (one per line; re-read when it changes, at most once a
  *                               second) run slowed, as a GPU under a power cap does: SM clock and power at 60 %, the
  *                               software power cap among its clock events. A test slows a GPU mid-run by writing PATH.
+ *                               "INDEX quiet" slows it with no clock event of its own, as a GPU held back by what lies
+ *                               beyond it (its network, its host) runs.
  *   fabric I STATE STATUS MASK  GPU I is on an NVLink fabric (nvmlDeviceGetGpuFabricInfo[V]): STATE 1 not started,
  *                               2 in progress, 3 completed; STATUS the NVML return code of its registration; MASK
  *                               the health mask (default: no fabric, state 0 = NOT_SUPPORTED, as a PCIe Hopper GPU)
@@ -494,9 +496,13 @@ static int slowed(int index) {
                  st.st_size != seen.st_size || st.st_ino != seen.st_ino) {
             memset(slow, 0, sizeof slow);
             FILE *f = fopen(slow_path, "r");
+            char line[64], word[16];
             int i;
-            while (f && fscanf(f, "%d", &i) == 1)
-                if (i >= 0 && i < MAX_GPUS) slow[i] = 1;
+            while (f && fgets(line, sizeof line, f)) {
+                word[0] = 0;
+                if (sscanf(line, "%d %15s", &i, word) >= 1 && i >= 0 && i < MAX_GPUS)
+                    slow[i] = strcmp(word, "quiet") ? 1 : 2;  /* 2: slowed without a clock event */
+            }
             if (f) fclose(f);
         }
         seen = exists ? st : (struct stat){0};
@@ -545,7 +551,7 @@ nvmlReturn_t nvmlDeviceGetMaxClockInfo(device_t *d, int type, unsigned int *mhz)
 
 static unsigned long long clock_reasons(const device_t *d) {
     static const unsigned long long by_index[] = {0x1 /* idle */, 0x4 /* sw power cap */, 0x40 /* hw thermal */, 0x0};
-    return by_index[d->index % 4] | (slowed(d->index) ? 0x4 /* sw power cap */ : 0);
+    return by_index[d->index % 4] | (slowed(d->index) == 1 ? 0x4 /* sw power cap */ : 0);
 }
 nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(device_t *d, unsigned long long *r) { DEVICE(d); *r = clock_reasons(d); return OK; }
 nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(device_t *d, unsigned long long *r) { DEVICE(d); *r = clock_reasons(d); return OK; }

@@ -88,10 +88,13 @@ def add_device(
     pci_address: str = "0000:17:00.0",
     numa_node: int = 0,
     hw_counters: bool = True,
+    root: str = "pci0000:00",
 ) -> None:
-    """One HCA. Each port: state, phys_state, rate, link_layer and a counter base value; overrides by name."""
-    pci = sys_root / "devices" / "pci0000:00" / pci_address
+    """One HCA. Each port: state, phys_state, rate, link_layer and a counter base value; overrides by name. The PCI
+    function sits under root complex `root`, linked from bus/pci/devices as the kernel links it."""
+    pci = sys_root / "devices" / root / pci_address
     write(pci / "numa_node", str(numa_node))
+    pci_link(sys_root, pci)
     device = pci / "infiniband" / name
     write(device / "board_id", board_id)
     write(device / "fw_ver", fw_ver)
@@ -117,6 +120,24 @@ def add_device(
                 write(path / "hw_counters" / counter, str(port.get("hw", {}).get(counter, base + 100 + index)))
 
 
+def pci_link(sys_root: Path, function: Path) -> None:
+    """bus/pci/devices/<function>, a relative link (the tree is archived and unpacked elsewhere)."""
+    links = sys_root / "bus" / "pci" / "devices"
+    links.mkdir(parents=True, exist_ok=True)
+    (links / function.name).symlink_to(os.path.relpath(function, links))
+
+
+def gpu_functions(sys_root: Path, gpus: int = 8) -> None:
+    """The fake driver's GPUs as PCI functions (its bus ids, tests/support/jobs_tree.bus_id): the first half under
+    socket 0's root complex beside mlx5_0 and mlx4_0, the rest under socket 1's, so that accelmon.topology finds
+    each GPU's nearest NIC on the Molecule workers."""
+    for index in range(gpus):
+        root, numa = ("pci0000:00", 0) if index < gpus // 2 else ("pci0000:80", 1)
+        function = sys_root / "devices" / root / f"0000:{0x18 + index * 0x10:02x}:00.0"
+        write(function / "numa_node", str(numa))
+        pci_link(sys_root, function)
+
+
 def standard_tree(sys_root: Path) -> Path:
     """Two NDR HCAs, one with a port down and 64-bit counters; a ConnectX-3 without hw_counters."""
     add_device(
@@ -132,6 +153,7 @@ def standard_tree(sys_root: Path) -> Path:
         {1: {"state": "1: DOWN", "phys_state": "3: Disabled", "rate": "10 Gb/sec (4X SDR)", "base": 0}},
         pci_address="0000:b1:00.0",
         numa_node=1,
+        root="pci0000:b0",  # socket 1's root complex
     )
     add_device(
         sys_root,
@@ -183,13 +205,15 @@ def scrape_node_exporter(port: int) -> str:
 
 if __name__ == "__main__":
     # python -m tests.support.infiniband_tree OUT.tar.gz: the Molecule workers' sysfs as an archive: the standard
-    # tree, and Slurm job 100's cgroup (its process 3101 runs on GPUs and is the Neuron runtime llama-serve).
+    # tree with the fake driver's GPUs placed beside it (gpu_functions), and Slurm job 100's cgroup (its process
+    # 3101 runs on GPUs and is the Neuron runtime llama-serve).
     import tempfile
 
     from tests.support.jobs_tree import job_cgroup_stats, slurm_job_cgroup
 
     with tempfile.TemporaryDirectory() as work:
         root = standard_tree(Path(work) / "sys")
+        gpu_functions(root)
         slurm_job_cgroup(root / "fs" / "cgroup", 100, (3101,))
         job_cgroup_stats(root / "fs" / "cgroup", 100)
         with tarfile.open(sys.argv[1], "w:gz") as archive:

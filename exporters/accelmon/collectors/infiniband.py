@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from accelmon import topology
+from accelmon import drill_store, topology
 from accelmon.metrics import Catalogue, MetricSpec, Samples
 from accelmon.registry import Paths, Registration, register, seconds
 from accelmon.runtime import Collector
@@ -83,6 +83,13 @@ GPU_NIC_NEAREST = C.gauge(
     "The RDMA devices of the closest path to a GPU: those NCCL uses for it unless the job sets NCCL_IB_HCA; value 1.",
     ["gpu", "uuid", "device"],
     read="when a GPU or a device comes or goes",
+)
+DRILL_ACTIVE = C.gauge(
+    "accelmon_infiniband_drill_active",
+    "1 while a drill (accelmon-drill nic) rehearses a fault of this port: the rules treat it as a NIC at fault, "
+    "labelled drill; its real counters and state are served as they are.",
+    PORT,
+    read="every interval, while a drill is in force",
 )
 
 # counters/<file> -> (metric, help, multiplier). The names are node_exporter's, with our prefix.
@@ -201,8 +208,11 @@ class _Layout:
 class InfinibandCollector(Collector):
     name = "infiniband"
 
-    def __init__(self, sysfs: str = "/sys", clock: Callable[[], float] = time.monotonic, procfs: str = "/proc") -> None:
-        self.sysfs, self.procfs = sysfs, procfs
+    def __init__(
+        self, sysfs: str = "/sys", clock: Callable[[], float] = time.monotonic, procfs: str = "/proc",
+        drill_dir: str = str(drill_store.DRILL_DIR.default), wall: Callable[[], float] = time.time,
+    ) -> None:  # fmt: skip
+        self.sysfs, self.procfs, self.drill_dir, self._wall = sysfs, procfs, drill_dir, wall
         self._topology: tuple[tuple[str, ...], list[topology.Pair]] = ((), [])
         self.root = os.path.join(sysfs, "class", "infiniband")
         self._devices_found = False
@@ -220,6 +230,9 @@ class InfinibandCollector(Collector):
         self._layouts = {device: layout for device, layout in self._layouts.items() if device in devices}
         self._devices_found = INFO in samples.rows
         self._sample_topology(devices, samples)
+        for drill in drill_store.nic_drills(self.drill_dir, self._wall()):
+            if drill.device in devices:  # a drill of a port this node has (accelmon-drill checks it too)
+                samples.add(DRILL_ACTIVE, [drill.device, drill.port], 1)
         return samples
 
     def _sample_topology(self, devices: list[str], out: Samples) -> None:
@@ -316,9 +329,11 @@ REGISTRATION = register(
     Registration(
         name="infiniband",
         help="InfiniBand, RoCE and OmniPath port counters from sysfs (default: on where class/infiniband exists)",
-        build=lambda options, paths: InfinibandCollector(sysfs=paths.sysfs, procfs=paths.procfs),
+        build=lambda options, paths: InfinibandCollector(
+            sysfs=paths.sysfs, procfs=paths.procfs, drill_dir=str(options["drill_dir"])
+        ),
         catalogue=CATALOGUE,
-        options=(seconds("interval_seconds", 5, "how often the port counters are read"),),
+        options=(seconds("interval_seconds", 5, "how often the port counters are read"), drill_store.DRILL_DIR),
         enabled_by_default=_has_class,
         hardware_present=_has_class,
     )

@@ -275,6 +275,39 @@ def test_a_slurm_job_is_attributed_while_it_runs_and_reported_after(host, tmp_pa
     assert (out / "report.html").stat().st_size > 10_000 and (out / "report.pdf").exists()
 
 
+def test_a_nic_drill_explains_a_straggler_its_own_gpu_does_not(host):
+    """The demo's NIC drill (issue 59; scripts/demo.sh prints the same steps): on worker-2 the fake driver's GPUs sit
+    in the PCI tree beside the HCAs (tests/support/infiniband_tree.gpu_functions), so the exporter finds the NICs
+    NVML's GPU 3 leaves by. A job's GPU 3 is slowed with no clock event of its own, and `accelmon-drill nic` marks its
+    NIC mlx5_0 at fault: AccelmonJobStraggler names GPU 3 with reason nic_port, the NIC, and drill="true"."""
+    controller = testinfra.get_host(f"podman://{CLUSTER}-worker-1")
+    name = f"{CLUSTER}-worker-2"
+    worker = testinfra.get_host(f"podman://{name}")
+    nearest = "/api/v1/query?" + urllib.parse.urlencode(
+        {"query": f'accelmon_gpu_nic_nearest_info{{node="{name}",gpu="3"}}'}
+    )
+    devices = lambda: {r["metric"]["device"] for r in query(host, nearest)["result"]}  # noqa: E731
+    assert wait_for(lambda: devices() == {"mlx4_0", "mlx5_0"}, 30), devices()  # PHB both: one root complex
+    job = controller.check_output(
+        f"su alice -c 'sbatch --parsable --chdir=/tmp --nodelist={name} --gres=gpu:2 --wrap \"srun sleep 150\"'"
+    ).strip()
+    try:
+        attributed = f"/api/v1/query?query=accelmon_gpu_job_info%7Bjob_id%3D%22{job}%22%7D"
+        held = wait_for(lambda: {r["metric"]["gpu"] for r in query(host, attributed)["result"]}, 60)
+        assert held and "3" in held, held  # Slurm's GPU 1 there is NVML's GPU 3
+        worker.check_output("echo '3 quiet' > /opt/fake-nvml/slow")
+        worker.check_output("accelmon-drill nic --device mlx5_0 --minutes 5")
+        fired = wait_for(lambda: stragglers(host, job), timeout=90)
+        assert fired, query(host, "/api/v1/alerts")
+        assert [(a["gpu"], a["reason"], a.get("device"), a.get("drill")) for a in fired] == [
+            ("3", "nic_port", "mlx5_0", "true")
+        ]
+    finally:
+        worker.run("accelmon-drill stop --device mlx5_0; rm -f /opt/fake-nvml/slow")
+        controller.run(f"scancel {job}")
+    assert wait_for(lambda: not query(host, attributed)["result"], timeout=120), "still attributed after the job"
+
+
 # Each task of the job below: burns one core for 45 s and holds 200 MiB, writes the CPU time it measured for itself,
 # then idles 25 s so that the exporter (job cgroups read every 10 s) and Prometheus see the final figures.
 BURN = """import resource, sys, time

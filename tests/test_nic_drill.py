@@ -1,0 +1,77 @@
+"""accelmon-drill nic (issue 59): a NIC port rehearsed as at fault is served as a drill by the infiniband collector
+(the master's rules then treat it as a NIC at fault, saying DRILL: master/prometheus/tests/alerts-test.yml), while the
+port's real counters and state are served as they are; it ends by itself or at `stop`; bad arguments change nothing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from accelmon import drill_store
+from accelmon.collectors.infiniband import InfinibandCollector
+from tests.support.exposition import sample_value, series, text_of
+from tests.support.infiniband_tree import standard_tree
+
+pytestmark = [
+    pytest.mark.unit,
+    pytest.mark.skipif(os.geteuid() != 0, reason="accelmon-drill nic and stop need root"),
+]
+
+
+@pytest.fixture
+def node(tmp_path):
+    sysfs = standard_tree(tmp_path / "sys")
+    config = tmp_path / "exporter.yml"
+    config.write_text(f"paths: {{sysfs: {sysfs}}}\ncollectors: {{health: {{drill_dir: {tmp_path / 'drills'}}}}}\n")
+    return config, sysfs, tmp_path / "drills"
+
+
+def drill(config, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "accelmon.drill", "--config", str(config), *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60)
+
+
+def test_a_drilled_port_is_served_as_a_drill_and_its_counters_as_they_are(node):
+    config, sysfs, drills = node
+    collector = InfinibandCollector(sysfs=str(sysfs), drill_dir=str(drills))
+    before = text_of(collector)
+    started = drill(config, "nic", "--device", "mlx5_0", "--minutes", "5")
+    assert started.returncode == 0, started.stderr
+    assert "drill started: mlx5_0 port 1 at fault" in started.stdout
+    during = text_of(collector)
+    assert series(during, "accelmon_infiniband_drill_active") == [({"device": "mlx5_0", "port": "1"}, 1.0)]
+    drilled_out = "\n".join(line for line in during.splitlines() if "drill_active" not in line)
+    assert drilled_out == "\n".join(line for line in before.splitlines() if "drill_active" not in line)
+    assert "NIC mlx5_0 port 1: at fault" in drill(config, "status").stdout
+    assert drill(config, "stop", "--device", "mlx5_0").stdout.strip() == "1 drill(s) ended."
+    assert series(text_of(collector), "accelmon_infiniband_drill_active") == []
+
+
+def test_a_drill_ends_by_itself(node):
+    config, sysfs, drills = node
+    now = time.time()
+    drill_store.write_record(str(drills), drill_store.nic_file_name("mlx5_0", "1"),
+                             {"device": "mlx5_0", "port": "1", "started": now - 600, "expires": now - 1})  # fmt: skip
+    collector = InfinibandCollector(sysfs=str(sysfs), drill_dir=str(drills))
+    assert sample_value(text_of(collector), "accelmon_infiniband_drill_active", device="mlx5_0", port="1") is None
+    assert "ended by itself" in drill(config, "status").stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("--device", "mlx5_9"), "this node's RDMA devices are mlx4_0, mlx5_0, mlx5_1"),
+        (("--device", "../etc"), "this node's RDMA devices are"),
+        (("--device", "mlx5_0", "--port", "3"), "mlx5_0 has no such port"),
+        (("--device", "mlx5_0", "--minutes", "0"), "--minutes 0: from more than 0"),
+    ],
+)
+def test_bad_arguments_change_nothing(node, args, says):
+    config, _, drills = node
+    refused = drill(config, "nic", *args)
+    assert refused.returncode == 2 and says in refused.stderr and "nothing changed" in refused.stderr
+    assert not drills.exists() or not os.listdir(drills)
