@@ -308,6 +308,73 @@ def test_a_nic_drill_explains_a_straggler_its_own_gpu_does_not(host):
     assert wait_for(lambda: not query(host, attributed)["result"], timeout=120), "still attributed after the job"
 
 
+def printed_commands() -> list[tuple[str, str]]:
+    """(container, command) of every `podman exec` scripts/demo.sh prints when it is up (its closing text), the
+    container named as this cluster's; and ("", command) for each curl it prints."""
+    text = (ROOT / "scripts" / "demo.sh").read_text()
+    closing = text[text.index("cat <<MSG") :]
+    found = [
+        (
+            container.replace("accelmon-demo-", f"{CLUSTER}-"),
+            first_command(command).replace("accelmon-demo-", f"{CLUSTER}-"),
+        )
+        for container, command in re.findall(r"podman exec (accelmon-demo-[\w-]+) (.+?)(?:   \(|$)", closing, re.M)
+    ]
+    found += [
+        ("", command.strip().replace("accelmon-demo-", f"{CLUSTER}-"))
+        for command in re.findall(r"(curl -sG .+?)(?:   \(|$)", closing, re.M)
+    ]
+    return found
+
+
+def first_command(text: str) -> str:
+    """The command up to its first `;` outside quotes ("... stop; then scancel JOB" says what to do next)."""
+    quote = ""
+    for at, char in enumerate(text):
+        if char in "'\"" and quote in ("", char):
+            quote = "" if quote else char
+        elif char == ";" and not quote:
+            return text[:at].strip()
+    return text.strip()
+
+
+def programs(command: str) -> list[str]:
+    """The programs a printed command runs: its own, and the one inside `su USER -c '...'`, `sh -c '...'` or
+    `systemd-run --unit NAME ...`."""
+    words = shlex.split(command.replace("JOB", "1"))
+    found = [words[0]]
+    if words[0] in ("su", "sh"):
+        inner = words[words.index("-c") + 1]
+        found += [shlex.split(part)[0] for part in inner.split(";") if part.strip()]
+    elif words[0] == "systemd-run":
+        found.append(words[3])  # after --unit NAME
+    return found
+
+
+def test_the_demos_printed_commands_run_as_printed(host):
+    """Issue 60, point 4: every command the demo prints runs here as printed (with this cluster's names): each
+    program a `podman exec` line runs is on that container's PATH (as root, or as alice for su alice), and the
+    curl lines answer from the master's Prometheus (at the same address the demo publishes it on)."""
+    commands = printed_commands()
+    assert len(commands) >= 20, commands  # the parse found the closing text's commands
+    for container, command in commands:
+        if not container:
+            answered = host.run(command)
+            assert answered.rc == 0 and answered.stdout, (command, answered.stderr)
+            continue
+        on = testinfra.get_host(f"podman://{container}")
+        user = "alice" if command.startswith("su alice") else "root"
+        for program in programs(command):
+            if program in ("echo", "then"):
+                continue
+            found = on.run(f"su {user} -c {shlex.quote(f'command -v {program}')}")
+            assert found.rc == 0, (container, command, program)
+    # The one read-only command of the game day runs through: the scan says what it would do, and drains nothing.
+    worker = testinfra.get_host(f"podman://{CLUSTER}-worker-2")
+    dry = worker.run("accelmon-slurm-health-check --dry-run")
+    assert dry.rc in (0, 1) and "GPU" in dry.stdout + dry.stderr, dry.stdout + dry.stderr
+
+
 # Each task of the job below: burns one core for 45 s and holds 200 MiB, writes the CPU time it measured for itself,
 # then idles 25 s so that the exporter (job cgroups read every 10 s) and Prometheus see the final figures.
 BURN = """import resource, sys, time
