@@ -69,6 +69,23 @@ def test_link_states_and_error_counters_per_link(make_collector):
     assert sample_value(text, "accelmon_gpu_nvlink_link_up", gpu="1") is None  # GPU 1 has no NVLink
 
 
+def test_what_each_link_leads_to_is_asked_once_and_served_every_interval(make_collector, fake_nvml):
+    """accelmon_gpu_nvlink_remote_info (which GPUs a reset must take together, accelmon.reset_scope): GPU 0's link 0
+    is a bridge to GPU 1, its other links lead to NVSwitches. The wiring does not change while the driver runs: asked
+    once per link, then served from memory (18 links x 2 calls would be 36 calls a GPU at every interval)."""
+    collector = make_collector("gpus 2\nnvlink 0 4\nnvlink_peer 0 0 1\n")
+    text = read(collector)
+    assert sample_value(text, "accelmon_gpu_nvlink_remote_info", gpu="0", link="0", remote_type="gpu",
+                        remote_pci_bus_id="00000000:28:00.0") == 1  # fmt: skip
+    assert sample_value(text, "accelmon_gpu_nvlink_remote_info", gpu="0", link="3", remote_type="switch",
+                        remote_pci_bus_id="00000000:C3:00.0") == 1  # fmt: skip
+    asked = fake_nvml.calls_of("nvmlDeviceGetNvLinkRemotePciInfo_v2")
+    for _ in range(3):
+        again = read(collector)
+    assert fake_nvml.calls_of("nvmlDeviceGetNvLinkRemotePciInfo_v2") == asked
+    assert again.count("accelmon_gpu_nvlink_remote_info{") == 4
+
+
 def test_driver_without_per_link_counters_still_reports_link_states(make_collector, fake_nvml):
     collector = make_collector("gpus 1\nnvlink 0 4\nunsupported nvmlDeviceGetNvLinkErrorCounter\n")
     read(collector)
