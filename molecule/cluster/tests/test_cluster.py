@@ -293,8 +293,9 @@ def test_a_nic_drill_explains_a_straggler_its_own_gpu_does_not(host):
     ).strip()
     try:
         attributed = f"/api/v1/query?query=accelmon_gpu_job_info%7Bjob_id%3D%22{job}%22%7D"
-        held = wait_for(lambda: {r["metric"]["gpu"] for r in query(host, attributed)["result"]}, 60)
-        assert held and "3" in held, held  # Slurm's GPU 1 there is NVML's GPU 3
+        gpus = lambda: {r["metric"]["gpu"] for r in query(host, attributed)["result"]}  # noqa: E731
+        assert wait_for(lambda: len(gpus()) == 2, 60), gpus()
+        assert "3" in gpus(), gpus()  # Slurm's GPU 1 there is NVML's GPU 3
         worker.check_output("echo '3 quiet' > /opt/fake-nvml/slow")
         worker.check_output("accelmon-drill nic --device mlx5_0 --minutes 5")
         fired = wait_for(lambda: stragglers(host, job), timeout=90)
@@ -372,7 +373,7 @@ def test_the_demos_printed_commands_run_as_printed(host):
     # The one read-only command of the game day runs through: the scan says what it would do, and drains nothing.
     worker = testinfra.get_host(f"podman://{CLUSTER}-worker-2")
     dry = worker.run("accelmon-slurm-health-check --dry-run")
-    assert dry.rc in (0, 1) and "GPU" in dry.stdout + dry.stderr, dry.stdout + dry.stderr
+    assert dry.rc == 0 and "Traceback" not in dry.stderr, dry.stdout + dry.stderr  # a check never fails slurmd
 
 
 # Each task of the job below: burns one core for 45 s and holds 200 MiB, writes the CPU time it measured for itself,
