@@ -58,7 +58,8 @@ ROOT = Path(__file__).resolve().parent.parent
 from tests.support.ansible import exec_start, render_role_template  # noqa: E402
 from tests.support.dashboards import concrete, panel_queries  # noqa: E402
 from tests.support.fakenvml import build_fake_nvml  # noqa: E402
-from tests.support.infiniband_tree import add_device  # noqa: E402
+from tests.support.infiniband_tree import add_device, gpu_functions  # noqa: E402
+from tests.support.jobs_tree import nvidia_procfs  # noqa: E402
 from tests.support.processes import cpu_seconds, free_port  # noqa: E402
 from tests.support.rules import load_renderer  # noqa: E402
 
@@ -101,14 +102,20 @@ def record_bodies(work: Path, node_cpus: int) -> dict[str, str]:
     nvml.write_text("gpus 8\nprofile h100\n" + "".join(f"gpm {i}\n" for i in range(GPUS_PER_NODE)))
     sysfs = work / "sys"
     for index in range(4):  # 4 NDR ports, one per HCA, as on a typical 8-GPU node's compute fabric
-        add_device(sysfs, f"mlx5_{index}", {1: {"base": 10 + index}}, pci_address=f"0000:{0x17 + index:02x}:00.0")
+        add_device(
+            sysfs, f"mlx5_{index}", {1: {"base": 10 + index}}, pci_address=f"0000:{0x17 + index * 0x10:02x}:00.0"
+        )
+    # The GPUs in the PCI tree and the driver's procfs: each worker serves its GPU-NIC paths and nearest NICs, so
+    # that the path-fault rules (accelmon-gpu-paths) join over real rows.
+    gpu_functions(sysfs, GPUS_PER_NODE)
+    procfs = nvidia_procfs(work / "proc", gpus=GPUS_PER_NODE)
     port, node_port = free_port(), free_port()
     settings = work / "accelmon.yml"
     settings.write_text(
         yaml.safe_dump(
             {
                 "web": {"listen_address": f"127.0.0.1:{port}"},
-                "paths": {"sysfs": str(sysfs)},
+                "paths": {"sysfs": str(sysfs), "procfs": str(procfs)},
                 "collectors": {
                     "nvml": {"enabled": True},
                     "infiniband": {"enabled": True},

@@ -17,7 +17,7 @@ import yaml
 
 from tests.support.ansible import render_role_template
 from tests.support.fake_scontrol import Cluster
-from tests.support.infiniband_tree import standard_tree
+from tests.support.infiniband_tree import gpu_functions, standard_tree
 from tests.support.jobs_tree import bus_id, fabric_manager_process, job_cgroup_stats, nvidia_procfs, slurm_job_cgroup
 from tests.support.kernel_log_lines import BOOT, record, xid_line
 from tests.support.neuron_reports import line, report
@@ -57,6 +57,7 @@ def start_exporter(work: Path, port: int, fake_nvml_dir: Path) -> subprocess.Pop
     faults += "process_samples 1\nprocess 0 3101 4096\nprocess 1 3101 2048\n"
     nvml.write_text("gpus 8\nenergy_follows_power 1\n" + faults + fabric)
     sysfs = standard_tree(work / "sys")
+    gpu_functions(sysfs)  # the GPUs in the PCI tree beside the HCAs: each GPU's nearest NIC is served
     slurm_job_cgroup(sysfs / "fs" / "cgroup", 100, (3101,))  # the Neuron runtime llama-serve runs in job 100
     for job in (100, 200):  # what each job uses on the CPU side (collector job_resources)
         job_cgroup_stats(sysfs / "fs" / "cgroup", job)
