@@ -49,6 +49,11 @@ def test_a_drilled_port_is_served_as_a_drill_and_its_counters_as_they_are(node):
     assert "NIC mlx5_0 port 1: at fault" in drill(config, "status").stdout
     assert drill(config, "stop", "--device", "mlx5_0").stdout.strip() == "1 drill(s) ended."
     assert series(text_of(collector), "accelmon_infiniband_drill_active") == []
+    # A stop narrowed to GPU drills leaves a NIC drill; a plain stop ends it.
+    assert drill(config, "nic", "--device", "mlx5_0").returncode == 0
+    assert drill(config, "stop", "--check", "ecc").stdout.startswith("0 drill(s) ended.")
+    assert drill(config, "stop").stdout.startswith("1 drill(s) ended.")
+    assert not drill_store.nic_drills(str(drills))
 
 
 def test_a_drill_ends_by_itself(node):

@@ -39,10 +39,10 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Optional
 
-from accelmon import nccl_drill
+from accelmon import drill_store, nccl_drill
 from accelmon.checks import ActiveDrill, Drill
 from accelmon.config import load
-from accelmon.drill_store import DRILL_DIR, nic_drills, nic_file_name, read, remove, write, write_record
+from accelmon.drill_store import DRILL_DIR, nic_drills, read, remove, write
 from accelmon.registry import collectors
 from accelmon.scan import scan_health
 from accelmon.validation import ConfigError
@@ -159,7 +159,7 @@ def start_nic(args: argparse.Namespace, now: float) -> int:
         return refuse(f"--port {args.port!r}: {args.device} has no such port")
     drill_dir = drill_dir_of(args.config)  # one setting: the infiniband collector reads the same (drill_store)
     record = {"device": args.device, "port": args.port, "started": now, "expires": now + args.minutes * 60}
-    path = write_record(drill_dir, nic_file_name(args.device, args.port), record)
+    path = drill_store.write_record(drill_dir, drill_store.nic_file_name(args.device, args.port), record)
     print(f"drill started: {args.device} port {args.port} at fault, until {clock(record['expires'])} ({path}).")
     print("The exporter serves it within its interval; `accelmon-drill stop` ends it now.")
     return 0
@@ -167,11 +167,12 @@ def start_nic(args: argparse.Namespace, now: float) -> int:
 
 def stop(args: argparse.Namespace) -> int:
     drill_dir = drill_dir_of(args.config)
+    # NIC drills: those of --device, or every one when nothing narrows the stop.
+    everything = args.device is None and args.gpu is None and args.check is None
+    nics = [nic for nic in nic_drills(drill_dir) if everything or nic.device == args.device]
+    for nic in nics:
+        drill_store.remove_nic(drill_dir, nic)
     if args.device is not None:  # a NIC's drills only
-        nics = [nic for nic in nic_drills(drill_dir) if nic.device == args.device]
-        for nic in nics:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(drill_dir, nic_file_name(nic.device, nic.port)))
         print(f"{len(nics)} drill(s) ended.")
         return 0
     ended = [d for d in read(drill_dir) if args.gpu in (None, d.gpu) and args.check in (None, d.check)]
@@ -182,10 +183,6 @@ def stop(args: argparse.Namespace) -> int:
     for record in nccl:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(record["path"])  # its stand-in sees its file gone and ends within a second
-    nics = nic_drills(drill_dir) if args.gpu is None and args.check is None else []
-    for nic in nics:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(drill_dir, nic_file_name(nic.device, nic.port)))
     drained = " A node the drill drained stays drained: resume it" if ended else ""
     print(f"{len(ended) + len(nccl) + len(nics)} drill(s) ended.{drained}")
     if ended:

@@ -122,6 +122,13 @@ def nic_drills(drill_dir: str, now: Optional[float] = None) -> list[NicDrill]:
     return sorted(found, key=lambda d: (d.device, d.port))
 
 
+def remove_nic(drill_dir: str, drill: NicDrill) -> None:
+    try:
+        os.unlink(os.path.join(drill_dir, nic_file_name(drill.device, drill.port)))
+    except FileNotFoundError:
+        pass
+
+
 def remove(drill_dir: str, drill: ActiveDrill) -> None:
     try:
         os.unlink(os.path.join(drill_dir, file_name(drill.gpu, drill.check)))

@@ -53,9 +53,8 @@ FILE = re.compile(r"^nccl_inspector_metrics_([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}
 MAX_FILE_BYTES = 1 << 20  # 3 lines of about 400 bytes a communicator: hundreds of communicators a GPU
 COLLECTIVES = ("AllGather", "AllReduce", "Broadcast", "Recv", "Reduce", "ReduceScatter", "SendRecv", "Send")
 SIZE = re.compile(r"^(\d+(?:\.\d+)?)(B|KB|MB|GB|TB)$")
-SIZE_RANGE = re.compile(
-    r"^(\d+)-\d+(B|KB|MB|GB|TB)$"
-)  # 2.30's message_size: "4-5GB" (inspectorPromFormatMessageSizeRange)
+# 2.30's message_size: a range, "4-5GB" (inspectorPromFormatMessageSizeRange).
+SIZE_RANGE = re.compile(r"^(\d+)-\d+(B|KB|MB|GB|TB)$")
 NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_.:/-]")
 # 2.30's metrics: collectives and point-to-point (nccl_p2p_*, with p2p_operation for collective).
 V2_30 = {
@@ -275,8 +274,11 @@ class NcclInspectorCollector(Collector):
                     bad += 1
                     continue
                 communicators.add(key)
-                chosen = buckets.setdefault((job, found.communicator, found.collective), found)
-                chosen.take(found)
+                chosen = buckets.get((job, found.communicator, found.collective))
+                if chosen is None:
+                    buckets[(job, found.communicator, found.collective)] = found
+                else:
+                    chosen.take(found)
                 continue
             source = SOURCES.get(sample.name)
             collective = labels.get("collective", "")
