@@ -1,5 +1,6 @@
 """The kernel-log collector on fixture logs in /dev/kmsg's format, on this machine's real /dev/kmsg, and on the
-faults a kernel log has: overwritten records (EPIPE), records too long, bytes of any kind, an unreadable log."""
+faults a kernel log has: overwritten records (EPIPE), records too long, bytes of any kind, an unreadable log, and
+XID text that is not the driver's (quoted by another kernel message, written from userspace)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from accelmon import xid
+from accelmon import health, xid
+from accelmon.collectors import kernel_log
 from accelmon.collectors.kernel_log import KernelLogCollector, bus_id
-from accelmon.kmsg import KernelLog, parse_record
+from accelmon.kmsg import KernelLog, Record, parse_record
 from accelmon.metrics import Samples, render
 from tests.support.exposition import check_golden, promtool_check, sample_value
 from tests.support.jobs_tree import nvidia_procfs, uuid
-from tests.support.kernel_log_lines import BOOT, HISTORY, record, xid_line
+from tests.support.kernel_log_lines import BOOT, HISTORY, USER_INFO, USER_WARNING, record, xid_line
 from tests.support.processes import exporter_command, exporter_env
 
 
@@ -64,6 +66,8 @@ def test_history_names_gpus_through_procfs_and_the_catalogue(tmp_path, procfs):
     assert value(out, "accelmon_nvswitch_sxid_errors_total", nvswitch="0", sxid="20034", fatal="true") == 1
     assert value(out, "accelmon_nvswitch_sxid_errors_total", nvswitch="2", sxid="12028", fatal="false") == 1
     assert value(out, "accelmon_kernel_log_records_total") == 7  # continuation lines are not records
+    for reason in kernel_log.SKIP_REASONS:  # every line naming an XID was the driver's
+        assert value(out, "accelmon_kernel_log_skipped_xid_records_total", reason=reason) == 0
     assert value(out, "accelmon_kernel_log_readable") == 1
     assert made.hardware_answering() is True
 
@@ -109,6 +113,68 @@ def test_bad_records_are_skipped_and_counted_and_gaps_are_lost_records(tmp_path,
     assert value(out, "accelmon_gpu_kernel_xid_errors_total", gpu="0", xid="31") == 1
     assert value(out, "accelmon_gpu_kernel_xid_errors_total", gpu="0", xid="63") == 1
     assert value(out, "accelmon_gpu_kernel_xid_errors_total", gpu="0", xid="48") is None
+
+
+def test_xid_text_that_is_not_the_drivers_is_skipped_and_counted(tmp_path, procfs):
+    """Issue 64: any user can put XID text in the kernel log. An unprivileged mount in a user namespace
+    (`unshare -Urm mount -t tmpfs -o "NVRM: Xid (PCI:0000:18:00): 79, ..." none /tmp`) makes tmpfs log the option;
+    a write to /dev/kmsg is logged with the user facility; a process may name itself after the driver's prefix. None
+    of these is an XID: GPU 0 stays healthy, each is counted by reason, and the driver's own line beside them counts."""
+    fallen = xid_line("0000:18:00", 79, "pid=1, name=x, GPU has fallen off the bus.")
+    switch_down = "nvidia-nvswitch0: SXid (PCI:0000:a3:00.0): 20034, Fatal, Link 30 LTSSM Fault Up"
+    text = (
+        # The kernel's own messages (facility 0) quoting what a user gave them: not at the message's start.
+        record(1, 1.0, f"tmpfs: Unknown parameter '{fallen}'", priority=3)
+        + record(2, 2.0, f"tmpfs: Unknown parameter '{switch_down}'", priority=3)
+        + record(3, 3.0, f"overlayfs: failed to resolve '{fallen}': -2")
+        # Written to /dev/kmsg: the kernel gives them the user facility whatever prefix the writer sends.
+        + record(4, 4.0, fallen, priority=USER_WARNING)
+        + record(5, 5.0, fallen, priority=USER_INFO)
+        + record(6, 6.0, switch_down, priority=USER_WARNING)
+        # A process named `NVRM: Xid (PCI:` (15 characters, the most a name holds) that crashed: the kernel's
+        # message starts with the prefix, but what follows is not the driver's form.
+        + record(7, 7.0, "NVRM: Xid (PCI:[4242]: segfault at 0 ip 0000000000401000 sp 00007ffd0000 error 4", priority=6)
+        + record(8, 8.0, xid_line("0000:28:00", 94, "pid=7, name=python3, Contained ECC error."))  # the driver's
+    )
+    made, _ = collector(tmp_path, procfs, text)
+    out = made.sample()
+    assert value(out, "accelmon_gpu_kernel_xid_errors_total", gpu="0") is None
+    assert value(out, "accelmon_xid_catalogue_info", xid="79") is None
+    assert value(out, "accelmon_nvswitch_sxid_errors_total") is None
+    assert value(out, "accelmon_gpu_kernel_xid_errors_total", gpu="1", xid="94") == 1
+    skipped = "accelmon_kernel_log_skipped_xid_records_total"
+    assert value(out, skipped, reason="not_driver") == 3
+    assert value(out, skipped, reason="not_kernel") == 3
+    assert value(out, skipped, reason="unparsed") == 1
+    assert value(out, "accelmon_kernel_log_malformed_records_total") == 0
+    node = health.evaluate([out], now=BOOT + 60, registrations=[kernel_log.REGISTRATION])
+    checks = {gpu.index: next(c for c in gpu.checks if c.name == "xid") for gpu in node.gpus}
+    assert checks["0"].verdict == "ok" and checks["0"].action == "none", checks["0"]
+    assert checks["1"].verdict == "warning" and "contained_ecc_error" in checks["1"].detail, checks["1"]
+
+
+def test_the_drivers_own_forms_are_read_strictly(tmp_path, procfs):
+    """The forms the drivers print: a MIG GPU's XID names its GPU and compute instances inside the parenthesis;
+    an SXid line without Fatal or Non-fatal (Correctable, or details after an error) is the driver's but not
+    counted; the driver's prefix followed by anything else is not an XID."""
+    text = (
+        record(1, 1.0, "NVRM: Xid (PCI:0000:38:00 GPU-I:01 GPU-CI:00): 94, pid=7, name=python3, Contained ECC error.")
+        + record(2, 2.0, "NVRM: Xid (PCI:0000:48:00 GPU-I:02): 13, pid=8, name=python3, Graphics Exception")
+        + record(3, 3.0, "nvidia-nvswitch1: SXid (PCI:0000:b3:00.0): 12028, Correctable, Link 02 ingress error")
+        + record(4, 4.0, "nvidia-nvswitch1: SXid (PCI:0000:b3:00.0): 24007, Fatal, Link 44 sourcetrack timeout")
+        + record(5, 5.0, "nvidia-nvswitch1: SXid (PCI:0000:b3:00.0): 24007, Data {0x00000000, 0x00000000}")
+        + record(6, 6.0, "NVRM: Xid (PCI:0000:18:00): seventy-nine, GPU has fallen off the bus.")
+        + record(7, 7.0, "NVRM: Xid (PCI:0000:18:00): 79")  # the driver always prints `%d, ` and a message
+        + record(8, 8.0, "nvidia-nvswitch1: SXid (PCI:0000:b3:00): 24007, Fatal, no function in the bus id")
+    )
+    made, _ = collector(tmp_path, procfs, text)
+    out = made.sample()
+    assert value(out, "accelmon_gpu_kernel_xid_errors_total", gpu="2", xid="94") == 1
+    assert value(out, "accelmon_gpu_kernel_xid_errors_total", gpu="3", xid="13") == 1
+    assert value(out, "accelmon_gpu_kernel_xid_errors_total", gpu="0") is None
+    assert value(out, "accelmon_nvswitch_sxid_errors_total", nvswitch="1", sxid="24007", fatal="true") == 1
+    assert value(out, "accelmon_nvswitch_sxid_errors_total", sxid="12028") is None
+    assert value(out, "accelmon_kernel_log_skipped_xid_records_total", reason="unparsed") == 3
 
 
 def test_a_truncated_log_is_read_again_from_its_start(tmp_path, procfs):
@@ -228,8 +294,13 @@ def test_bus_ids_are_named_as_procfs_names_them(text, expected):
 
 
 def test_a_record_is_parsed_by_the_kernel_abi():
-    assert parse_record("6,339,5140900,-,caller=T1;NVRM: hello\n SUBSYSTEM=pci") == (339, 5140900, "NVRM: hello")
+    parsed = parse_record("6,339,5140900,-,caller=T1;NVRM: hello\n SUBSYSTEM=pci")
+    assert parsed == Record(sequence=339, microseconds=5140900, facility=0, message="NVRM: hello")
+    # PRIORITY is facility * 8 + level: 14 is LOG_USER at KERN_INFO, what the kernel makes of a write of `<6>...`.
+    assert parse_record("14,340,5140901,-;written by a user").facility == 1
     assert parse_record("6,339,5140900;no flags") is None
+    assert parse_record("x,339,5140900,-;no priority") is None
+    assert parse_record("\u0664,339,5140900,-;a digit, but not an ASCII one") is None
     assert parse_record("just text") is None
 
 

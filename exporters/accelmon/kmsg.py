@@ -3,6 +3,8 @@ and for a log saved elsewhere), read from where the previous call stopped, lost 
 The kernel's dev-kmsg documentation: each read(2) of the character device returns one record and fails with EINVAL
 when the buffer is smaller than the record (so it is read with a large buffer), EPIPE when records were overwritten
 since the last read (the next read gives the oldest one left, its sequence number says how many were lost).
+Each record carries its facility (PRIORITY >> 3): only the kernel's own messages have KERNEL_FACILITY, so a
+reader that trusts a message (an XID) can tell them from text written into the log from userspace.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 # A record of /dev/kmsg is at most 8 KiB of text (the kernel's CONSOLE_EXT_LOG_MAX); a longer line in a file is
 # not a kernel record.
@@ -18,13 +20,29 @@ MAX_RECORD = 16 * 1024
 MAX_RECORDS_PER_SAMPLE = 100_000  # a flood is read over several samples, never in one unbounded loop
 
 
-def parse_record(text: str) -> Optional[tuple[int, int, str]]:
-    """(sequence, microseconds since boot, message) of one kmsg record, None if it is not one."""
+# LOG_KERN, the facility of what the kernel itself logs. Userspace cannot write a record with it: the kernel's
+# devkmsg_write (kernel/printk/printk.c) logs a write to /dev/kmsg as LOG_USER (1) unless its `<N>` prefix names
+# another non-zero facility ("we enforce LOG_USER, to be able to reliably distinguish kernel-generated messages
+# from userspace-injected ones").
+KERNEL_FACILITY = 0
+
+
+class Record(NamedTuple):
+    sequence: int
+    microseconds: int  # since boot
+    facility: int  # KERNEL_FACILITY for the kernel's own messages
+    # The text before the record's KEY=value lines. /dev/kmsg escapes control characters in it (\xNN): a newline
+    # the kernel was given to log cannot start a record of its own.
+    message: str
+
+
+def parse_record(text: str) -> Optional[Record]:
+    """One kmsg record (`PRIORITY,SEQUENCE,MICROSECONDS,FLAGS[,...];MESSAGE`), None if it is not one."""
     prefix, sep, message = text.partition(";")
     fields = prefix.split(",")
-    if not sep or len(fields) < 4 or not (fields[1].isdigit() and fields[2].isdigit()):
+    if not sep or len(fields) < 4 or not all(field.isascii() and field.isdigit() for field in fields[:3]):
         return None
-    return int(fields[1]), int(fields[2]), message.split("\n", 1)[0]
+    return Record(int(fields[1]), int(fields[2]), int(fields[0]) >> 3, message.split("\n", 1)[0])
 
 
 class KernelLog:
@@ -55,8 +73,8 @@ class KernelLog:
             os.close(self._fd)
             self._fd = None
 
-    def records(self, limit: int = MAX_RECORDS_PER_SAMPLE) -> list[tuple[int, int, str]]:
-        """What the log has that was not read yet (at most `limit` records): (sequence, microseconds, message)."""
+    def records(self, limit: int = MAX_RECORDS_PER_SAMPLE) -> list[Record]:
+        """What the log has that was not read yet (at most `limit` records)."""
         self.open()
         raw = self._read_device(limit) if self._device else self._read_file(limit)
         out = []
@@ -65,10 +83,9 @@ class KernelLog:
             if record is None:
                 self.malformed += 1
                 continue
-            sequence = record[0]
-            if self._next_sequence is not None and sequence > self._next_sequence:
-                self.lost += sequence - self._next_sequence
-            self._next_sequence = sequence + 1
+            if self._next_sequence is not None and record.sequence > self._next_sequence:
+                self.lost += record.sequence - self._next_sequence
+            self._next_sequence = record.sequence + 1
             out.append(record)
         return out
 

@@ -8,8 +8,14 @@ from __future__ import annotations
 
 BOOT = 1_764_000_000  # btime of the fixture procfs: records count their microseconds from it
 
+# PRIORITY is facility * 8 + level. The driver's lines are the kernel's (facility 0) at KERN_WARNING (4); what
+# userspace writes to /dev/kmsg the kernel logs as LOG_USER (facility 1): 12 at KERN_WARNING, 14 at KERN_INFO.
+KERNEL_WARNING = 4
+USER_WARNING = 12
+USER_INFO = 14
 
-def record(sequence: int, seconds: float, message: str, priority: int = 4) -> str:
+
+def record(sequence: int, seconds: float, message: str, priority: int = KERNEL_WARNING) -> str:
     return f"{priority},{sequence},{int(seconds * 1e6)},-;{message}\n"
 
 

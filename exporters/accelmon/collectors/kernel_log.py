@@ -12,6 +12,13 @@ Reading: `/dev/kmsg` (`--path.kmsg`), non-blocking, one record per read(2) (the 
 EPIPE means records were overwritten before they were read: the sequence numbers say how many, counted as lost,
 and reading goes on. A regular file in the same format (tests, or a saved log) is followed as it grows.
 
+Trust: an XID makes a GPU fail its health check and the node drained, so only the driver's own lines count: a
+record of the kernel's facility (userspace cannot write one, accelmon.kmsg) whose message starts with the driver's
+prefix (`NVRM: Xid (`, `nvidia-nvswitchN: SXid (`) and is in the driver's form. Other kernel messages print text
+users give them (`tmpfs: Unknown parameter 'NVRM: Xid (...'` from an unprivileged mount in a user namespace);
+those, records written from userspace and lines in no form the driver prints are skipped and counted in
+`accelmon_kernel_log_skipped_xid_records_total{reason}`.
+
 A GPU is named by the PCI bus id in the line, through the driver's procfs files
 (`/proc/driver/nvidia/gpus/<bus id>/information`), which still list a GPU that NVML no longer reaches; `gpu` is
 its place in bus order, NVML's index, as the jobs collector names GPUs.
@@ -41,7 +48,7 @@ from typing import Any, Optional
 from accelmon import xid as catalogue
 from accelmon.checks import Check, Drill, GpuCheck, GpuKey, NodeCheck, View, when, worst
 from accelmon.gpu_metrics import XID_ERRORS as NVML_XID_ERRORS
-from accelmon.kmsg import KernelLog
+from accelmon.kmsg import KERNEL_FACILITY, KernelLog
 from accelmon.metrics import Catalogue, Samples
 from accelmon.nvidia import driver_gpus_by_bus, nvidia_driver_loaded
 from accelmon.registry import Paths, Registration, register, seconds
@@ -97,6 +104,14 @@ MALFORMED = C.counter(
     "accelmon_kernel_log_malformed_records_total",
     "Records that were not in the kernel's format, or longer than the reader takes, skipped.",
 )
+SKIP_REASONS = ("not_kernel", "not_driver", "unparsed")
+SKIPPED = C.counter(
+    "accelmon_kernel_log_skipped_xid_records_total",
+    "Records naming an XID or SXid that are not the NVIDIA driver's, skipped, by reason: not_kernel (not of the "
+    "kernel's facility: written from userspace), not_driver (the driver's prefix not at the message's start: another "
+    "message quoting it), unparsed (the prefix, not in the driver's form).",
+    ["reason"],
+)
 LOST = C.counter(
     "accelmon_kernel_log_lost_records_total",
     "Records overwritten in the kernel's buffer before they were read (gaps in sequence numbers).",
@@ -109,12 +124,21 @@ READABLE = C.gauge(
 INTERVAL = seconds("interval_seconds", 5.0, "how often new kernel log records are read")
 XID_WARNING_WINDOW_SECONDS = 3600.0  # an application-class XID warns for an hour after it was logged
 
-# `NVRM: Xid (PCI:0000:12:00): 79, pid=..., name=..., GPU has fallen off the bus.` (older drivers: no `PCI:`).
-XID_LINE = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})(?:\.[0-7])?\): (\d+)")
-# `nvidia-nvswitch3: SXid (PCI:0000:c3:00.0): 12028, Non-fatal, Link 36 egress non-posted PRIV error (First)`
+# The driver's lines, matched from the message's start only (re.match): the same text further on is a quotation.
+DRIVER_PREFIX = re.compile(r"NVRM: Xid \(|nvidia-nvswitch[0-9]+: SXid \(")
+# `NVRM: Xid (PCI:0000:12:00): 79, pid=..., name=..., GPU has fallen off the bus.` as open-gpu-kernel-modules'
+# kernel_rc.c prints it (`PCI:%04x:%02x:%02x`, then ` GPU-I:%02u` and ` GPU-CI:%02u` on a MIG GPU; `%d, `);
+# older drivers leave out `PCI:`.
+XID_LINE = re.compile(
+    r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})(?:\.[0-7])?"
+    r"(?: GPU-I:[0-9]+(?: GPU-CI:[0-9]+)?)?\): ([0-9]+), "
+)
+# `nvidia-nvswitch3: SXid (PCI:0000:c3:00.0): 12028, Non-fatal, Link 36 egress non-posted PRIV error (First)`, the
+# NVSwitch driver's NVSWITCH_PRINT_SXID (`PCI:%04x:%02x:%02x.%x): %05d, `). Its lines without Fatal or Non-fatal
+# (Correctable, the details that follow an error) are the driver's, not counted.
 SXID_LINE = re.compile(
-    r"nvidia-nvswitch(\d+): SXid \(PCI:([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})(?:\.[0-7])?\): "
-    r"(\d+), (Non-fatal|Fatal)"
+    r"nvidia-nvswitch([0-9]+): SXid \(PCI:([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\): "
+    r"([0-9]+), (?:(Non-fatal|Fatal),)?"
 )
 RECOVERY_LINE = re.compile(r"to 0x[0-9A-Fa-f]+ \(([^)]+)\)")
 
@@ -160,6 +184,7 @@ class KernelLogCollector(Collector):
         self._codes: set[int] = set()
         self._names: dict[str, Any] = {}  # bus id -> the driver's GPU (index, uuid), from procfs
         self._records = 0
+        self._skipped = dict.fromkeys(SKIP_REASONS, 0)
         self._history_read = False
         self._readable = False
         self._told: Optional[str] = None  # the last failure logged, so each is logged once
@@ -205,15 +230,22 @@ class KernelLogCollector(Collector):
             self._told = None
         self._readable = True
         boot = self._boot_time() if records else 0.0
-        for _, microseconds, message in records:
+        for record in records:
             self._records += 1
-            if "Xid" in message:
-                self._xid(message, boot + microseconds / 1e6)
+            if "Xid (" in record.message:
+                self._driver_line(record.facility, record.message, boot + record.microseconds / 1e6)
         # Everything up to the first time the log ran dry was there before the start: history, not events.
         self._history_read = True
 
-    def _xid(self, message: str, when: float) -> None:
-        match = XID_LINE.search(message)
+    def _driver_line(self, facility: int, message: str, when: float) -> None:
+        """Counts an XID or SXid if the driver logged it, else the reason it was skipped."""
+        if facility != KERNEL_FACILITY:
+            self._skipped["not_kernel"] += 1
+            return
+        if not DRIVER_PREFIX.match(message):
+            self._skipped["not_driver"] += 1
+            return
+        match = XID_LINE.match(message)
         if match:
             bus, code = bus_id(match.group(1)), int(match.group(2))
             if bus not in self._names:
@@ -230,8 +262,10 @@ class KernelLogCollector(Collector):
                 if recovery:
                     gpu.recovery = catalogue.RECOVERY_ACTIONS.get(recovery.group(1).strip().lower(), "none")
             return
-        match = SXID_LINE.search(message)
-        if match:
+        match = SXID_LINE.match(message)
+        if match is None:
+            self._skipped["unparsed"] += 1
+        elif match.group(4):
             key = (match.group(1), bus_id(match.group(2)), int(match.group(3)), match.group(4) == "Fatal")
             seen = self._switches.setdefault(key, Seen())
             seen.count += 1
@@ -261,6 +295,8 @@ class KernelLogCollector(Collector):
             out.add(SXID_LAST, labels, seen.last)
         out.add(RECORDS, [], self._records)
         out.add(MALFORMED, [], self._log.malformed)
+        for reason in SKIP_REASONS:
+            out.add(SKIPPED, [reason], self._skipped[reason])
         out.add(LOST, [], self._log.lost)
         out.add(READABLE, [], 1 if self._readable else 0)
         return out
