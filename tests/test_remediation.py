@@ -225,10 +225,11 @@ def holders_and_a_refusing_reset(tmp_path: Path, running: list[str]) -> tuple[Pa
     systemctl.write_text(
         "#!/bin/sh\n"
         f'units="{units}"\n'
+        "for unit; do :; done\n"  # the unit is the last argument, after "--"
         'case "$1" in\n'
-        '  is-active) test -e "$units/$3" ;;\n'
-        f'  stop) rm -f "$units/$2"; echo "stop $2" >> "{log}" ;;\n'
-        f'  start) touch "$units/$2"; echo "start $2" >> "{log}" ;;\n'
+        '  is-active) test -e "$units/$unit" ;;\n'
+        f'  stop) rm -f "$units/$unit"; echo "stop $unit" >> "{log}" ;;\n'
+        f'  start) touch "$units/$unit"; echo "start $unit" >> "{log}" ;;\n'
         "esac\n"
     )
     reset = bin_dir / "fake-gpu-reset"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import yaml
@@ -14,10 +15,10 @@ import yaml
 from accelmon import health
 from accelmon.checks import Check
 from accelmon.config import load
-from accelmon.gpu_holders import Holder, device_files, holders
+from accelmon.gpu_holders import Holder, cgroups, device_files, holders, service, systemd_cgroup
 from accelmon.remediation import Journal
 from accelmon.scan import scan_health
-from accelmon.slurm import repair
+from accelmon.slurm import gpu_reset, repair
 from accelmon.slurm.fleet import Limits
 from accelmon.slurm.repair import Options, SlurmRepair
 from tests.support.fake_scontrol import Cluster
@@ -29,11 +30,13 @@ NODE = "gpu-7"
 BUS = "00000000:2A:00.0"  # GPU 2 of tests.test_remediation.failing, as NVML prints it: minor 3 in nvidia_procfs
 
 
-def holding(procfs: Path, pid: int, command: str, cgroup: str, *devices: str) -> None:
-    """Process `pid` in procfs, its descriptors open on `devices`, in `cgroup` (its /proc/PID/cgroup line)."""
+def holding(procfs: Path, pid: int, command: str, cgroup: str, *devices: str, uid: int = 0) -> None:
+    """Process `pid` of user `uid` in procfs, its descriptors open on `devices`, in `cgroup` (its /proc/PID/cgroup
+    lines)."""
     (procfs / str(pid) / "fd").mkdir(parents=True)
     (procfs / str(pid) / "comm").write_text(command + "\n")
     (procfs / str(pid) / "cgroup").write_text(cgroup + "\n")
+    (procfs / str(pid) / "status").write_text(f"Name:\t{command}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
     (procfs / str(pid) / "fd" / "0").symlink_to("/dev/null")
     for number, device in enumerate(devices, 3):
         (procfs / str(pid) / "fd" / str(number)).symlink_to(device)
@@ -53,10 +56,52 @@ def test_who_holds_a_gpu_is_read_from_its_device_file(tmp_path):
     holding(procfs, 902, "dcgm-exporter", "12:devices:/system.slice/dcgm-exporter.service", "/dev/nvidiactl")
     holding(procfs, 903, "accelmon-export", "1:name=systemd:/system.slice/accelmon-exporter.service", "/dev/nvidia3")
     assert holders(str(procfs), {"/dev/nvidia3"}) == [
-        Holder(900, "nvidia-persiste", "nvidia-persistenced.service"),
-        Holder(901, "python3", ""),  # a job's process: named, never stopped by accelmon
-        Holder(903, "accelmon-export", "accelmon-exporter.service"),  # cgroup v1's named hierarchy
+        Holder(900, "nvidia-persiste", "nvidia-persistenced.service", "/system.slice/nvidia-persistenced.service", 0),
+        # a job's process: named, never stopped by accelmon
+        Holder(901, "python3", "", "/system.slice/slurmstepd.scope/job_12/step_0/user/task_0", 0, job=True),
+        # cgroup v1's named hierarchy
+        Holder(903, "accelmon-export", "accelmon-exporter.service", "/system.slice/accelmon-exporter.service", 0),
     ]
+
+
+V1_JOB = "\n".join(  # a job's process on cgroup v1: Slurm's controllers say job 12, systemd's hierarchy slurmd's unit
+    ["7:freezer:/slurm/uid_1000/job_12/step_0/task_0", "4:devices:/slurm/uid_1000/job_12/step_0/task_0",
+     "1:name=systemd:/system.slice/slurmd.service", "0::/system.slice/slurmd.service"]
+)  # fmt: skip
+MANAGER = "/user.slice/user-1000.slice/user@1000.service/app.slice"  # a user's own systemd manager's cgroups
+
+
+@pytest.mark.parametrize(
+    ("lines", "path", "unit"),
+    [
+        ("0::/system.slice/nvidia-persistenced.service", "/system.slice/nvidia-persistenced.service",
+         "nvidia-persistenced.service"),
+        ("0::/system.slice/x.service/worker", "/system.slice/x.service/worker", "x.service"),  # a cgroup of its own
+        ("0::/system.slice/getty@tty1.service", "/system.slice/getty@tty1.service", "getty@tty1.service"),
+        (V1_JOB, "/system.slice/slurmd.service", "slurmd.service"),  # named systemd's, not the unified line
+        ("1:name=systemd:/system.slice/slurmd.service", "/system.slice/slurmd.service", "slurmd.service"),
+        # A user's manager names what it makes: "x:y" once made the parser read "y/slurmd.service".
+        (f"0::{MANAGER}/x:y/slurmd.service", f"{MANAGER}/x:y/slurmd.service", ""),
+        (f"0::{MANAGER}/evil.service", f"{MANAGER}/evil.service", ""),  # once read as user@1000.service
+        ("0::/system.slice/slurmstepd.scope/job_12/step_0/user/task_0",
+         "/system.slice/slurmstepd.scope/job_12/step_0/user/task_0", ""),
+        ("0::/system.slice/system-getty.slice/getty@tty1.service",  # a nested slice: not /system.slice/NAME.service
+         "/system.slice/system-getty.slice/getty@tty1.service", ""),
+        ("0::/system.slice/-H.service", "/system.slice/-H.service", ""),  # systemctl would read it as an option
+        ("0::/system.slice/--force.service", "/system.slice/--force.service", ""),
+        ("0::/system.slice/a b.service", "/system.slice/a b.service", ""),
+        ("0::/app.slice/x.service:0::/system.slice/y.service", "/app.slice/x.service:0::/system.slice/y.service", ""),
+        ("garbage\n12:devices:/system.slice/dcgm.service", "", ""),  # v1 without systemd's hierarchy: no path
+    ],
+    ids=["service", "below-it", "instance", "v1-job", "v1", "user-manager-colon", "user-manager", "slurm-step",
+         "nested-slice", "dash-H", "dash-dash-force", "space", "colons", "no-systemd-hierarchy"],
+)  # fmt: skip
+def test_a_holders_unit_is_a_system_service_read_strictly(lines, path, unit):
+    """Issue 64, point 6: each line is ID:CONTROLLERS:PATH split at its first two colons; systemd's hierarchy (v1's
+    name=systemd, else v2's unified line) gives the path; the unit counts only as /system.slice/NAME.service with a
+    name systemd allows."""
+    assert systemd_cgroup(cgroups(lines)) == path
+    assert service(path) == unit
 
 
 def reset_loop(tmp_path: Path, cluster: Cluster, procfs: Path, runner=run, dcgmi: str = "dcgmi") -> SlurmRepair:
@@ -68,7 +113,14 @@ def reset_loop(tmp_path: Path, cluster: Cluster, procfs: Path, runner=run, dcgmi
 
 
 def passing() -> health.NodeHealth:
-    return health.NodeHealth([health.GpuHealth("2", "GPU-2", [Check("ecc", "ok", "fine")], "S2", BUS)], [])
+    """The node of `failing` after its reset: the same GPUs, every check passing."""
+    return health.NodeHealth(
+        [
+            health.GpuHealth("0", "GPU-0", [Check("ecc", "ok", "fine")], "S0", "00000000:18:00.0"),
+            health.GpuHealth("2", "GPU-2", [Check("ecc", "ok", "fine")], "S2", BUS),
+        ],
+        [],
+    )
 
 
 def drained_for_a_reset(tmp_path: Path, procfs: Path) -> Cluster:
@@ -84,25 +136,124 @@ def test_the_services_holding_the_gpu_are_stopped_and_started_again(tmp_path):
     procfs = node_procfs(tmp_path)
     holding(procfs, 900, "nvidia-persiste", "0::/system.slice/nvidia-persistenced.service", "/dev/nvidia3")
     holding(procfs, 903, "accelmon-export", "0::/system.slice/accelmon-exporter.service", "/dev/nvidia3")
-    pids = {"nvidia-persistenced.service": 900, "accelmon-exporter.service": 903}
-    cluster = drained_for_a_reset(tmp_path, procfs)
-    systemctl: list[str] = []
+    cluster, systemd, _ = reset_held(tmp_path, procfs, "nvidia-persistenced.service")
+    assert (tmp_path / "resets").read_text() == BUS + "\n"
+    assert systemd.calls == [
+        "is-active --quiet -- accelmon-exporter.service", "stop -- accelmon-exporter.service",
+        "show --property=ControlGroup --value -- nvidia-persistenced.service",  # systemd confirms where it runs
+        "is-active --quiet -- nvidia-persistenced.service", "stop -- nvidia-persistenced.service",
+        "start -- accelmon-exporter.service", "start -- nvidia-persistenced.service",
+    ]  # fmt: skip
+    assert cluster.node(NODE) == {"state": "IDLE", "reason": ""}
 
-    def runner(command: list[str], timeout: float = 20) -> subprocess.CompletedProcess[str]:
+
+class Systemd:
+    """systemctl as the reset asks it: each of `units` runs in /system.slice/UNIT unless `groups` says where (""
+    where systemd does not answer); stopping one ends the processes procfs puts in it (their descriptors closed).
+    Every call is kept (`calls`), and must pass its unit after "--"."""
+
+    def __init__(self, procfs: Path, *units: str, groups: Optional[dict[str, str]] = None) -> None:
+        self.procfs = procfs
+        self.calls: list[str] = []
+        self.groups = {unit: f"/system.slice/{unit}" for unit in units}
+        self.groups.update(groups or {})
+
+    def __call__(self, command: list[str], timeout: float = 20) -> subprocess.CompletedProcess[str]:
         if command[0] != "systemctl":
             return run(command, timeout)
-        systemctl.append(" ".join(command[1:]))
-        if command[1] == "stop":  # the service's process ends and lets the GPU go
-            for entry in (procfs / str(pids[command[2]]) / "fd").iterdir():
-                entry.unlink()
+        self.calls.append(" ".join(command[1:]))
+        assert command[-2] == "--", command  # a unit name is never read as an option
+        verb, unit = command[1], command[-1]
+        group = self.groups.get(unit, "")
+        if verb == "show":
+            return subprocess.CompletedProcess(command, 0 if unit in self.groups else 1, group + "\n", "")
+        if verb == "is-active":
+            return subprocess.CompletedProcess(command, 0 if group else 3, "", "")
+        if verb == "stop" and group:
+            for process in self.procfs.iterdir():
+                lines = (process / "cgroup").read_text() if (process / "cgroup").exists() else ""
+                if any(path == group or path.startswith(group + "/") for path in cgroups(lines).values()):
+                    for entry in (process / "fd").iterdir():
+                        entry.unlink()
         return subprocess.CompletedProcess(command, 0, "", "")
 
-    reset_loop(tmp_path, cluster, procfs, runner).run(failing("reset_gpu", "ecc"), lambda resets: passing())
-    assert systemctl == [
-        "is-active --quiet accelmon-exporter.service", "stop accelmon-exporter.service",
-        "is-active --quiet nvidia-persistenced.service", "stop nvidia-persistenced.service",
-        "start accelmon-exporter.service", "start nvidia-persistenced.service",
-    ]  # fmt: skip
+    def stopped(self) -> list[str]:
+        return [call.split()[-1] for call in self.calls if call.startswith("stop ")]
+
+
+def reset_held(
+    tmp_path: Path, procfs: Path, *units: str, groups: Optional[dict[str, str]] = None
+) -> tuple[Cluster, Systemd, SlurmRepair]:
+    """GPU 2's reset on its drained node, who holds it as `procfs` says, systemd running `units` and the configured
+    holder accelmon-exporter.service (Systemd), the rescan passing; each reset run is written to tmp_path/resets."""
+    cluster = drained_for_a_reset(tmp_path, procfs)
+    systemd = Systemd(procfs, "accelmon-exporter.service", *units, groups=groups)
+    loop = reset_loop(tmp_path, cluster, procfs, systemd)
+    loop.options.reset_command = f"sh -c 'echo $0 >> {tmp_path / 'resets'}' {{pci_bus_id}}"
+    loop.run(failing("reset_gpu", "ecc"), lambda r: passing())
+    return cluster, systemd, loop
+
+
+@pytest.mark.parametrize(
+    ("cgroup", "uid", "groups"),
+    [
+        (V1_JOB, 1000, {}),  # a job's leftover process on cgroup v1: slurmd is never stopped for it
+        ("1:name=systemd:/system.slice/slurmd.service", 0, {}),  # slurmd itself, whoever's the process
+        (f"0::{MANAGER}/x:y/slurmd.service", 1000, {}),  # a user's manager's cgroup that ends like slurmd's
+        (f"0::{MANAGER}/evil.service", 1000, {}),  # user@1000.service is a user's: never stopped
+        ("0::/system.slice/-H.service", 0, {}),  # systemctl's options, as unit names
+        ("0::/system.slice/--force.service", 0, {}),
+        ("0::/system.slice/nvidia-persistenced.service", 1000, {}),  # a user's process in a system service
+        ("0::/system.slice/systemd-logind.service", 0, {}),
+        ("0::/system.slice/dbus.service", 0, {}),
+        ("0::/system.slice/sshd.service", 0, {}),
+        # systemd does not confirm: the unit runs elsewhere, does not run, or systemctl does not answer
+        ("0::/system.slice/nvidia-persistenced.service", 0, {"nvidia-persistenced.service": "/system.slice/other"}),
+        ("0::/system.slice/nvidia-persistenced.service", 0, {"nvidia-persistenced.service": ""}),
+        ("0::/system.slice/nvidia-persistenced.service", 0, {"nvidia-persistenced.service": "/"}),
+    ],
+    ids=["v1-job-in-slurmd", "slurmd", "user-manager-colon", "user-manager", "dash-H", "dash-dash-force",
+         "not-root", "systemd-unit", "dbus", "sshd", "elsewhere", "not-running", "root-cgroup"],
+)  # fmt: skip
+def test_a_holder_accelmon_may_not_stop_is_named_and_its_unit_left_running(tmp_path, monkeypatch, cgroup, uid, groups):
+    """Issue 64, point 6: the reset stops only root's processes in a system service that systemd confirms holds them,
+    never Slurm's daemons, sshd, the bus, systemd's own, a user's or one named like an option; such a holder is named
+    in the journal, no reset is run, and only the configured units are stopped (and started again)."""
+    monkeypatch.setattr(gpu_reset, "HOLDERS_EXIT_SECONDS", 0.2)
+    procfs = node_procfs(tmp_path)
+    holding(procfs, 950, "python3", cgroup, "/dev/nvidia3", uid=uid)
+    cluster, systemd, loop = reset_held(tmp_path, procfs, "slurmd.service", "user@1000.service", "-H.service",
+                                        "--force.service", "nvidia-persistenced.service", "systemd-logind.service",
+                                        "dbus.service", "sshd.service", groups=groups)  # fmt: skip
+    assert systemd.stopped() == ["accelmon-exporter.service"], systemd.calls
+    assert not (tmp_path / "resets").exists()
+    failed = Journal.read(loop.options.journal).records[-2]
+    assert failed.detail.startswith("not reset: still held by pid 950 (python3"), failed.detail
+    assert "DRAIN" in cluster.node(NODE)["state"]
+
+
+def test_the_health_checks_own_unit_is_never_stopped(tmp_path, monkeypatch):
+    """The unit the check runs in (/proc/self/cgroup, read as a holder's) holds the GPU: named, not stopped."""
+    monkeypatch.setattr(gpu_reset, "HOLDERS_EXIT_SECONDS", 0.2)
+    procfs = node_procfs(tmp_path)
+    (procfs / "self").mkdir()
+    (procfs / "self" / "cgroup").write_text("0::/system.slice/accelmon-health.service\n")
+    holding(procfs, 960, "accelmon-slurm", "0::/system.slice/accelmon-health.service", "/dev/nvidia3")
+    cluster, systemd, _ = reset_held(tmp_path, procfs, "accelmon-health.service")
+    assert systemd.stopped() == ["accelmon-exporter.service"], systemd.calls
+    assert "still held by pid 960" in cluster.node(NODE)["reason"]
+
+
+def test_a_root_service_systemd_confirms_is_stopped_from_a_cgroup_below_its_own(tmp_path):
+    """A service's process in a cgroup of its own below the unit's (Delegate=yes): systemd's ControlGroup is its
+    parent, so it is confirmed and stopped; a second process of it is stopped with it."""
+    procfs = node_procfs(tmp_path)
+    holding(procfs, 970, "nv-hostengine", "0::/system.slice/nvidia-dcgm.service/engine", "/dev/nvidia3")
+    holding(procfs, 971, "nv-hostengine", "0::/system.slice/nvidia-dcgm.service", "/dev/nvidia3")
+    cluster, systemd, _ = reset_held(tmp_path, procfs, "nvidia-dcgm.service")
+    assert (tmp_path / "resets").read_text() == BUS + "\n"
+    assert systemd.stopped() == ["accelmon-exporter.service", "nvidia-dcgm.service"], systemd.calls
+    assert systemd.calls.count("show --property=ControlGroup --value -- nvidia-dcgm.service") == 1
     assert cluster.node(NODE) == {"state": "IDLE", "reason": ""}
 
 

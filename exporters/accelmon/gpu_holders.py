@@ -13,19 +13,40 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from typing import Optional
 
 from accelmon.nvidia import driver_gpu_entries
 
-# A unit systemd runs as a service (the cgroup path's last part); a user's session or a Slurm step is a scope, which
-# accelmon never stops.
-SERVICE = re.compile(r"/([^/]+\.service)(?:/|$)")
+# The only services a holder's unit may be: a system service, `/system.slice/NAME.service` (or a cgroup of its own
+# below it). A user's session or manager (user.slice, user@UID.service and its app.slice: a user names what it makes
+# there), a Slurm step (slurmstepd.scope/job_N/...) or a unit in a nested slice is never accelmon's to stop.
+SYSTEM_SERVICE = re.compile(r"/system\.slice/([^/]+\.service)(?:/.*)?")
+# A unit name as systemd accepts it (systemd.unit(5): ASCII letters, digits, ":", "-", "_", ".", "\\", one "@"
+# before an instance), at most 255 characters, and never starting with "-": systemctl would read it as an option.
+UNIT_NAME = re.compile(r"[A-Za-z0-9:_.\\][A-Za-z0-9:_.\\-]*(?:@[A-Za-z0-9:_.\\-]+)?\.service")
+# A Slurm job's cgroup in any hierarchy: cgroup v1's slurm/uid_U/job_N (and slurm_NODE/ where several slurmds share a
+# host), v2's slurmstepd.scope/job_N. On v1 a job's process is still in slurmd.service in systemd's own hierarchy.
+SLURM_JOB = re.compile(r"/slurm[^/]*/(?:.*/)?job_[0-9]+(?:/|$)")
+# Services a GPU reset never stops, whatever /proc says holds the GPU: Slurm's daemons and munge (stopping them takes
+# the node out of the cluster; on cgroup v1 a job's leftover process still sits in slurmd.service in systemd's
+# hierarchy, so slurmd is what /proc names for a job's process), the ways in (sshd; ssh on Debian), the system bus,
+# and systemd's own services (systemd-*). Nor the unit the health check itself runs in (own_unit).
+NEVER_STOPPED = frozenset(
+    {
+        "slurmd.service", "slurmctld.service", "slurmdbd.service", "slurmrestd.service", "munge.service",
+        "sshd.service", "ssh.service", "dbus.service", "dbus-broker.service",
+    }
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Holder:
     pid: int
     command: str  # its comm
-    unit: str  # the systemd service it runs in, "" when none (a job's step, a session)
+    unit: str  # the system service it runs in (SYSTEM_SERVICE), "" when none (a job's step, a session, a user's)
+    cgroup: str = ""  # its cgroup path in systemd's hierarchy (v2's unified one, v1's name=systemd)
+    uid: Optional[int] = None  # its real uid (/proc/PID/status), None when unread
+    job: bool = False  # in a Slurm job's cgroup in some hierarchy: named, never stopped
 
     def words(self) -> str:
         where = f", {self.unit}" if self.unit else ""
@@ -73,16 +94,75 @@ def holders(procfs: str, devices: set[str]) -> list[Holder]:
             except OSError:
                 continue
         if opened & devices:
-            found.append(Holder(int(entry), read(os.path.join(directory, "comm")), unit_of(directory)))
+            groups = cgroups(read(os.path.join(directory, "cgroup")))
+            path = systemd_cgroup(groups)
+            job = any(SLURM_JOB.search(group) for group in groups.values())
+            command = read(os.path.join(directory, "comm"))
+            found.append(Holder(int(entry), command, service(path), path, real_uid(directory), job))
     return sorted(found, key=lambda holder: holder.pid)
 
 
+def cgroups(text: str) -> dict[str, str]:
+    """/proc/PID/cgroup (cgroups(7)) by hierarchy: {controllers: path}, "" the key of v2's unified line ("0::PATH").
+    Each line is ID:CONTROLLERS:PATH split at its first two colons: a path may hold colons (a user's manager makes
+    cgroups of any name); a line of another form is left out."""
+    found = {}
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3 and parts[0].isdigit() and parts[2].startswith("/"):
+            found[parts[1]] = parts[2]
+    return found
+
+
+def systemd_cgroup(groups: dict[str, str]) -> str:
+    """The cgroup path systemd places a process by (what `systemctl show -p ControlGroup` gives its unit): on cgroup
+    v1 (and hybrid) its named hierarchy, `name=systemd`; on v2 the unified one. "" when neither."""
+    for controllers, path in groups.items():
+        if "name=systemd" in controllers.split(","):
+            return path
+    return groups.get("", "")
+
+
+def service(path: str) -> str:
+    """The system service of a cgroup path (SYSTEM_SERVICE, its name valid: UNIT_NAME), "" when none."""
+    found = SYSTEM_SERVICE.fullmatch(path)
+    if found and len(found.group(1)) <= 255 and UNIT_NAME.fullmatch(found.group(1)):
+        return found.group(1)
+    return ""
+
+
 def unit_of(directory: str) -> str:
-    """The systemd service a process runs in, from its cgroup (v1 or v2), "" when none."""
-    for line in read(os.path.join(directory, "cgroup")).splitlines():
-        found = SERVICE.search(line.rsplit(":", 1)[-1])
-        if found:
-            return found.group(1)
+    """The system service a process runs in (`directory` its /proc/PID), "" when none."""
+    return service(systemd_cgroup(cgroups(read(os.path.join(directory, "cgroup")))))
+
+
+def own_unit(procfs: str) -> str:
+    """The system service this process (the health check) runs in, read as a holder's is."""
+    return unit_of(os.path.join(procfs, "self"))
+
+
+def real_uid(directory: str) -> Optional[int]:
+    """A process's real uid, the first of /proc/PID/status's `Uid:` line (real, effective, saved, filesystem)."""
+    for line in read(os.path.join(directory, "status")).splitlines():
+        if line.startswith("Uid:"):
+            fields = line.split()
+            return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+    return None
+
+
+def not_stopped(holder: Holder, own: str) -> str:
+    """Why the unit of a holder is not stopped for a reset, "" when it may be (once systemd confirms that the unit
+    holds this process's cgroup: accelmon.slurm.gpu_reset). `own`: the unit the health check runs in."""
+    if holder.job:
+        return "a Slurm job's process"
+    if not holder.unit:
+        return "in no system service"
+    if holder.unit in NEVER_STOPPED or holder.unit.startswith("systemd-"):
+        return f"{holder.unit} is never stopped"
+    if holder.unit == own:
+        return "the health check's own unit"
+    if holder.uid != 0:
+        return "not root's" if holder.uid is not None else "its owner unread"
     return ""
 
 

@@ -2,8 +2,10 @@
 waited for, the reset command run (once for every GPU where it takes them all), the services started again.
 
 The driver refuses a reset while any process holds a GPU (nvidia-smi(1), `-r`): the units configured as holders are
-stopped, then whoever still has a GPU's device file open is found (accelmon.gpu_holders) and, where it is a service,
-stopped too; a job's process or this one is named instead, and no reset is run.
+stopped, then whoever still has a GPU's device file open is found (accelmon.gpu_holders) and, where it is root's
+process in a system service that may be stopped (never Slurm's daemons, sshd, systemd's own or the health check's
+unit) and systemd confirms that the unit holds its cgroup, stopped too; anything else (a job's process, a user's,
+this one) is named instead, and no reset is run. Every unit name reaches systemctl after `--`: never as an option.
 """
 
 from __future__ import annotations
@@ -33,10 +35,10 @@ class GpuReset:
         """Stops those of `units` that run; the ones stopped (to start again)."""
         stopped = []
         for unit in units:
-            active = self.fleet.call(["systemctl", "is-active", "--quiet", unit])
+            active = self.fleet.call(["systemctl", "is-active", "--quiet", "--", unit])
             if active.returncode != 0:
                 continue
-            result = self.fleet.call(["systemctl", "stop", unit])
+            result = self.fleet.call(["systemctl", "stop", "--", unit])
             if result.returncode != 0:
                 log.error("could not stop %s before the reset: %s", unit, (result.stderr or result.stdout).strip())
             stopped.append(unit)
@@ -44,22 +46,22 @@ class GpuReset:
 
     def start_holders(self, stopped: list[str]) -> None:
         for unit in stopped:
-            result = self.fleet.call(["systemctl", "start", unit])
+            result = self.fleet.call(["systemctl", "start", "--", unit])
             if result.returncode != 0:
                 log.error(
                     "could not start %s again after the reset: %s", unit, (result.stderr or result.stdout).strip()
                 )
 
     def let_go(self, gpus: tuple[FailingGpu, ...], stopped: list[str]) -> str:
-        """Makes every process let the GPUs go before their reset: the services found holding their device files are
-        stopped too (added to `stopped`, started again after), then waited for. Whatever still holds one, in words
-        ("" when none, or when the driver does not list the GPUs: the reset is tried and says)."""
+        """Makes every process let the GPUs go before their reset: the services found holding their device files that
+        may be stopped (stoppable) are stopped too (added to `stopped`, started again after), then waited for.
+        Whatever still holds one, in words ("" when none, or when the driver does not list the GPUs: the reset is
+        tried and says)."""
         devices = set(gpu_holders.device_files(self.procfs, [gpu.pci_bus_id for gpu in gpus]).values())
         if not devices:
             return ""
         found = gpu_holders.holders(self.procfs, devices)
-        more = tuple(sorted({holder.unit for holder in found if holder.unit and holder.unit not in stopped}))
-        stopped.extend(self.stop_holders(more))
+        stopped.extend(self.stop_holders(self.stoppable(found, stopped)))
         deadline = time.monotonic() + HOLDERS_EXIT_SECONDS
         while found and time.monotonic() < deadline:
             self.fleet.sleep(0.5)
@@ -68,6 +70,32 @@ class GpuReset:
             log.error("GPU %s still held before its reset: %s", ", ".join(g.index for g in gpus),
                       ", ".join(holder.words() for holder in found))  # fmt: skip
         return ", ".join(holder.words() for holder in found)
+
+    def stoppable(self, found: list[gpu_holders.Holder], stopped: list[str]) -> tuple[str, ...]:
+        """The units of `found` to stop (those not in `stopped` already): every one of its holders root's process in
+        a unit that may be stopped (gpu_holders.not_stopped), and systemd confirming that the unit holds each one's
+        cgroup. Any other holder is left running (the reset waits, then names it), the reason logged."""
+        own = gpu_holders.own_unit(self.procfs)
+        units: dict[str, str] = {}  # unit: why not stopped, "" when it is
+        groups: dict[str, str] = {}  # unit: its ControlGroup as systemd gives it
+        for holder in found:
+            if holder.unit in stopped:
+                continue
+            why = gpu_holders.not_stopped(holder, own)
+            if not why and holder.unit not in groups:
+                groups[holder.unit] = self.control_group(holder.unit)
+            if not why and not confirmed(holder, groups[holder.unit]):
+                why = f"systemd does not confirm that {holder.unit} holds {holder.cgroup}"
+            if why:
+                log.warning("pid %d (%s) holds a GPU to reset and is not stopped: %s", holder.pid, holder.command, why)
+            if holder.unit:
+                units[holder.unit] = units.get(holder.unit) or why
+        return tuple(sorted(unit for unit, why in units.items() if not why))
+
+    def control_group(self, unit: str) -> str:
+        """The cgroup systemd runs `unit` in, "" when it runs none or systemctl does not answer."""
+        result = self.fleet.call(["systemctl", "show", "--property=ControlGroup", "--value", "--", unit])
+        return result.stdout.strip() if result.returncode == 0 else ""
 
     def run(self, gpus: tuple[FailingGpu, ...]) -> list[str]:
         """The reset command: once for every GPU where it takes them all ({pci_bus_ids}: GPUs linked by NVLink must
@@ -89,3 +117,10 @@ class GpuReset:
             except (OSError, subprocess.TimeoutExpired) as error:
                 failed.append(f"GPU {indices} reset: {error}")
         return failed
+
+
+def confirmed(holder: gpu_holders.Holder, group: str) -> bool:
+    """Whether systemd places the holder's unit where /proc puts the holder: the unit's ControlGroup (`group`) is
+    /system.slice/UNIT and the holder's cgroup is it or one below it. A unit that does not run, or a systemctl that
+    does not answer (""), confirms nothing."""
+    return group == f"/system.slice/{holder.unit}" and (holder.cgroup == group or holder.cgroup.startswith(group + "/"))
