@@ -14,8 +14,11 @@ The faults of a loaded controller, as settings (`Cluster.change`):
     lose: [ARG]         an update with that argument ("State=DRAIN") is applied, then its answer is lost: it fails
                         with "Socket timed out on send/recv operation", as a client whose RPC outlived its timeout
     refuse: [ARG]       an update with that argument ("State=UNDRAIN") is refused and changes nothing
+    json_plugin_missing: a Slurm 23.02+ built without json-c: every --json call fails, status 1, before any call to
+                        the controller, with "scontrol: fatal: JSON plugin load failure" (a string: that message
+                        instead, e.g. 25.05's "serializer_required: could not find plugin for application/json")
 
-    show node NAME --oneliner | show nodes --oneliner      one line a node (Reason=... [user@stamp] Comment=...)
+    show node NAME --oneliner | show nodes --oneliner      one line a node, as 22.05.8 prints it (`line`)
     show node NAME --json | show nodes --json               Slurm 23.02's JSON with `json`, else 22.05's refusal
     update NodeName=NAME State=DRAIN Reason=...            DRAIN added, the reason stamped
     update NodeName=NAME State=UNDRAIN                     DRAIN and the reason gone, the base state kept
@@ -136,13 +139,27 @@ class Locked:
 
 
 def line(name: str, node: dict[str, Any]) -> str:
+    """The node as Slurm 22.05.8's `scontrol show node --oneliner` prints it (slurm_sprint_node_table in
+    src/api/node_info.c, docs/slurm.md): every field in Slurm's order, the doubled spaces Slurm's own; NextState only
+    for a node being rebooted; then, each only when set, Reason with its stamp after it, Comment, Extra: the free
+    text last, after every fixed field."""
     at = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(node["stamp"]["epoch"]))  # scontrol's own time zone
+    host = node.get("host") or name
+    rebooting = {"REBOOT_REQUESTED", "REBOOT_ISSUED"} & set(node["state"].split("+"))
+    next_state = f"NextState={node['next_state']} " if rebooting and node.get("next_state") else ""
     reason = f" Reason={node['reason']} [{node['stamp']['user']}@{at}]" if node["reason"] else ""
     comment = f" Comment={node['comment']}" if node.get("comment") else ""
+    extra = f" Extra={node['extra']}" if node.get("extra") else ""
     return (
-        f"NodeName={name} Arch=x86_64 CoresPerSocket=1 Gres={node.get('gres') or '(null)'} "
-        f"NodeAddr={node.get('host') or name} NodeHostName={node.get('host') or name} Partitions=batch "
-        f"State={node['state']} ThreadsPerCore=1 NextState={node.get('next_state') or 'None'}{reason}{comment}"
+        f"NodeName={name} Arch=x86_64 CoresPerSocket=1  CPUAlloc=0 CPUEfctv=1 CPUTot=1 CPULoad=0.00 "
+        f"AvailableFeatures=(null) ActiveFeatures=(null) Gres={node.get('gres') or '(null)'} "
+        f"NodeAddr={host} NodeHostName={host} Version=22.05.8 "
+        "OS=Linux 6.1.0-18-amd64 #1 SMP PREEMPT_DYNAMIC Debian 6.1.76-1 (2024-02-01)  "
+        f"RealMemory=1 AllocMem=0 FreeMem=N/A Sockets=1 Boards=1 State={node['state']} ThreadsPerCore=1 TmpDisk=0 "
+        f"Weight=1 Owner=N/A MCS_label=N/A {next_state}Partitions=batch  BootTime=2026-11-27T11:50:26 "
+        "SlurmdStartTime=2026-11-27T11:50:30 LastBusyTime=2026-11-27T11:50:30 CfgTRES=cpu=1,mem=1M,billing=1 "
+        f"AllocTRES= CapWatts=n/a CurrentWatts=0 AveWatts=0 ExtSensorsJoules=n/s ExtSensorsWatts=0 "
+        f"ExtSensorsTemp=n/s{reason}{comment}{extra}"
     )
 
 
@@ -188,6 +205,13 @@ def main(state_path: str, args: list[str]) -> int:
         data["calls"].append(" ".join(args))
         nodes = data["nodes"]
         words = [a for a in args if a not in ("--oneliner", "--json")]
+        if "--json" in args and data.get("json_plugin_missing"):  # scontrol's own fatal(), at its options
+            missing = data["json_plugin_missing"]
+            print(
+                f"scontrol: fatal: {missing if isinstance(missing, str) else 'JSON plugin load failure'}",
+                file=sys.stderr,
+            )
+            return 1
         if "--json" in args and not data["json"]:
             print(
                 "scontrol: unrecognized option '--json'\nTry \"scontrol --help\" for more information", file=sys.stderr

@@ -3,12 +3,16 @@ scheduler collector's state for the ledger, the health check's circuit breaker, 
 loop). docs/slurm.md has what a real Slurm printed, which this module relies on.
 
 Two forms, the JSON one preferred where the installed scontrol has it (`--json`: Slurm 23.02 and later; Debian 12's
-22.05 answers `unrecognized option '--json'`), the one-line text form otherwise:
+22.05 answers `unrecognized option '--json'`, and a 23.02+ built without json-c `fatal: JSON plugin load failure`),
+the one-line text form otherwise:
 
 - text: `NodeName=gpu-7 ... State=IDLE+DRAIN ... Reason=accelmon: GPU 2 xid: reboot_node [root@2026-11-27T11:54:03]
   Comment=...`: a base state and flags joined by `+`, with a suffix for a node not responding (`*`) or powered down
-  or powering (`~`, `#`, `!`, `%`, `$`): the suffixes are dropped, the flags kept. The reason ends at Slurm's
-  `[user@time]` stamp (fields such as `Comment=` follow it on the line). scontrol prints the stamp in its own
+  or powering (`~`, `#`, `!`, `%`, `$`): the suffixes are dropped, the flags kept. The line is read by Slurm's own
+  layout (`slurm_sprint_node_table`, docs/slurm.md): Slurm's fixed fields, then Reason, Comment, Extra and a few
+  later ones, each printed only when set. A free-text value runs up to the next field Slurm prints after it, never
+  up to any ` Word=` it holds (`Comment=rack R12 Asset=SN12345` is one Comment), and the reason ends at Slurm's
+  `[user@time]` stamp (a ` Comment=` inside a reason is the reason's). scontrol prints the stamp in its own
   process's time zone and SLURM_TIME_FORMAT: accelmon runs it with TZ=UTC and SLURM_TIME_FORMAT=standard
   (`run_scontrol`) and reads the stamp as UTC, so neither a node's local zone, nor the repeated hour of a DST change,
   nor a site's `relative` format moves it.
@@ -23,6 +27,7 @@ import calendar
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import time
@@ -45,7 +50,31 @@ SCONTROL_ENV = {"TZ": "UTC", "SLURM_TIME_FORMAT": "standard"}
 # escalation, a hold): Slurm's stamp moves with each edit, this does not, so the breaker ranks by it.
 OUT_SINCE = re.compile(r"\s*\(out since (\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})Z\)")
 STAMP = re.compile(r"\s\[([^\s\[\]@]+)@(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})\]")
-FIELD = re.compile(r"\s[A-Z][A-Za-z_]*=")  # the start of the next field on a one-line node
+FIELD = re.compile(r"\s[A-Z][A-Za-z_]*=")  # the start of the next of Slurm's fixed fields on a one-line node
+# What `scontrol show node --oneliner` prints after a node's fixed fields, in the order Slurm prints them, each only
+# when set (slurm_sprint_node_table in src/api/node_info.c, 22.05 to 25.11: docs/slurm.md). The fixed fields before
+# them are Slurm's own formatting, whose values hold no ` Word=`; these hold what anyone wrote, so each runs up to
+# the next of them that Slurm prints after it, never up to any ` Word=` it holds. The Reason ends at its stamp.
+TAIL = (
+    "Reason", "Comment", "Extra", "InstanceId", "InstanceType", "ReservationName", "TLSCertTokenSet",
+    "TLSCertLastRenewal", "Topology", "Parameters",
+)  # fmt: skip
+TAIL_START = re.compile(r"\s(?:" + "|".join(TAIL) + r")=")  # where the first of them is (the fixed fields end)
+TAIL_KEY = {name: re.compile(rf"\s+{name}=") for name in TAIL}
+LATER = {name: re.compile(r"\s(?:" + "|".join(TAIL[i + 1 :]) + r")=") for i, name in enumerate(TAIL[:-1])}
+CONTINUED = " " * 8  # a reason's further lines, one-line form: the line break as a space, then 7 spaces (node_info.c)
+# What scontrol says when it cannot give JSON at all (docs/slurm.md): 22.05's getopt refusal of the option, and
+# 23.02+'s serializer or data_parser plugin that did not load (Slurm built without json-c). Only these decide the
+# text form: a call that timed out or did not reach the controller says nothing of what this scontrol can print.
+NO_JSON = re.compile(
+    r"unrecognized option|invalid option|JSON plugin load failure|could not find plugin for application/json"
+    r"|Unable to load serializer plugins|output not supported by data_parser"
+    r"|data_parser_g_new\w*: (?:failure loading plugins|plugin \S+ not found|unable to find plugin)"
+)
+# Where Slurm's commands are installed when scontrol is not on the PATH a program runs with: slurmd gives its
+# HealthCheckProgram only SLURMD_NODENAME, with a daemon's PATH; the packages install to /usr/bin, a source build to
+# /usr/local/bin by default, and sites commonly build to a prefix of their own under /opt/slurm or /usr/local/slurm.
+SCONTROL_PLACES = ("/usr/bin", "/usr/local/bin", "/opt/slurm/bin", "/usr/local/slurm/bin")
 
 Run = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
 
@@ -55,6 +84,23 @@ def run_scontrol(command: list[str], timeout: float) -> subprocess.CompletedProc
     return subprocess.run(
         command, capture_output=True, text=True, timeout=timeout, check=False, env={**os.environ, **SCONTROL_ENV}
     )
+
+
+def find_scontrol(configured: str) -> str:
+    """The scontrol to run: `configured` where it is a path, else the first executable of that name (scontrol when
+    none is configured) on the PATH, else in SCONTROL_PLACES; else the bare name (running it then fails, and says
+    so)."""
+    name = configured or "scontrol"
+    if "/" in name:
+        return name
+    found = shutil.which(name)
+    if found:
+        return found
+    for place in SCONTROL_PLACES:
+        candidate = os.path.join(place, name)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return name
 
 
 def node_name(configured: str = "") -> tuple[str, str]:
@@ -174,49 +220,91 @@ def stamp_time(text: str) -> Optional[float]:
         return None
 
 
-def field_value(line: str, name: str) -> Optional[str]:
-    """The value of field `name` on a one-line node: up to the next field (values may hold spaces)."""
-    match = re.search(rf"(?:^|\s){name}=", line)
+@dataclass(frozen=True)
+class NodeLine:
+    """One line of `scontrol show node(s) --oneliner`, read by Slurm's layout."""
+
+    fixed: str  # Slurm's fixed fields: the line up to the first of TAIL
+    fields: dict[str, str]  # those of TAIL the line has; the Reason without its stamp (its lines joined by "\n")
+    reason_user: str = ""
+    reason_time: Optional[float] = None  # the reason's stamp, None when it has none
+
+
+def reason_stamp(line: str, start: int) -> Optional[re.Match[str]]:
+    """The stamp that ends the reason starting at `start`: the last `[user@time]` followed by what Slurm prints after
+    one (the line's end, a field Slurm prints after the Reason, or the reason's next line). Nothing after the Reason
+    is stamped, so one inside the reason's text comes before it."""
+    chosen = None
+    for found in STAMP.finditer(line, start):
+        end = found.end()
+        if not line[end:].strip() or line.startswith(CONTINUED, end) or LATER["Reason"].match(line, end):
+            chosen = found
+    return chosen
+
+
+def read_line(line: str) -> NodeLine:
+    """`line` split by Slurm's layout: its fixed fields, then each of TAIL present, up to the next that follows."""
+    first = TAIL_START.search(line)
+    if first is None:
+        return NodeLine(line, {})
+    fields: dict[str, str] = {}
+    user, when, at = "", None, first.start()
+    for name in TAIL:
+        key = TAIL_KEY[name].match(line, at)
+        if key is None:
+            continue  # not printed (not set): the next of TAIL may be
+        start, later = key.end(), LATER.get(name)
+        stamp = reason_stamp(line, start) if name == "Reason" else None
+        following = later.search(line, stamp.end() if stamp else start) if later else None
+        at = following.start() if following else len(line)
+        if stamp:
+            user, when = stamp.group(1), stamp_time(stamp.group(2))
+            lines = [line[start : stamp.start()], *line[stamp.end() : at].split(CONTINUED)]
+            fields[name] = "\n".join(part.strip() for part in lines if part.strip())
+        else:
+            fields[name] = line[start:at].strip()
+    return NodeLine(line[: first.start()], fields, user, when)
+
+
+def fixed_value(fixed: str, name: str) -> Optional[str]:
+    """The value of one of Slurm's fixed fields: up to the next field (values may hold spaces, as OS= does)."""
+    match = re.search(rf"(?:^|\s){name}=", fixed)
     if not match:
         return None
-    rest = line[match.end() :]
+    rest = fixed[match.end() :]
     following = FIELD.search(rest)
     return (rest[: following.start()] if following else rest).strip()
+
+
+def field_value(line: str, name: str) -> Optional[str]:
+    """The value of field `name` on a one-line node, read by Slurm's layout (`read_line`); None when not printed."""
+    read = read_line(line)
+    return read.fields.get(name) if name in TAIL else fixed_value(read.fixed, name)
 
 
 def parse_nodes(text: str) -> list[SlurmNode]:
     """Every node in `scontrol show node(s) --oneliner`'s output (one line a node); other lines are skipped."""
     nodes = []
     for line in text.splitlines():
-        name = re.search(r"(?:^|\s)NodeName=(\S+)", line)
-        state = re.search(r"(?:^|\s)State=(\S+)", line)
+        read = read_line(line)
+        name = re.search(r"(?:^|\s)NodeName=(\S+)", read.fixed)
+        state = re.search(r"(?:^|\s)State=(\S+)", read.fixed)
         if not name or not state:
             continue
-        reason, when, user = "", None, ""
-        found = re.search(r"\sReason=", line)
-        if found:
-            rest = line[found.end() :]
-            stamp = STAMP.search(rest)
-            if stamp:  # the reason is everything before its stamp, whatever it holds
-                reason, user, when = rest[: stamp.start()].strip(), stamp.group(1), stamp_time(stamp.group(2))
-            else:
-                reason = field_value(line, "Reason") or ""
-        comment = field_value(line, "Comment") or ""
-        host = field_value(line, "NodeHostName") or ""
-        comment = "" if comment == "(null)" else comment
-        gres = field_value(line, "Gres") or ""
+        comment = read.fields.get("Comment", "")
+        gres = fixed_value(read.fixed, "Gres") or ""
         nodes.append(
             SlurmNode(
                 name.group(1),
                 state.group(1),
-                reason,
-                when,
-                user,
-                comment,
-                host,
+                read.fields.get("Reason", ""),
+                read.reason_time,
+                read.reason_user,
+                "" if comment == "(null)" else comment,
+                fixed_value(read.fixed, "NodeHostName") or "",
                 "" if gres == "(null)" else gres,
-                listed(field_value(line, "Partitions")),
-                listed(field_value(line, "AvailableFeatures")),
+                listed(fixed_value(read.fixed, "Partitions")),
+                listed(fixed_value(read.fixed, "AvailableFeatures")),
             )
         )
     return nodes
@@ -273,7 +361,8 @@ def parse_json(text: str) -> list[SlurmNode]:
 
 class Listing:
     """Reads the nodes through `scontrol`: JSON where this scontrol has it, else the text form (decided at the first
-    listing, then kept for this process)."""
+    listing that scontrol answers or refuses --json with NO_JSON, then kept for this process; one that times out or
+    finds no controller decides nothing)."""
 
     def __init__(self, scontrol: str, runner: Run) -> None:
         self.scontrol, self.runner = scontrol, runner
@@ -292,8 +381,8 @@ class Listing:
                     return found
                 except ValueError:
                     pass
-            if self.json is None and "--json" in (result.stderr + result.stdout):  # this scontrol has no --json
-                self.json = False
+            if self.json is None and result.returncode != 0 and NO_JSON.search(result.stderr):
+                self.json = False  # this scontrol has no JSON (22.05, or no JSON plugin): the text form from now on
             elif self.json is None and result.returncode == 0:
                 self.json = False  # it answered something that is not JSON: the text form from now on
             else:
