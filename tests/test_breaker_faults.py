@@ -14,8 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from accelmon import health
-from accelmon.checks import Check
 from accelmon.remediation import Journal
 from accelmon.slurm.fleet import Budget, Fleet, Limits
 from accelmon.slurm.nodes import parse_nodes, stamp_time
@@ -23,6 +21,7 @@ from accelmon.slurm.repair import Options, SlurmRepair
 from tests.support.fake_scontrol import Cluster
 from tests.test_fleet import NODES, all_at_once, loop_on, out_by_accelmon, run, together
 from tests.test_remediation import failing
+from tests.test_remediation import healthy as passing
 from tests.test_slurm_health import failing_prolog
 
 DAY = 86400.0
@@ -109,7 +108,7 @@ def test_an_undrain_slurm_refuses_is_said_and_the_next_check_takes_it_back(tmp_p
     together(check, nodes)
     stuck = [node for node in nodes if "could NOT be taken back" in said[node]]
     assert stuck and not any("the drain taken back" in said[node] for node in nodes), said
-    assert all(records(tmp_path, node)[-1] == ("drained", "none") for node in stuck)  # out, as Slurm has it
+    assert all(records(tmp_path, node)[-1] == ("drained", "unverified") for node in stuck)  # out, never ranked
     assert len(out_by_accelmon(cluster)) > 3  # what the fault left
     cluster.change(refuse=[])
     another_round(tmp_path, cluster, nodes)
@@ -146,8 +145,12 @@ def test_checks_killed_after_their_drain_leave_a_claim_the_next_check_settles(tm
     another_round(tmp_path, cluster, nodes)
     assert out_by_accelmon(cluster) == sorted(first)  # the first three out keep their place
     for node in set(nodes) - set(first):
-        assert records(tmp_path, node) == [("claimed", "started"), ("drained", "none"), ("breaker_held", "ranked_out")]
-    healthy = health.NodeHealth([health.GpuHealth("2", "GPU-2", [Check("xid", "ok", "fine")], "S2")], [])
+        assert records(tmp_path, node) == [
+            ("claimed", "started"),
+            ("drained", "unverified"),
+            ("breaker_held", "ranked_out"),
+        ]
+    healthy = passing()
     before = len(cluster.calls())
     loop_on(tmp_path, cluster, sorted(set(nodes) - set(first))[0]).run(healthy, lambda r: healthy)
     assert len(cluster.calls()) == before  # settled: a healthy node with nothing open does not even ask Slurm
@@ -246,7 +249,7 @@ def test_a_resume_after_a_long_reset_leaves_an_administrators_drain(tmp_path):
     first = make()
     first.fleet.sleep = lambda seconds: None
     first.run(failing("reset_gpu", "ecc"), lambda resets: failing("reset_gpu", "ecc"))  # drained
-    healthy = health.NodeHealth([health.GpuHealth("2", "GPU-2", [Check("ecc", "ok", "fine")], "S2")], [])
+    healthy = passing("ecc")
     lines: list[str] = []
     second = make()
     second.fleet.sleep = lambda seconds: None
@@ -285,7 +288,9 @@ def test_each_journal_record_carries_its_own_time(tmp_path):
     assert drained.time - claimed.time >= 2.5
 
 
-@pytest.mark.parametrize("state", ["MIXED+MAINTENANCE", "ALLOCATED+RESERVED+REBOOT_REQUESTED", "MIXED+DRAIN"])
+@pytest.mark.parametrize(
+    "state", ["MIXED+MAINTENANCE", "ALLOCATED+RESERVED", "ALLOCATED+RESERVED+REBOOT_REQUESTED", "MIXED+DRAIN"]
+)
 def test_the_prolog_never_fails_a_node_that_runs_the_job_on_purpose(tmp_path, state):
     """An administrator's validation job after a driver roll-out runs in a MAINTENANCE reservation (or on a node with a
     reboot asked for, or one drained meanwhile): a failing diagnostic there is said, and the prolog passes; failing it

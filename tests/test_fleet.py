@@ -5,6 +5,7 @@ the fake scontrol as a process, with the real settle wait."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import threading
@@ -15,7 +16,6 @@ from typing import Callable
 import pytest
 
 from accelmon import health
-from accelmon.checks import Check
 from accelmon.remediation import Journal
 from accelmon.slurm.fleet import Fleet, Limits, pause_of
 from accelmon.slurm.nodes import parse_json, parse_nodes, run_scontrol
@@ -23,6 +23,7 @@ from accelmon.slurm.repair import Options, SlurmRepair
 from tests.support.exposition import sample_value
 from tests.support.fake_scontrol import Cluster
 from tests.test_remediation import failing, health_samples
+from tests.test_remediation import healthy as passing
 
 NODES = [f"gpu-{n:02d}" for n in range(20)]
 DAY = 86400.0
@@ -144,7 +145,7 @@ def test_repairs_keep_the_fleets_pace(tmp_path, fleet_of_20):
     drained_idle_by_accelmon(tmp_path, cluster, chosen)
     first_out = {node: cluster.raw(node)["stamp"]["epoch"] for node in chosen}
     said: dict[str, str] = {}
-    healthy = health.NodeHealth([health.GpuHealth("2", "GPU-2", [Check("ecc", "ok", "fine")], "S2")], [])
+    healthy = passing("ecc")
     cluster.change(meet=len(chosen), listings=0)
 
     def repair(node: str) -> None:
@@ -195,7 +196,7 @@ def test_pause_stops_drains_and_repairs_and_resume_starts_them(tmp_path, fleet_o
     record = Journal.read(loop.options.journal).records[-1]
     assert (record.event, record.outcome) == ("breaker_held", "paused")
     assert switch.resume() == "resumed: drains and repairs go on"
-    assert cluster.raw(NODES[0])["comment"] == ""
+    assert re.fullmatch(r"accelmon-resumed=\d+", cluster.raw(NODES[0])["comment"])  # the switch's place
     loop = loop_on(tmp_path, cluster, NODES[5])
     loop.fleet.sleep = lambda seconds: None
     loop.run(failing("reboot_node"), lambda resets: failing("reboot_node"))
@@ -217,7 +218,9 @@ def test_the_comment_keeps_what_the_administrator_wrote(tmp_path, fleet_of_20):
     switch.pause("x")
     assert cluster.raw(NODES[0])["comment"].startswith("rack 4, PSU swapped accelmon-paused=")
     switch.resume()
-    assert cluster.raw(NODES[0])["comment"] == "rack 4, PSU swapped"
+    assert re.fullmatch(r"rack 4, PSU swapped accelmon-resumed=\d+", cluster.raw(NODES[0])["comment"])
+    switch.pause("y")
+    assert re.fullmatch(r"rack 4, PSU swapped accelmon-paused=\d+:y", cluster.raw(NODES[0])["comment"])
 
 
 def test_slurms_json_is_preferred_where_scontrol_has_it(tmp_path):

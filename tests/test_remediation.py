@@ -53,8 +53,15 @@ def failing(action: str, check: str = "xid", index: str = "2", drill: bool = Fal
     )
 
 
-def healthy() -> health.NodeHealth:
-    return health.NodeHealth([health.GpuHealth("2", "GPU-2", [Check("xid", "ok", "fine")], "S2")], [])
+def healthy(check: str = "xid") -> health.NodeHealth:
+    """The node of `failing` with every check passing: the same GPUs, answering."""
+    return health.NodeHealth(
+        [
+            health.GpuHealth("0", "GPU-0", [Check(check, "ok", "fine")], "S0", "00000000:18:00.0"),
+            health.GpuHealth("2", "GPU-2", [Check(check, "ok", "fine")], "S2", "00000000:2A:00.0"),
+        ],
+        [],
+    )
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Optional
 
 import pytest
-import yaml
 
 from accelmon import health
 from accelmon.checks import Check
@@ -22,7 +21,7 @@ from accelmon.slurm import gpu_reset, repair
 from accelmon.slurm.fleet import Limits
 from accelmon.slurm.repair import Options, SlurmRepair
 from tests.support.fake_scontrol import Cluster
-from tests.support.jobs_tree import bus_id, nvidia_procfs
+from tests.support.jobs_tree import bus_id, nvidia_procfs, scan_config
 from tests.test_fleet import run
 from tests.test_remediation import failing
 
@@ -277,12 +276,7 @@ def test_a_process_that_keeps_the_gpu_is_named_and_no_reset_is_run(tmp_path):
 def test_the_scan_lets_nvml_go_before_the_reset(tmp_path, fake_nvml):
     """The measured failure: the scan's XID thread waits 2 s for events but was joined for 0.05 s, so nvmlShutdown
     was skipped (2 inits, 1 shutdown) and the process that goes on to reset the GPU still held it."""
-    procfs = nvidia_procfs(tmp_path / "proc", gpus=2)
-    (procfs / "stat").write_text("btime 1764000000\n")
-    fake_nvml.configure("gpus 2\n")
-    (tmp_path / "kmsg").write_text("")
-    config = tmp_path / "exporter.yml"
-    config.write_text(yaml.safe_dump({"paths": {"procfs": str(procfs), "kmsg": str(tmp_path / "kmsg")}}))
+    config = scan_config(tmp_path, fake_nvml)
     # The library counts since it was loaded into this process: other tests' calls are taken off.
     inits, shutdowns = fake_nvml.calls_of("nvmlInitWithFlags"), fake_nvml.calls_of("nvmlShutdown")
     scan_health(load(str(config)))

@@ -22,7 +22,7 @@ from typing import Optional, TypeVar
 from accelmon import xid as catalogue
 from accelmon.checks import VERDICTS, ActiveDrill, Check, Gpu, GpuCheck, NodeCheck, View, worst
 from accelmon.collectors.fabric import LINK_REMOTE
-from accelmon.gpu_metrics import INFO, MIG_MODE
+from accelmon.gpu_metrics import INFO, MIG_MODE, UP
 from accelmon.metrics import Samples
 from accelmon.registry import Registration
 
@@ -40,6 +40,9 @@ class GpuHealth:
     compute_capability: str = ""
     mig_mode: bool = False
     nvlink_remotes: tuple[tuple[str, str], ...] = ()  # (remote type, remote PCI bus id) of each link
+    # Whether it answered its driver library (accelmon_gpu_up 1) in this sample: a GPU that did not was judged over
+    # no data, and after a repair that is no pass (accelmon.slurm.repair.not_back).
+    answers: bool = True
 
     @property
     def verdict(self) -> str:
@@ -56,6 +59,8 @@ class GpuHealth:
 class NodeHealth:
     gpus: list[GpuHealth]
     checks: list[Check]  # about the node, not one GPU (the kernel log unreadable, say)
+    # The collectors this node should sample that did not (failed, or past the scan's deadline): set by the scan.
+    unsampled: tuple[str, ...] = ()
 
     @property
     def verdict(self) -> str:
@@ -153,6 +158,7 @@ def evaluate(
                     }
                 )
             ),
+            view.value(UP, (index, uuid)) == 1,
         )
         for index, uuid in listed
     ]

@@ -144,10 +144,13 @@ EVENTS = (
 # A repair: started (journalled before it runs), then requested (Slurm took the reboot), resolved or failed, or
 # timed_out (Slurm gave up waiting for the reboot: the node drained again). A hold
 # (breaker_held, repair_held): held (the limit was reached), ranked_out (claimed, then taken back), paused, uncounted
-# (the controller could not be read).
+# (the controller could not be read). A drain is `unverified` (event drained) when it is out in Slurm but was never
+# ranked within the limit (an answer lost, a take-back that failed, a claim whose check was killed): the only drain
+# the breaker ever takes back (accelmon.slurm.fleet). A drain journalled with outcome none was granted: it stays
+# until its node passes, whatever the limit becomes later.
 OUTCOMES = (
     "started", "requested", "resolved", "failed", "timed_out", "observed", "drill", "held", "ranked_out", "paused",
-    "uncounted", "none",
+    "uncounted", "unverified", "none",
 )  # fmt: skip
 REPAIRED = ("requested", "resolved")  # what the repeat rule counts: a command that failed is no repair
 
@@ -173,10 +176,19 @@ class Record:
     gpus: tuple[dict[str, str], ...] = ()  # {index, uuid, serial}
     detail: str = ""  # for people
     breaker: tuple[int, int, int] = (0, 0, 0)  # breaker_held: (nodes out by accelmon, nodes listed, limit)
+    # The reason accelmon set on the node with this decision ("" when it set none): accelmon acts on a node only while
+    # Slurm still shows it (an administrator's edit makes the node theirs).
+    reason: str = ""
+    # A repair's start: the GPUs the node had before it, as (PCI bus id, UUID): after the repair the same must answer.
+    inventory: tuple[tuple[str, str], ...] = ()
 
     def as_json(self) -> str:
+        extra: dict[str, Any] = {"reason": self.reason} if self.reason else {}
+        if self.inventory:
+            extra["inventory"] = [list(gpu) for gpu in self.inventory]
         return json.dumps(
             {
+                **extra,
                 "time": self.time,
                 "node": self.node,
                 "event": self.event,
@@ -207,9 +219,10 @@ def record_of(line: str) -> Record:
     counts = [int(n) for n in raw.get("breaker", (0, 0, 0))]
     if len(counts) != 3:
         raise ValueError("breaker: expected three counts")
+    inventory = tuple((str(bus), str(uuid)) for bus, uuid in raw.get("inventory", ()))
     return Record(
         when, str(raw["node"]), event, str(raw.get("action", "none")), outcome if outcome in OUTCOMES else "none",
-        gpus, str(raw.get("detail", "")), (counts[0], counts[1], counts[2]),
+        gpus, str(raw.get("detail", "")), (counts[0], counts[1], counts[2]), str(raw.get("reason", "")), inventory,
     )  # fmt: skip
 
 
@@ -286,11 +299,19 @@ class Journal:
         try:
             with os.fdopen(handle, "w", encoding="utf-8") as out:
                 out.write("".join(line + "\n" for line in lines[-MAX_RECORDS:]))
+                out.flush()
+                os.fsync(out.fileno())  # the new file's records on disk before its name replaces the old one's
             os.chmod(temporary, 0o644)
             os.replace(temporary, self.path)
         except BaseException:
             os.unlink(temporary)
             raise
+        # The rename itself survives a power cut only once the directory is on disk too.
+        directory_handle = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(directory_handle)
+        finally:
+            os.close(directory_handle)
 
     def last_repair_of(self, serial: str, since: float) -> Optional[Record]:
         """The newest repair (carried out, not observed) of the GPU with this serial since `since`."""
@@ -303,6 +324,18 @@ class Journal:
                 and any(g.get("serial") == serial for g in record.gpus)
             ):
                 return record
+        return None
+
+    def reason_written(self, node: str) -> Optional[str]:
+        """The reason accelmon last set on `node` while its drain is open (None: none journalled since the last
+        resume or hold, or a journal older than this field)."""
+        for record in reversed(self.records):
+            if record.node != node:
+                continue
+            if record.event in ("resumed", "breaker_held"):
+                return None
+            if record.reason:
+                return record.reason
         return None
 
     def last_event(self, node: str, events: Iterable[str]) -> Optional[Record]:

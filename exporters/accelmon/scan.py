@@ -9,15 +9,20 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 
 from accelmon import drill_store, health
+from accelmon.checks import Check
 from accelmon.config import ConfigError, Settings, load
 from accelmon.registry import Registration, collectors
 from accelmon.remediation import JOURNAL, Journal
 from accelmon.runtime import Exporter, Sampler
 
 SCAN_FAILED = 3  # the scan's own exit status when it could not run: 0, 1 and 2 are the verdicts
+# The scan's own limit: within slurmd's 60 s for a whole health check, with room for the check's calls to Slurm
+# (accelmon.slurm.fleet.CHECK_BUDGET_SECONDS). A healthy 8-GPU node scans in about a second.
+SCAN_DEADLINE_SECONDS = 30.0
 
 
 def runs_here(registration: Registration, settings: Settings) -> bool:
@@ -74,7 +79,9 @@ def plan(settings: Settings) -> dict[str, object]:
     }
 
 
-def scan_health(settings: Settings, resets: dict[str, float] | None = None) -> health.NodeHealth:
+def scan_health(
+    settings: Settings, resets: dict[str, float] | None = None, deadline: float = SCAN_DEADLINE_SECONDS
+) -> health.NodeHealth:
     """The collectors that declare `scan` (those the checks read that answer in one sample) and run on this node,
     sampled once; their checks over them. The others (profiling's window, neuron-monitor's start) would only slow
     it down, and their checks are not judged here. GPU resets are those of the repair journal unless `resets` says."""
@@ -87,14 +94,39 @@ def scan_health(settings: Settings, resets: dict[str, float] | None = None) -> h
         if not registration.scan:
             settings.collector(name).enabled = False
     samplers = build_samplers(settings)
-    exporter = Exporter(samplers)
-    exporter.collect_once()
-    exporter.stop()
+    late = sample_within(samplers, deadline)
+    if not late:  # a collector still inside a hardware call keeps its library: releasing it under the call races
+        Exporter(samplers).stop()
     latest = [state.latest for state in (sampler.state() for sampler in samplers) if state.latest is not None]
     sampled = {sampler.name for sampler in samplers}
     running = [registration for name, registration in registered.items() if name in sampled]
     now = time.time()
-    return health.evaluate(latest, now, running, drills=drill_store.read(drill_dir, now), resets=resets)
+    node = health.evaluate(latest, now, running, drills=drill_store.read(drill_dir, now), resets=resets)
+    failed = [s.name for s in samplers if s.name not in late and s.hardware_expected and not s.state().success]
+    node.unsampled = tuple(late + failed)
+    if late:
+        # Slurm kills a health check at 60 s and logs nothing of it: a scan that cannot finish is judged, not lost.
+        # A driver that slow fails jobs too; a person looks (NHC, too, takes a node offline on a check's timeout).
+        detail = f"{', '.join(late)} did not answer within the scan's {deadline:g} s"
+        node.checks.append(Check("scan", "failure", detail, "hardware_service"))
+    return node
+
+
+def sample_within(samplers: list[Sampler], seconds: float) -> list[str]:
+    """Samples each collector once, in order (a collector that reads the others' samples after them), on a worker
+    thread; the names of those not done when `seconds` have passed (left running: a hardware call cannot be
+    interrupted)."""
+    done: list[str] = []
+
+    def sample_all() -> None:
+        for sampler in samplers:
+            sampler.sample_once()
+            done.append(sampler.name)
+
+    worker = threading.Thread(target=sample_all, name="scan", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    return [sampler.name for sampler in samplers if sampler.name not in done]
 
 
 def hook_scan(config: str | None, log: logging.Logger, untouched: str) -> tuple[Settings, health.NodeHealth] | None:

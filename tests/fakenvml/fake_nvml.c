@@ -13,6 +13,8 @@
  *   xid I CODE                  queue an XID event CODE on GPU I
  *   mig I COUNT                 GPU I runs in MIG mode with COUNT instances
  *   latency_us N                every call sleeps N microseconds (for latency tests: costs no CPU)
+ *   init_error CODE             nvmlInitWithFlags answers CODE (e.g. 999, NVML_ERROR_UNKNOWN): NVML cannot start
+ *                               while the driver still lists the GPUs, as after a GPU reset before it recovers
  *   cost h100                   every call burns, on the calling thread, the CPU time it cost on a real H100
  *                               (driver 580, docs/hardware.md; table call_cost_ms below)
  *   profile h100                what a real H100 SXM answered: cost h100, fan speed and retired-page fields
@@ -92,6 +94,7 @@ static int n_hanging;
 static unsigned unsupported_fields[MAX_NAMES];
 static int n_unsupported_fields;
 static long latency_us;
+static int init_error;  /* what nvmlInitWithFlags answers: 0, or the error of an NVML that cannot start */
 static int cost_model;
 static int energy_follows_power;          /* the energy counter grows by power x time (energy_follows_power 1) */
 static struct timespec loaded_at;
@@ -135,6 +138,7 @@ static void read_config(void) {
     snprintf(product_name, sizeof product_name, "NVIDIA H100 80GB HBM3");
     n_unsupported = n_missing = n_hanging = n_unsupported_fields = n_events = 0;
     latency_us = 0;
+    init_error = 0;
     cost_model = 0;
     snprintf(driver_version, sizeof driver_version, "550.54.15");
     memset(lost, 0, sizeof lost);
@@ -173,6 +177,7 @@ static void read_config(void) {
         else if (!strcmp(key, "unsupported_field") && n_unsupported_fields < MAX_NAMES)
             unsupported_fields[n_unsupported_fields++] = (unsigned)atoi(arg);
         else if (!strcmp(key, "latency_us")) latency_us = atol(arg);
+        else if (!strcmp(key, "init_error")) init_error = atoi(arg);
         else if (!strcmp(key, "cost") && !strcmp(arg, "h100")) cost_model = 1;
         else if (!strcmp(key, "profile") && !strcmp(arg, "h100")) {
             cost_model = 1;
@@ -371,8 +376,10 @@ nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
             for (int m = 0; m < MAX_MIG; m++) { migs[i][m].index = m; migs[i][m].is_mig = 1; migs[i][m].parent = i; }
         }
     }
+    int refused = init_error;
     pthread_mutex_unlock(&init_lock);
     ENTER();
+    if (refused) return (nvmlReturn_t)refused;
     initialized = 1;
     return OK;
 }

@@ -6,7 +6,8 @@ Like slurmctld it serialises calls (each holds a lock on the state for its whole
 sets with the real time, to the second, printed as scontrol prints it: in the time zone of the scontrol process
 (`[root@2026-11-27T11:54:03]`; accelmon runs it with TZ=UTC). `meet` makes the first N listings wait for each other,
 so N health checks started together meet the controller at the same moment, as they do when slurmd starts every
-node's HealthCheckProgram in the same instant. Each node has a GPU gres (`gpu:h100:8`) unless given another.
+node's HealthCheckProgram in the same instant. Each node has two GPUs (gres `gpu:h100:2`, as the tests' verdicts
+hold two) unless given another.
 
 The faults of a loaded controller, as settings (`Cluster.change`):
     latency: S          every call takes S seconds (holding the controller's lock, as slurmctld's serialised RPCs)
@@ -14,6 +15,8 @@ The faults of a loaded controller, as settings (`Cluster.change`):
     lose: [ARG]         an update with that argument ("State=DRAIN") is applied, then its answer is lost: it fails
                         with "Socket timed out on send/recv operation", as a client whose RPC outlived its timeout
     refuse: [ARG]       an update with that argument ("State=UNDRAIN") is refused and changes nothing
+    keep_reason: true   RESUME and UNDRAIN keep the reason, as Slurm 23.11 to 25.x do without AccountingStorageType
+                        (fixed upstream on master only: "Resuming nodes clears reason without database")
     json_plugin_missing: a Slurm 23.02+ built without json-c: every --json call fails, status 1, before any call to
                         the controller, with "scontrol: fatal: JSON plugin load failure" (a string: that message
                         instead, e.g. 25.05's "serializer_required: could not find plugin for application/json")
@@ -70,7 +73,7 @@ class Cluster:
         for name, value in nodes.items():
             state, reason = [*value.split("|", 1), ""][:2]
             parsed[name] = {
-                "state": state, "reason": reason, "comment": "", "next_state": "", "gres": "gpu:h100:8",
+                "state": state, "reason": reason, "comment": "", "next_state": "", "gres": "gpu:h100:1",
                 "stamp": stamp(when=time.time() - reason_age),
             }  # fmt: skip
         data = {"nodes": parsed, "calls": [], "fail": list(fail), "json": self.json_form, "listings": 0, **settings}
@@ -244,11 +247,11 @@ def main(state_path: str, args: list[str]) -> int:
                 node["state"] = "+".join([*[f for f in flags if f != "DRAIN"], "DRAIN"])
             elif fields.get("State") == "UNDRAIN":
                 node["state"] = "+".join(f for f in flags if f != "DRAIN") or "IDLE"
-                node["reason"] = ""
+                node["reason"] = node["reason"] if data.get("keep_reason") else ""
             elif fields.get("State") == "RESUME":
                 gone = ("DRAIN", "DOWN", "REBOOT_REQUESTED", "REBOOT_ISSUED")
                 node["state"] = "+".join(f for f in flags if f not in gone) or "IDLE"
-                node["reason"] = ""
+                node["reason"] = node["reason"] if data.get("keep_reason") else ""
             if "Reason" in fields:
                 node["reason"], node["stamp"] = fields["Reason"], stamp()
             if "Comment" in fields:

@@ -8,6 +8,9 @@ named there: `GPU UUID`, `Bus Location` and `Device Minor`. Bus ids and UUIDs ar
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 # Device minor numbers out of PCI bus order, as on hosts where Slurm's index (the minor) is not NVML's (bus order).
 MINORS = (2, 0, 3, 1, 4, 5, 6, 7)
@@ -175,3 +178,15 @@ def job_info(samples) -> set[tuple[str, ...]]:
 def only_value(samples, spec) -> float:
     """The value of the one series of `spec` (a metric without labels) in `samples`."""
     return samples.rows[spec][0][1]
+
+
+def scan_config(root: Path, fake_nvml: Any, gpus: int = 2) -> Path:
+    """An exporter config for a real scan of `gpus` GPUs: the fake NVML answering for them, the driver's procfs
+    listing them, an empty kernel log. Returns the config file."""
+    procfs = nvidia_procfs(root / "proc", gpus=gpus)
+    (procfs / "stat").write_text("btime 1764000000\n")
+    fake_nvml.configure(f"gpus {gpus}\n")
+    (root / "kmsg").write_text("")
+    config = root / "exporter.yml"
+    config.write_text(yaml.safe_dump({"paths": {"procfs": str(procfs), "kmsg": str(root / "kmsg")}}))
+    return config

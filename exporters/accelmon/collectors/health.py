@@ -21,6 +21,7 @@ from accelmon.metrics import Catalogue, Samples
 from accelmon.registry import Paths, Registration, collectors, register, seconds
 from accelmon.remediation import Journal
 from accelmon.runtime import Collector, Sampler
+from accelmon.slurm.fleet import PauseMemory, paused_path
 
 C = Catalogue(
     "health",
@@ -99,6 +100,12 @@ HELD = C.gauge(
     "drained), paused (accelmon-remediation pause), pace (the fleet's repairs of the hour); else 0.",
     ["why"],
 )
+PAUSE_VANISHED = C.gauge(
+    "accelmon_remediation_pause_vanished",
+    "1 while this node's Slurm health check holds a pause whose switch vanished from every node's Comment without "
+    "accelmon-remediation resume (a `scontrol update NodeName=ALL Comment=...`): it stays paused until a resume, "
+    "else 0.",
+)
 LIMIT = C.gauge(
     "accelmon_remediation_limit",
     "The fleet's limits this node's health check keeps, from its options: breaker_min_nodes, breaker_fraction, "
@@ -143,6 +150,8 @@ class HealthCollector(Collector):
         node = health.evaluate(latest, now, self.registrations, drills, journal.resets())
         out = served(node)
         serve_journal(out, journal, node.verdict == "failure", self.mode)
+        remembered = PauseMemory(paused_path(self.journal_path)).read()
+        out.add(PAUSE_VANISHED, [], 1 if remembered is not None and remembered.get("vanished") is True else 0)
         for name, value in sorted(self.limits.items()):
             out.add(LIMIT, [name], value)
         return out

@@ -19,13 +19,16 @@ the order Slurm itself recorded:
    while its reason is still the one it wrote, and says so.
 
 That is a one-shot argument, and checks do not always finish: slurmd kills them, answers are lost, an UNDRAIN fails.
-So at every check of a node out by accelmon the same rank is taken again (`keep`), and a node ranked at or past the
-limit takes its drain back: after any round of faults, the next round of checks that completes leaves no more than
-the limit out.
+So at every check of a node out by a drain that was never verified (its answer lost, its take-back failed, its check
+killed before it ranked: the journal says `unverified`) the same rank is taken again (`keep`), and a node ranked at or
+past the limit takes its drain back: after any round of faults, the next round of checks that completes leaves no more
+than the limit out of those. A drain verified within the limit at its time is never taken back, whatever the limit
+becomes later (nodes powered down or removed): it stays until its node passes, as NHC's would.
 
 The limit is a share of the nodes accelmon checks (`breaker_nodes`: nodes with a GPU gres by default), not of every
-node Slurm lists; powered-down nodes and nodes down for another reason are not in it. When the controller cannot be
-read, nothing is claimed (fail closed: a controller loaded by every node at once is exactly when counting fails).
+node Slurm lists; powered-down nodes, FUTURE nodes and nodes down for another reason are not in it. When the
+controller cannot be read, nothing is claimed (fail closed: a controller loaded by every node at once is exactly
+when counting fails).
 
 The repair pace (at most max_repairs_per_hour reboots and resets over the fleet) is the same claim over repair
 reasons, plus the repairs of the last hour that ended: each repaired node keeps `accelmon-repaired=EPOCH` in its
@@ -36,8 +39,10 @@ kept as it was.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import os
 import re
 import subprocess
 import time
@@ -62,6 +67,8 @@ MIN_CALL_SECONDS = 2.0  # a call left less time than this is not made: it would 
 REPAIRING = ("accelmon: reboot pending", "accelmon: resetting")  # the reasons of a repair under way
 PAUSED = re.compile(r"accelmon-paused=(\d+(?:\.\d+)?):(\S*)")
 REPAIRED = re.compile(r"accelmon-repaired=(\d+(?:\.\d+)?)")
+# What `accelmon-remediation resume` leaves in every Comment: a node that remembers a pause forgets it only for this.
+RESUMED = re.compile(r"accelmon-resumed=(\d+(?:\.\d+)?)")
 SELECTOR = re.compile(r"(gres|partition|feature):(\S+)")
 
 # scontrol and the other commands a check runs: (command, timeout in seconds) -> the result.
@@ -138,6 +145,7 @@ class Decision:
     listed: int = 0  # the nodes the limit is a share of
     limit: int = 0
     still_out: bool = False
+    stamped: Optional[float] = None  # claimed: the controller's stamp of the claim (its clock, not this node's)
 
     @property
     def claimed(self) -> bool:
@@ -146,6 +154,61 @@ class Decision:
     @property
     def counts(self) -> tuple[int, int, int]:
         return (self.out, self.listed, self.limit)
+
+
+class PauseMemory:
+    """The pause this node's check last saw, kept beside its journal. `scontrol update NodeName=ALL Comment=...` erases
+    the switch from every carrier at once; a pause that vanishes so, without `accelmon-remediation resume` (which
+    leaves `accelmon-resumed=EPOCH` in every Comment), still holds on every node that saw it, and says so (the
+    exporter serves it: accelmon_remediation_pause_vanished, AccelmonRemediationPauseVanished)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def read(self) -> Optional[dict[str, object]]:
+        try:
+            with open(self.path, encoding="utf-8") as stream:
+                data = json.load(stream)
+            return data if isinstance(data, dict) and isinstance(data.get("since"), (int, float)) else None
+        except (OSError, ValueError):
+            return None
+
+    def keep(self, pause: Pause, vanished: bool) -> None:
+        data = {"node": pause.node, "since": pause.since, "reason": pause.reason, "vanished": vanished}
+        if self.read() == data:
+            return
+        temporary = f"{self.path}.tmp"
+        try:
+            with open(temporary, "w", encoding="utf-8") as stream:
+                json.dump(data, stream)
+                stream.flush()
+                os.fsync(stream.fileno())
+            os.chmod(temporary, 0o644)  # the exporter (another user) reads it; no secret in it
+            os.replace(temporary, self.path)
+        except OSError as error:
+            log.error("cannot remember the pause in %s: %s", self.path, error)
+
+    def forget(self) -> None:
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        except OSError as error:
+            log.error("cannot forget the pause in %s: %s", self.path, error)
+
+
+def without_resume(comment: str) -> str:
+    return with_token(comment, RESUMED, "")
+
+
+def paused_path(journal: str) -> str:
+    """Where a node remembers the pause: beside its journal."""
+    return os.path.join(os.path.dirname(journal) or ".", "remediation.paused")
+
+
+def resumed_since(nodes: list[SlurmNode], since: float) -> bool:
+    """Whether `accelmon-remediation resume` ran after a pause set at `since` (any node's Comment says so)."""
+    return any(float(found.group(1)) >= since for node in nodes for found in [RESUMED.search(node.comment)] if found)
 
 
 def pause_of(nodes: list[SlurmNode]) -> Optional[Pause]:
@@ -175,7 +238,12 @@ def out_by_accelmon(node: SlurmNode, now: float, window: float) -> bool:
 
 
 def repairing(node: SlurmNode, now: float) -> bool:
-    return node.reason.startswith(REPAIRING) and (node.reason_time is None or node.reason_time >= now - HOUR)
+    """A repair under way: the node out with a repair's reason of the last hour. Out: Slurm 23.11 to 25.x without
+    AccountingStorageType keep the reason on RESUME, so the reason alone says nothing on a node that takes jobs."""
+    return (
+        node.out and node.reason.startswith(REPAIRING)
+        and (node.reason_time is None or node.reason_time >= now - HOUR)
+    )  # fmt: skip
 
 
 def out_order(node: SlurmNode) -> tuple[float, str]:
@@ -195,9 +263,10 @@ class Fleet:
     def __init__(
         self, scontrol: str, runner: Run, limits: Limits, now: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep, settle: float = SETTLE_SECONDS, dry_run: bool = False,
-        budget: Optional[Budget] = None,
+        budget: Optional[Budget] = None, memory: Optional[PauseMemory] = None,
     ) -> None:  # fmt: skip
         self.scontrol, self.runner, self.limits = scontrol, runner, limits
+        self.memory = None if dry_run else memory  # a node's check remembers the pause; the command line does not
         self.now, self.sleep, self.settle, self.dry_run = now, sleep, settle, dry_run
         self.budget = budget or Budget()
         self.slowest = 0.0  # the longest a call took in this run: what the next ones are expected to take
@@ -261,13 +330,35 @@ class Fleet:
             failed = self.update(name, *fields)
         return f"failed: {failed}" if failed else "done"
 
+    def paused(self, nodes: list[SlurmNode]) -> Optional[Pause]:
+        """The pause switch as Slurm shows it, or as this node last saw it where it vanished without a resume."""
+        pause = pause_of(nodes)
+        if self.memory is None:
+            return pause
+        if pause is not None:
+            self.memory.keep(pause, vanished=False)
+            return pause
+        seen = self.memory.read()
+        if seen is None:
+            return None
+        since = float(seen["since"])  # type: ignore[arg-type]
+        if resumed_since(nodes, since):
+            self.memory.forget()
+            return None
+        remembered = Pause(str(seen.get("node", "")), since, str(seen.get("reason", "")))
+        self.memory.keep(remembered, vanished=True)
+        log.error("the pause switch vanished from Slurm without accelmon-remediation resume: still paused here")
+        return Pause(remembered.node, since, f"{remembered.reason} [the switch vanished from every Comment without "
+                     "accelmon-remediation resume: still paused; run it to end the pause]")  # fmt: skip
+
     def checked(self, nodes: list[SlurmNode]) -> int:
         """How many nodes the breaker's share is of: those in breaker_nodes, less those powered down or down for a
         reason not accelmon's (no check runs there), plus any node out by accelmon outside them."""
         count = 0
         for node in nodes:
             ours = node.out and node.accelmons
-            running = not node.powered_down and not (node.flags & {"DOWN", "FAIL"})
+            # FUTURE: defined in slurm.conf, not yet in service (no slurmd, no check).
+            running = not node.powered_down and not (node.flags & {"DOWN", "FAIL", "FUTURE"})
             count += 1 if ours or (self.limits.in_scope(node) and running) else 0
         return count
 
@@ -279,7 +370,7 @@ class Fleet:
         window = self.limits.breaker_window_seconds
         counted = lambda nodes: [n for n in nodes if out_by_accelmon(n, now, window)]  # noqa: E731
         nodes = self.nodes()
-        before = self.held(nodes, counted, "drain")
+        before = self.held(nodes, counted, "drain") or self.capped(nodes or [])
         if before is not None:
             return before
         if not self.room_to_claim():
@@ -290,14 +381,25 @@ class Fleet:
         take_back = lambda: self.clear(name, reason, "State=UNDRAIN")  # noqa: E731
         return self.verify(name, reason, failed, ahead, take_back, "drain")
 
+    def capped(self, nodes: list[SlurmNode]) -> Optional[Decision]:
+        """breaker_max_nodes counts every node out by accelmon, whatever the window: a false verdict that recurs
+        daily must not drain a few more nodes every day."""
+        out = sum(1 for node in nodes if node.out and node.accelmons)
+        cap = int(self.limits.breaker_max_nodes)
+        if out < cap:
+            return None
+        words = f"circuit breaker: {out} node(s) out by accelmon in all, breaker_max_nodes {cap}: no drain"
+        return Decision("held", words, out, self.checked(nodes), cap)
+
     def keep(self, name: str) -> Optional[Decision]:
-        """At a check of `name` while it is out by accelmon: None while it ranks within the limit (or this cannot be
-        told: nothing changes), else its drain taken back (the decision says whether that worked). A node in a reboot
-        or down is left: taking its drain back would return it to service unchecked."""
+        """At a check of `name` while it is out by an unverified drain of accelmon's (the repair loop asks only then):
+        None while it ranks within the limit (or this cannot be told: nothing changes), else its drain taken back (the
+        decision says whether that worked). A node in a reboot or down is left: taking its drain back would return it
+        to service unchecked."""
         now = self.now()
         window = self.limits.breaker_window_seconds
         nodes = self.nodes()
-        if not nodes or pause_of(nodes) is not None:
+        if not nodes or self.paused(nodes) is not None:
             return None
         mine = next((n for n in nodes if n.name == name), None)
         if mine is None or not out_by_accelmon(mine, now, window) or mine.reboot_pending or "DOWN" in mine.flags:
@@ -320,14 +422,17 @@ class Fleet:
         now = self.now()
         reason = keyed_reason(reason, node.out_since)
 
-        def recent(node: SlurmNode) -> bool:  # repaired (started) within the hour, by its Comment
-            return (repaired_at(node) or 0) >= now - HOUR
+        def recent(node: SlurmNode, at: float = now) -> bool:  # repaired (started) within the hour, by its Comment
+            return (repaired_at(node) or 0) >= at - HOUR
 
         def counted(nodes: list[SlurmNode]) -> list[SlurmNode]:
             return [n for n in nodes if repairing(n, now) or recent(n)]
 
         def ahead(other: SlurmNode, mine: SlurmNode) -> bool:
-            return recent(other) or (repairing(other, now) and claim_order(other) < claim_order(mine))
+            # Judged on the controller's clock, which just stamped this claim: a node whose own clock runs ahead
+            # (at boot, before chrony) would see the resets under way as older than an hour.
+            at = mine.reason_time or now
+            return recent(other, at) or (repairing(other, at) and claim_order(other) < claim_order(mine))
 
         before = self.held(self.nodes(), counted, "repair", pace=True)
         if before is not None:
@@ -340,7 +445,7 @@ class Fleet:
         decision = self.verify(node.name, reason, failed, ahead, back, "repair", pace=True,
                                own=1 if recent(node) else 0)  # fmt: skip
         if decision.claimed:
-            comment = with_token(node.comment, REPAIRED, f"accelmon-repaired={int(now)}")
+            comment = with_token(node.comment, REPAIRED, f"accelmon-repaired={int(decision.stamped or now)}")
             failed = self.update(node.name, f"Comment={comment}")
             if failed:  # the repair is still visible by its reason while it runs; the hour's count loses it after
                 log.error("scontrol could not note the repair in %s's Comment: %s", node.name, failed)
@@ -367,7 +472,7 @@ class Fleet:
         """Why the claim is not even tried (the count failed, the switch is on, the limit is reached), or None."""
         if not nodes:
             return Decision("uncounted", f"cannot count the nodes (scontrol show nodes failed): no {what}, holding")
-        pause = pause_of(nodes)
+        pause = self.paused(nodes)
         if pause is not None:
             return Decision("paused", f"{pause.words()}: no {what}")
         out = len(counted(nodes))
@@ -395,7 +500,7 @@ class Fleet:
                 return Decision("failed", f"scontrol could not {'drain' if what == 'drain' else 'claim the repair of'} "
                                           f"{name}: {failed}")  # fmt: skip
             log.warning("the %s of %s was applied though scontrol answered: %s", what, name, failed)
-        pause = pause_of(nodes)
+        pause = self.paused(nodes)
         if pause is not None:
             return self.taken_back(take_back(), name, what, pause.words(), outcome="paused")
         ahead = own + sum(1 for n in nodes if n.name != name and ahead_of(n, mine))
@@ -403,7 +508,7 @@ class Fleet:
         words = f"{self.counts_words(ahead, listed, limit, pace)} ahead of {name}"
         if ahead >= limit:
             return self.taken_back(take_back(), name, what, words, ahead, listed, limit)
-        return Decision("claimed", f"{words}: {what} allowed", ahead, listed, limit)
+        return Decision("claimed", f"{words}: {what} allowed", ahead, listed, limit, stamped=mine.reason_time)
 
     def taken_back(
         self, result: str, name: str, what: str, words: str, out: int = 0, listed: int = 0, limit: int = 0,
@@ -444,7 +549,12 @@ class Fleet:
             else f"accelmon-paused={int(self.now())}:{urllib.parse.quote(reason, safe='')}"
         )
         missing = [n for n in chosen if token not in n.comment]
-        failed = [n.name for n in missing if self.update(n.name, f"Comment={with_token(n.comment, PAUSED, token)}")]
+        # A resume marker left from an earlier resume gives its place to the switch.
+        failed = [
+            n.name
+            for n in missing
+            if self.update(n.name, f"Comment={with_token(without_resume(n.comment), PAUSED, token)}")
+        ]
         carried = len(chosen) - len(failed)
         if carried == 0:
             raise RuntimeError(f"scontrol could not set the switch on {', '.join(failed[:5])}: not paused")
@@ -456,14 +566,28 @@ class Fleet:
         return words
 
     def resume(self) -> str:
+        """Clears the switch and leaves `accelmon-resumed=NOW` in every node's Comment: a node that remembers a pause
+        whose carriers vanished (PauseMemory) ends it only on this."""
         nodes = self.nodes()
         if nodes is None:
             raise RuntimeError("cannot list the nodes (scontrol show nodes failed): still paused")
-        carriers = [n for n in nodes if PAUSED.search(n.comment)]
-        failed = [n.name for n in carriers if self.update(n.name, f"Comment={with_token(n.comment, PAUSED, '')}")]
+        carriers = [n.name for n in nodes if PAUSED.search(n.comment)]
+        marker = f"accelmon-resumed={int(self.now())}"
+        # The marker takes the switch's place on its carriers; where none is left (erased), it goes on every node.
+        marked = [n for n in nodes if n.name in carriers] if carriers else nodes
+        failed = []
+        for node in marked:
+            comment = with_token(with_token(node.comment, PAUSED, ""), RESUMED, marker)
+            if self.update(node.name, f"Comment={comment}"):
+                failed.append(node.name)
+        stuck = [name for name in failed if name in carriers]
+        if stuck:
+            raise RuntimeError(f"scontrol could not clear the switch on {', '.join(stuck[:5])}: still paused")
+        words = "resumed: drains and repairs go on" if carriers else "not paused in Slurm: resume marked on every node"
         if failed:
-            raise RuntimeError(f"scontrol could not clear the switch on {', '.join(failed[:5])}: still paused")
-        return "resumed: drains and repairs go on" if carriers else "not paused: nothing to do"
+            words += (f"; {len(failed)} node(s) not marked ({', '.join(failed[:5])}): a node that remembers a vanished "
+                      "pause stays paused until it is (run it again)")  # fmt: skip
+        return words
 
 
 def current_token(pause: Pause) -> str:

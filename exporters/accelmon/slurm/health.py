@@ -23,20 +23,29 @@ diagnostic that fails everywhere is the mass event it exists for).
 from __future__ import annotations
 
 import argparse
+import fcntl
 import logging
 import os
 import subprocess
 import sys
 import time
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 from accelmon.config import ConfigError, load
 from accelmon.remediation import Journal, Record
 from accelmon.scan import hook_scan, scan_health
 from accelmon.slurm.diag import diagnose
-from accelmon.slurm.fleet import CALL_TIMEOUT_SECONDS, CHECK_BUDGET_SECONDS, Budget, Fleet, Limits
-from accelmon.slurm.nodes import node_name, run_scontrol
-from accelmon.slurm.repair import Options, SlurmRepair, holding_lock, in_background
+from accelmon.slurm.fleet import (
+    CALL_TIMEOUT_SECONDS,
+    CHECK_BUDGET_SECONDS,
+    Budget,
+    Fleet,
+    Limits,
+    PauseMemory,
+    paused_path,
+)  # fmt: skip
+from accelmon.slurm.nodes import SCONTROL_HELP, find_scontrol, node_name, run_scontrol
+from accelmon.slurm.repair import Options, SlurmRepair
 
 log = logging.getLogger("accelmon.slurm")
 
@@ -54,7 +63,7 @@ def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="accelmon-slurm-health", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", help="the exporter's config file (its paths and collector settings)")
     parser.add_argument("--node", help="Slurm's name of this node (default: $SLURMD_NODENAME, else the host name)")
-    parser.add_argument("--scontrol", default="scontrol", help="the scontrol command (default: scontrol on PATH)")
+    parser.add_argument("--scontrol", default="scontrol", help=SCONTROL_HELP)
     parser.add_argument("--dry-run", action="store_true", help="say what would be drained, change nothing")
     parser.add_argument(
         "--diag", action="store_true", help="as a prolog: run `dcgmi diag -r 1`; failed tests drain and fail it"
@@ -72,6 +81,8 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None, runner: Run = run) -> int:
     budget = Budget(CHECK_BUDGET_SECONDS)  # from the start: the scan's time counts against slurmd's 60 s too
     args = parser().parse_args(argv)
+    # slurmd gives its programs little more than SLURMD_NODENAME: scontrol is looked for where sites install it too.
+    args.scontrol = find_scontrol(args.scontrol)
     # Its own decisions at INFO; the collectors' start-up chatter only from WARNING (slurmd logs every line).
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="accelmon-slurm-health: %(message)s")
     log.setLevel(logging.INFO)
@@ -126,12 +137,15 @@ def prolog_diag(args: argparse.Namespace, node: str, runner: Run) -> int:
     except ConfigError as error:
         log.error("%s: the breaker's defaults hold, nothing journalled", error)
         options, limits = None, Limits()
-    fleet = Fleet(args.scontrol, runner, limits)
+    memory = PauseMemory(paused_path(options.journal)) if options else None
+    fleet = Fleet(args.scontrol, runner, limits, memory=memory)
     node_now = fleet.node(node)
-    if node_now is None or not node_now.takes_jobs:
-        # A MAINTENANCE reservation (an administrator's validation job), a reboot asked for, a drain already set: the
-        # job was placed here on purpose, and failing the prolog would only replace the node's reason with "Prolog
-        # error", which neither the breaker nor the repair loop counts. The failure is said; the job runs.
+    if node_now is None or not node_now.takes_jobs or "RESERVED" in node_now.flags:
+        # A MAINTENANCE reservation (an administrator's validation job), any other reservation (ALLOCATED+RESERVED:
+        # the job runs in it on purpose, and a drain would fail it and requeue it out of its reservation), a reboot
+        # asked for, a drain already set: the job was placed here on purpose, and failing the prolog would only
+        # replace the node's reason with "Prolog error", which neither the breaker nor the repair loop counts. The
+        # failure is said; the job runs; the periodic health check judges the node after it.
         state = node_now.state if node_now else "unknown (scontrol show node failed)"
         log.warning("%s; node %s is %s: not drained by the prolog, the job runs", reason, node, state)
         return 0
@@ -153,6 +167,41 @@ def prolog_diag(args: argparse.Namespace, node: str, runner: Run) -> int:
     note("drained", "none", reason)
     log.warning("drained node %s: %s", node, reason)
     return 1
+
+
+LOCK_FD = "ACCELMON_REPAIR_LOCK_FD"  # a background repair inherits the check's lock through this descriptor
+
+
+def in_background(argv: list[str], lock: int) -> bool:
+    """Starts this health check again, detached, to carry out a repair that may outlast slurmd's 60 s limit on a
+    health check (a reset, then `dcgmi diag -r 2`). The node's lock passes to it (the same open file, inherited): no
+    check nor scan can slip in between this check's end and the repair's start."""
+    subprocess.Popen(
+        [sys.executable, "-m", "accelmon.slurm.health", *argv, "--foreground"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        pass_fds=(lock,), env={**os.environ, LOCK_FD: str(lock)},
+    )  # fmt: skip
+    return True
+
+
+def holding_lock(lock_path: str) -> Optional[int]:
+    """The node's lock (one thing at a time: the periodic check, a background repair, a scan), held by this process
+    (a file descriptor): inherited from the check that started this repair, or taken now; None if another holds it."""
+    inherited = os.environ.pop(LOCK_FD, "")
+    if inherited.isdigit():
+        try:
+            fcntl.flock(int(inherited), fcntl.LOCK_EX | fcntl.LOCK_NB)  # ours already: the same open file
+            return int(inherited)
+        except OSError:
+            pass
+    os.makedirs(os.path.dirname(lock_path) or ".", exist_ok=True)
+    descriptor = os.open(lock_path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(descriptor)
+        return None
+    return descriptor
 
 
 if __name__ == "__main__":

@@ -86,6 +86,9 @@ def run_scontrol(command: list[str], timeout: float) -> subprocess.CompletedProc
     )
 
 
+SCONTROL_HELP = "the scontrol command (default: scontrol on PATH, else in " + ", ".join(SCONTROL_PLACES) + ")"
+
+
 def find_scontrol(configured: str) -> str:
     """The scontrol to run: `configured` where it is a path, else the first executable of that name (scontrol when
     none is configured) on the PATH, else in SCONTROL_PLACES; else the bare name (running it then fails, and says

@@ -18,14 +18,14 @@ from typing import Sequence
 
 from accelmon.config import ConfigError, load
 from accelmon.slurm.fleet import HOUR, Fleet, Limits, out_by_accelmon, pause_of, repaired_at, repairing
-from accelmon.slurm.nodes import run_scontrol
+from accelmon.slurm.nodes import SCONTROL_HELP, find_scontrol, run_scontrol
 from accelmon.slurm.repair import Options
 
 
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="accelmon-remediation", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", help="the exporter's config file, for the breaker's and the pace's limits")
-    parser.add_argument("--scontrol", default="scontrol", help="the scontrol command (default: scontrol on PATH)")
+    parser.add_argument("--scontrol", default="scontrol", help=SCONTROL_HELP)
     commands = parser.add_subparsers(dest="command", required=True)
     pause = commands.add_parser("pause", help="stop every node's drains and repairs at its next health check")
     pause.add_argument("--reason", required=True, help="why, for whoever reads `status` (a ticket, a name)")
@@ -62,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as error:
         print(f"accelmon-remediation: {error}", file=sys.stderr)
         return 2
-    fleet = Fleet(args.scontrol, run_scontrol, limits)
+    fleet = Fleet(find_scontrol(args.scontrol), run_scontrol, limits)
     try:
         if args.command == "pause":
             if not args.reason.strip():

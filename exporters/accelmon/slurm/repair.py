@@ -17,12 +17,8 @@ Each run of the health check, on its node (one at a time: the check, a backgroun
 
 from __future__ import annotations
 
-import fcntl
 import logging
-import os
 import shutil
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
@@ -32,9 +28,21 @@ from accelmon.collectors.fabric import fabric_manager_running
 from accelmon.config import Settings
 from accelmon.remediation import FailingGpu, Journal, Record, RepairPlan
 from accelmon.slurm.diag import diagnose, run_long
-from accelmon.slurm.fleet import Budget, Decision, Fleet, Limits, Run, pause_of
+from accelmon.slurm.evidence import (
+    REBOOT_PENDING,
+    failing_gpus,
+    gres_gpus,
+    held_after_reboot,
+    inventory_of,
+    joining_fabric,
+    not_back,
+    reboot_timed_out,
+    same_reason,
+    still_failing,
+)  # fmt: skip
+from accelmon.slurm.fleet import Budget, Decision, Fleet, Limits, PauseMemory, Run, paused_path
 from accelmon.slurm.gpu_reset import GpuReset
-from accelmon.slurm.nodes import BUSY, DRAINED, SlurmNode, keyed_reason
+from accelmon.slurm.nodes import SlurmNode, keyed_reason
 
 log = logging.getLogger("accelmon.slurm")
 
@@ -43,8 +51,6 @@ Scan = Callable[[dict[str, float]], health.NodeHealth]  # a fresh scan, given th
 # before "could not run" leaves the node for a person (never a pass).
 DIAG_READY_SECONDS = 60.0
 FABRIC_READY_SECONDS = 60.0  # how long a reset GPU has to join its NVLink fabric again before a person looks
-REBOOT_PENDING = "accelmon: reboot pending"  # the reason through a reboot (Slurm appends ": reboot issued")
-LOCK_FD = "ACCELMON_REPAIR_LOCK_FD"  # a background repair inherits the check's lock through this descriptor
 # The journal's events that say whether accelmon has a drain of this node open: a claim (journalled before the drain,
 # so a check killed after it leaves a trace), the drain kept, an escalation; closed by a resume or a hold (a claim
 # held back or taken back leaves the node taking jobs).
@@ -84,56 +90,6 @@ class Options:
         )
 
 
-def failing_gpus(node: health.NodeHealth) -> list[FailingGpu]:
-    return [
-        FailingGpu(
-            gpu.index,
-            gpu.uuid,
-            gpu.serial,
-            gpu.action,
-            tuple(c.name for c in gpu.checks if c.verdict == "failure"),
-            any(c.drill for c in gpu.checks if c.verdict == "failure"),
-            gpu.pci_bus_id,
-        )
-        for gpu in node.gpus
-        if gpu.verdict == "failure"
-    ]
-
-
-def still_failing(node: health.NodeHealth) -> str:
-    """What fails in a scan, for a reason: "GPU 3 ecc, GPU 5 xid" (the GPUs whose checks failed), or ""."""
-    named = [f"GPU {g.index} {'+'.join(c.name for c in g.checks if c.verdict == 'failure')}"
-             for g in node.gpus if g.verdict == "failure"]  # fmt: skip
-    named += [c.name for c in node.checks if c.verdict == "failure"]
-    return ", ".join(named)
-
-
-def joining_fabric(node: health.NodeHealth) -> str:
-    """The GPUs whose NVLink fabric registration is still in progress ("GPU 2, GPU 5"), or "": a warning that is no
-    pass: until it completes, CUDA programs on the GPU fail to start (accelmon.collectors.fabric)."""
-    return ", ".join(
-        f"GPU {gpu.index}" for gpu in node.gpus
-        if any(c.name == "fabric" and c.verdict == "warning" and "in progress" in c.detail for c in gpu.checks)
-    )  # fmt: skip
-
-
-def back_from_reboot(state: SlurmNode) -> bool:
-    """accelmon's reboot (its reason), no longer in Slurm's reboot states."""
-    return state.reason.startswith(REBOOT_PENDING) and not state.reboot_pending
-
-
-def reboot_timed_out(state: SlurmNode) -> bool:
-    """accelmon's reboot, which Slurm gave up waiting for (ResumeTimeout): out of its reboot states, not drained."""
-    return back_from_reboot(state) and not state.flags & DRAINED
-
-
-def held_after_reboot(state: SlurmNode) -> bool:
-    """accelmon's reboot timed out and the node drained again: DOWN+DRAIN until it registers (or for good where
-    ReturnToService is 0 or 1); the repair loop judges it as after any reboot (a resume makes it IDLE)."""
-    flags = state.flags
-    return back_from_reboot(state) and bool(flags & DRAINED) and "DOWN" in flags and not flags & BUSY
-
-
 class SlurmRepair:
     """One run of the loop on node `node` (Slurm's name), `scontrol` through `runner`."""
 
@@ -152,8 +108,9 @@ class SlurmRepair:
         self.dcgmi = dcgmi
         self.say: Callable[[str], None] = print  # its decisions, for slurmd's log (a test collects them)
         self.fleet = fleet or Fleet(
-            scontrol, runner, options.limits, now=lambda: self.now, dry_run=dry_run, budget=budget
-        )
+            scontrol, runner, options.limits, now=lambda: self.now, dry_run=dry_run, budget=budget,
+            memory=PauseMemory(paused_path(options.journal)),
+        )  # fmt: skip
         self.journal = Journal.read(options.journal)
         if self.journal.problem:
             log.error("%s: no repair until it is fixed or moved away (drains go on)", self.journal.problem)
@@ -169,10 +126,12 @@ class SlurmRepair:
         return True
 
     def note(self, event: str, action: str = "none", outcome: str = "none", gpus: tuple[FailingGpu, ...] = (),
-             detail: str = "", breaker: tuple[int, int, int] = (0, 0, 0), once: bool = False) -> None:  # fmt: skip
+             detail: str = "", breaker: tuple[int, int, int] = (0, 0, 0), once: bool = False, reason: str = "",
+             inventory: tuple[tuple[str, str], ...] = ()) -> None:  # fmt: skip
         """Journals a decision (`once`: unless it is the node's latest record already: a decision repeated every
-        health check is journalled when it is first made)."""
-        record = Record(self.clock(), self.node, event, action, outcome, remediation.gpus_of(gpus), detail, breaker)
+        health check is journalled when it is first made); `reason`: the reason it set on the node, if any."""
+        record = Record(self.clock(), self.node, event, action, outcome, remediation.gpus_of(gpus), detail, breaker,
+                        reason, inventory)  # fmt: skip
         if once:
             latest = next((r for r in reversed(self.journal.records) if r.node == self.node), None)
             same = latest is not None and (latest.event, latest.action, latest.outcome, latest.gpus, latest.detail) == (
@@ -180,7 +139,10 @@ class SlurmRepair:
             )  # fmt: skip
             if same:
                 return
-        if self.dry_run or self.journal.problem:
+        if self.dry_run:
+            return
+        if self.journal.problem:  # never silently: the drain goes on, its record does not (the exporter serves it)
+            log.error("%s: the decision (%s) is not journalled", self.journal.problem, event)
             return
         problem = self.journal.append(record)
         if problem:
@@ -199,15 +161,18 @@ class SlurmRepair:
             return  # healthy and nothing of accelmon's open: Slurm is not even asked
         state = self.fleet.node(self.node)
         if state is None:
-            log.error("cannot read the state of node %s from Slurm: nothing done", self.node)
+            self.could_not_act(failing, node_failing)
             return
-        if reboot_timed_out(state):
+        if reboot_timed_out(state) and self.reboot_open():
             self.hold_after_timed_out_reboot(state)
             return
         if last is not None and last.event == "claimed":
             self.settle_claim(state, last)
+        if state.out and state.accelmons and not self.still_ours(state):
+            return
         in_reboot = state.reboot_pending or "DOWN" in state.flags  # its drain stays whatever the rank (Fleet.keep)
-        if state.out and state.accelmons and not in_reboot and not self.dry_run and self.converge():
+        unverified = self.drain_unverified()
+        if state.out and state.accelmons and not in_reboot and not self.dry_run and unverified and self.converge():
             return
         if failing or node_failing:
             if state.takes_jobs:
@@ -222,13 +187,58 @@ class SlurmRepair:
         if state.accelmons and (state.drained_idle or held_after_reboot(state)):
             self.repair(state, failing, node_failing, verdict, rescan)
 
+    def could_not_act(self, failing: list[FailingGpu], node_failing: list[tuple[str, str]]) -> None:
+        """Slurm could not be read (the controller down or failing over, scontrol missing or refusing): nothing is
+        done, and that is journalled (once while it lasts), so the exporter serves it and an alert names the node
+        (AccelmonDrainBreakerCannotCount): a check that cannot act must never look like a node with nothing to do."""
+        why = f"cannot read node {self.node} from Slurm ({self.fleet.listing.problem or 'no answer'}): nothing done"
+        log.error("%s", why)
+        self.say(f"remediation: {why}")
+        if failing or node_failing:
+            action = max((g.action for g in failing), key=remediation.disruption, default=node_failing[0][1]
+                         if node_failing else "none")  # fmt: skip
+            self.note("breaker_held", action, "uncounted", tuple(failing), why[:200], once=True)
+        else:  # accelmon's drain open, its repair or resume not judged
+            self.note("repair_held", "none", "uncounted", detail=why[:200], once=True)
+
+    def reboot_open(self) -> bool:
+        """Whether accelmon's journal has a reboot of this node asked for and not yet ended: Slurm 23.11 to 25.x
+        without AccountingStorageType keep the reason on RESUME, so "accelmon: reboot pending" on a node that takes
+        jobs says nothing by itself (docs/slurm.md)."""
+        last = self.journal.last_event(self.node, ("repair", "resumed", "drained", "escalated", "breaker_held"))
+        return (
+            last is not None and last.event == "repair" and last.action == "reboot_node"
+            and last.outcome in ("started", "requested")
+        )  # fmt: skip
+
+    def still_ours(self, state: SlurmNode) -> bool:
+        """Whether the node's reason is still the one accelmon last set, as its journal recorded it (Slurm's own
+        suffixes and accelmon's "(out since ...)" key aside). An administrator who edits it ("... RMA INC-881, do not
+        resume") makes the node theirs: nothing is ranked, repaired or resumed; said and journalled once."""
+        written = self.journal.reason_written(self.node)
+        if written is None or same_reason(state.reason, written):
+            return True
+        who = state.reason_user or "someone"
+        detail = f"reason edited by {who} since accelmon set it: left as it is"
+        self.say(f"remediation: node {self.node}: {detail} ({state.reason[:120]})")
+        self.note("left_for_person", detail=detail[:200], once=True)
+        return False
+
+    def drain_unverified(self) -> bool:
+        """Whether this node's open drain was never ranked within the breaker's limit (answers lost, a take-back that
+        failed, a check killed before it ranked): the only drain the breaker takes back. A drain granted within the
+        limit at its time stays until its node passes, whatever the limit becomes (nodes powered down, removed)."""
+        opened = self.journal.last_event(self.node, OPENING + CLOSING)
+        return opened is not None and opened.event == "drained" and opened.outcome == "unverified"
+
     def settle_claim(self, state: SlurmNode, claim: Record) -> None:
         """A claim journalled with nothing after it: the check that made it ended before it could say what came of
         it (slurmd killed it, the controller never answered). Slurm says: the drain is there (it is adopted, and
         ranked by `converge` as every drain is), or it is not (the claim is closed)."""
         if state.out and state.accelmons:
             detail = f"{claim.detail} (a claim whose check ended before it was verified)"[:200]
-            self.journal_record(Record(self.clock(), self.node, "drained", claim.action, "none", claim.gpus, detail))
+            self.journal_record(Record(self.clock(), self.node, "drained", claim.action, "unverified", claim.gpus,
+                                       detail, reason=claim.reason or claim.detail))  # fmt: skip
             self.say(f"remediation: node {self.node} is out by an earlier check's drain, never verified: ranked now")
         else:
             detail = "a claim whose check ended before it was verified left no drain"
@@ -236,7 +246,10 @@ class SlurmRepair:
                                        detail))  # fmt: skip
 
     def journal_record(self, record: Record) -> None:
-        if self.dry_run or self.journal.problem:
+        if self.dry_run:
+            return
+        if self.journal.problem:
+            log.error("%s: the decision (%s) is not journalled", self.journal.problem, record.event)
             return
         problem = self.journal.append(record)
         if problem:
@@ -268,9 +281,10 @@ class SlurmRepair:
         if self.dry_run:
             log.warning("would drain %s again: its reboot timed out (%s)", self.node, state.reason)
             return
-        if self.update("State=DRAIN", f"Reason={keyed_reason(state.reason, state.out_since)}"):
+        keyed = keyed_reason(state.reason, state.out_since)
+        if self.update("State=DRAIN", f"Reason={keyed}"):
             self.say(f"remediation: node {self.node} drained again: Slurm timed its reboot out and cleared the drain")
-            self.note("repair", "reboot_node", "timed_out", detail=f"Slurm: {state.reason}"[:200])
+            self.note("repair", "reboot_node", "timed_out", detail=f"Slurm: {state.reason}"[:200], reason=keyed)
 
     def drain(self, verdict: health.NodeHealth, failing: list[FailingGpu]) -> None:
         repeat = remediation.repeat_offender(failing, self.journal, self.options.repeat_window_seconds, self.now)
@@ -285,15 +299,16 @@ class SlurmRepair:
             count = f"{len(nodes)} node(s) listed" if nodes else "the nodes cannot be listed"
             log.warning("would drain %s within the circuit breaker (%s): %s", self.node, count, reason)
             return
-        claim = lambda: self.note("claimed", action, "started", tuple(failing), reason)  # noqa: E731
+        claim = lambda: self.note("claimed", action, "started", tuple(failing), reason, reason=reason)  # noqa: E731
         decision = self.fleet.drain(self.node, reason, claiming=claim)
         self.say(decision.words)
         if decision.claimed:
             log.warning("drained node %s: %s", self.node, reason)
-            self.note("escalated" if repeat else "drained", action, gpus=tuple(failing), detail=reason)
+            self.note("escalated" if repeat else "drained", action, gpus=tuple(failing), detail=reason, reason=reason)
         elif decision.still_out:
             log.error("%s", decision.words)
-            self.note("drained", action, gpus=tuple(failing), detail=f"{reason} ({decision.outcome}, still out)"[:200])
+            self.note("drained", action, "unverified", tuple(failing),
+                      f"{reason} ({decision.outcome}, still out)"[:200], reason=reason)  # fmt: skip
         elif decision.outcome == "failed":
             log.error("%s", decision.words)
             self.note("breaker_held", action, "failed", tuple(failing), decision.words[:200])
@@ -317,7 +332,7 @@ class SlurmRepair:
         result = self.fleet.clear(self.node, written, "State=DRAIN", f"Reason={keyed}")
         if result == "done":
             self.say(f"remediation: node {self.node} drained for hardware_service: {reason}")
-            self.note("escalated", "hardware_service", gpus=gpus, detail=keyed)
+            self.note("escalated", "hardware_service", gpus=gpus, detail=keyed, reason=keyed)
         elif result == "not_ours":
             self.say(f"remediation: node {self.node} not escalated: someone else changed its drain ({reason})")
         else:
@@ -365,12 +380,12 @@ class SlurmRepair:
         if plan.step == "resume":
             self.resume(plan.action, plan.gpus, plan.why, state.reason)
         elif plan.step == "reboot":
-            self.reboot(state, plan)
+            self.reboot(state, plan, verdict)
         elif self.detach is not None:
             started = self.detach()
             self.say(f"remediation: {'reset started in the background' if started else 'a repair is already running'}")
         else:
-            self.reset(state, plan, rescan)
+            self.reset(state, plan, rescan, verdict)
 
     def scoped(
         self, plan: RepairPlan, failing: list[FailingGpu], node_failing: list[tuple[str, str]],
@@ -405,7 +420,7 @@ class SlurmRepair:
         while its reason is still `written` (accelmon's, as this run last saw or set it): an administrator's drain set
         during a long repair (an RMA) is theirs to lift."""
         nodes = self.fleet.nodes()
-        pause = pause_of(nodes) if nodes else None
+        pause = self.fleet.paused(nodes) if nodes else None
         if not nodes or pause is not None:
             self.say(
                 f"remediation: node {self.node} not resumed: " + (pause.words() if pause else "cannot list the nodes")
@@ -426,7 +441,7 @@ class SlurmRepair:
         self.note("repair_held", plan.action, decision.outcome, plan.gpus, decision.words[:200], decision.counts,
                   once=True)  # fmt: skip
 
-    def reboot(self, state: SlurmNode, plan: RepairPlan) -> None:
+    def reboot(self, state: SlurmNode, plan: RepairPlan, verdict: health.NodeHealth) -> None:
         """Through Slurm's RebootProgram, without nextstate: the node stays drained through the boot (its reason says
         the reboot is pending) and this check resumes it only once every check passes after it. Not `ASAP`: that
         makes Slurm 22.05 set NextState=RESUME by itself (docs/slurm.md); the node is drained and idle already."""
@@ -436,14 +451,18 @@ class SlurmRepair:
         if not decision.claimed:
             self.held(decision, plan)
             return
-        self.note("repair", "reboot_node", "started", plan.gpus, plan.why)
+        reason = keyed_reason(reason, state.out_since)  # as the claim wrote it
+        self.note("repair", "reboot_node", "started", plan.gpus, plan.why, reason=reason,
+                  inventory=inventory_of(verdict))  # fmt: skip
         result = self.fleet.call([self.scontrol, "reboot", f"reason={reason}", self.node])
         if result.returncode != 0:
             detail = (result.stderr or result.stdout).strip() or f"status {result.returncode}"
             log.error("scontrol reboot %s failed: %s", self.node, detail)
-            self.note("repair", "reboot_node", "failed", plan.gpus, f"scontrol reboot failed: {detail}"[:200])
             # The drain as it was: the next check tries again.
-            self.fleet.clear(self.node, reason, "State=DRAIN", f"Reason={keyed_reason(state.reason, state.out_since)}")
+            as_it_was = keyed_reason(state.reason, state.out_since)
+            self.note("repair", "reboot_node", "failed", plan.gpus, f"scontrol reboot failed: {detail}"[:200],
+                      reason=as_it_was)  # fmt: skip
+            self.fleet.clear(self.node, reason, "State=DRAIN", f"Reason={as_it_was}")
             return
         self.say(f"remediation: asked Slurm to reboot node {self.node}: it stays drained until every check passes")
         self.note("repair", "reboot_node", "requested", plan.gpus, plan.why)
@@ -462,6 +481,15 @@ class SlurmRepair:
             self.say(f"remediation: node {self.node} left drained: {joining_fabric(verdict)} not in the NVLink fabric "
                      "yet; the next check judges it")  # fmt: skip
             return
+        if not failing and not node_failing:
+            started = self.journal.last_event(self.node, ("repair",))
+            before = started.inventory if started is not None and started.action == "reboot_node" else ()
+            missing = not_back(before, verdict, gres_gpus(state.gres))
+            if missing:  # a driver not loaded yet, a GPU gone: never a pass; the next check judges again
+                why = f"left drained after the reboot: {missing}"
+                self.say(f"remediation: node {self.node} {why}")
+                self.note("left_for_person", "reboot_node", detail=why[:200], once=True)
+                return
         if failing or node_failing:
             self.note("repair", "reboot_node", "failed", gpus, f"{still_failing(verdict)} still fails after the reboot")
             self.escalate(f"accelmon: {still_failing(verdict)}: hardware_service (still fails after reboot_node)", gpus,
@@ -480,14 +508,15 @@ class SlurmRepair:
                 return tests
             self.fleet.sleep(5.0)
 
-    def reset(self, state: SlurmNode, plan: RepairPlan, rescan: Scan) -> None:
+    def reset(self, state: SlurmNode, plan: RepairPlan, rescan: Scan, verdict: health.NodeHealth) -> None:
         indices = ", ".join(g.index for g in plan.gpus)
         claimed = keyed_reason(f"accelmon: resetting GPU {indices} (reset_gpu)", state.out_since)
         decision = self.fleet.claim_repair(state, claimed)
         if not decision.claimed:
             self.held(decision, plan)
             return
-        self.note("repair", "reset_gpu", "started", plan.gpus, plan.why)
+        self.note("repair", "reset_gpu", "started", plan.gpus, plan.why, reason=claimed,
+                  inventory=inventory_of(verdict))  # fmt: skip
         # The reset's time is taken before it starts: a kernel log line written during the reset is one it answers.
         reset_at = time.time()
         failed = []
@@ -517,6 +546,10 @@ class SlurmRepair:
             elif still_failing(after):
                 failed.append(f"{still_failing(after)} still fails")
                 blamed = tuple(failing_gpus(after)) or plan.gpus
+            else:  # a rescan that could not read the GPUs is no pass (NVML not starting yet, a GPU gone)
+                missing = not_back(inventory_of(verdict), after, gres_gpus(state.gres))
+                if missing:
+                    failed.append(f"the rescan cannot vouch for it: {missing}")
         if not failed and shutil.which(self.dcgmi):
             tests = self.diagnose_after_reset()
             if tests is None:
@@ -534,35 +567,3 @@ class SlurmRepair:
         self.note("repair", "reset_gpu", "resolved", plan.gpus, plan.why)
         done = ", ".join(gpu.index for gpu in plan.gpus + plan.linked)
         self.resume("reset_gpu", plan.gpus, f"reset GPU {done}, every check passed after it", claimed)
-
-
-def in_background(argv: list[str], lock: int) -> bool:
-    """Starts this health check again, detached, to carry out a repair that may outlast slurmd's 60 s limit on a
-    health check (a reset, then `dcgmi diag -r 2`). The node's lock passes to it (the same open file, inherited): no
-    check nor scan can slip in between this check's end and the repair's start."""
-    subprocess.Popen(
-        [sys.executable, "-m", "accelmon.slurm.health", *argv, "--foreground"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        pass_fds=(lock,), env={**os.environ, LOCK_FD: str(lock)},
-    )  # fmt: skip
-    return True
-
-
-def holding_lock(lock_path: str) -> Optional[int]:
-    """The node's lock (one thing at a time: the periodic check, a background repair, a scan), held by this process
-    (a file descriptor): inherited from the check that started this repair, or taken now; None if another holds it."""
-    inherited = os.environ.pop(LOCK_FD, "")
-    if inherited.isdigit():
-        try:
-            fcntl.flock(int(inherited), fcntl.LOCK_EX | fcntl.LOCK_NB)  # ours already: the same open file
-            return int(inherited)
-        except OSError:
-            pass
-    os.makedirs(os.path.dirname(lock_path) or ".", exist_ok=True)
-    descriptor = os.open(lock_path, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(descriptor)
-        return None
-    return descriptor

@@ -726,6 +726,51 @@ def test_the_repair_loop_and_the_circuit_breaker_on_the_real_slurm(host):
     assert wait_for(settled, timeout=30), node_line(controller, other)
 
 
+BROKEN_RESET = "/usr/local/bin/reset-leaving-nvml-down"
+
+
+def test_a_reset_whose_rescan_cannot_read_nvml_keeps_the_node_drained_and_its_comment(host):
+    """Issue 64 on the real Slurm (22.05, text form): worker-2's Comment holds spaces and a `Key=` (`rack R12
+    Asset=SN12345`) and keeps them whole through a pause, a resume and a repair (its tokens written beside it). An XID
+    48 on GPU 4 (no repair of it in the journal: not a repeat) drains the node; its reset leaves NVML unable to start
+    while the driver still lists the GPUs (the fake library refuses nvmlInit): the rescan's checks judged nothing, so
+    the node is not resumed; it stays drained for hardware_service, its reason saying why."""
+    controller = testinfra.get_host(f"podman://{CLUSTER}-worker-1")
+    name = f"{CLUSTER}-worker-2"
+    worker = testinfra.get_host(f"podman://{name}")
+    comment = "rack R12 Asset=SN12345"
+    reset = "#!/bin/sh\necho 'init_error 999' >> /etc/fake-nvml.conf\n"
+    worker.check_output(f"cp -p /etc/fake-nvml.conf /etc/fake-nvml.conf.before && printf {shlex.quote(reset)} > "
+                        f"{BROKEN_RESET} && chmod 755 {BROKEN_RESET}")  # fmt: skip
+    acting = {"remediation": "act", "gpu_reset_command": f"{BROKEN_RESET} {{pci_bus_ids}}"}
+    controller.check_output(f"scontrol update NodeName={name} Comment={shlex.quote(comment)}")
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(slurm_health_checks(controller))
+        stack.enter_context(health_options(worker, **acting))
+        try:
+            controller.check_output("accelmon-remediation pause --reason 'molecule: a Comment with spaces'")
+            assert f"Comment={comment} accelmon-paused=" in node_line(controller, name)
+            controller.check_output("accelmon-remediation resume")
+            assert f"Comment={comment} accelmon-resumed=" in node_line(controller, name)
+            old = record(40, 5.0, xid_line(bus_id(4).rsplit(".", 1)[0], 48, "DBE (double bit error) ECC error."))
+            worker.check_output(f"printf '%s' {shlex.quote(old)} >> /opt/fake-kmsg")
+            said = "the rescan cannot vouch for it"
+            escalated = wait_for(lambda: said in node_line(controller, name), timeout=150)
+            journal = worker.run("tail -n 6 /var/lib/accelmon/remediation.jsonl").stdout
+            assert escalated, node_line(controller, name) + journal
+            line = node_line(controller, name)
+            assert "DRAIN" in line and "hardware_service" in line and "not answering its driver library" in line, line
+            assert f"Comment={comment} accelmon-" in line, line  # kept whole beside accelmon's tokens
+        finally:
+            worker.run(f"mv -f /etc/fake-nvml.conf.before /etc/fake-nvml.conf; rm -f {BROKEN_RESET}; "
+                       "truncate -s 0 /opt/fake-kmsg && systemctl restart accelmon-exporter")  # fmt: skip
+            controller.run(f"scontrol update NodeName={name} State=RESUME")
+            # A pause left by a failure above ends; then the Comment as the test found it (empty).
+            controller.run("scontrol show nodes --oneliner | grep -q accelmon-paused= && accelmon-remediation resume")
+            controller.run(f"scontrol update NodeName={name} Comment=")
+    assert wait_for(lambda: "DRAIN" not in node_line(controller, name), timeout=30), node_line(controller, name)
+
+
 class NodeTrace:
     """Every state and reason the controller showed for a worker, read by `state()` (which returns the state), with
     the worker's journal and Slurm's logs since the start, for a failure's message."""
