@@ -13,6 +13,7 @@ from tests.support.exposition import sample_value, series, text_of
 from tests.support.fake_ras import FakeRas
 from tests.support.ras_corpus import (
     BROKEN_MISSING_RANK,
+    LIST_RELEASES,
     RELEASES,
     Comm,
     Kind,
@@ -32,6 +33,16 @@ def ranks(*counts: tuple[int, int, int, int, int], **status: int) -> list[RankDa
 
 
 STEADY = (5, 0, 0, 0, 1000)  # 5 broadcasts, then 1000 all-reduces
+
+
+def served(tmp_path, job: str, server: FakeRas) -> str:
+    """What the nccl collector serves for `job` whose RAS socket is `server` (stopped after)."""
+    try:
+        job_record(tmp_path / "jobs", job, server.port)
+        collector = NcclCollector(str(tmp_path / "jobs"), "", 5.0, 8, str(procfs(tmp_path / "proc")), Gpus())
+        return text_of(collector)
+    finally:
+        server.stop()
 
 
 @pytest.mark.parametrize("tag", RELEASES)
@@ -93,13 +104,7 @@ def test_the_collector_serves_the_missing_rank_of_a_2_28_7_answer(tmp_path):
     `malformed` query before), and a rank that left its communicator is counted apart."""
     missing = [MissingRank(3, "10.0.0.13", 7003, 3, dead=True), MissingRank(4, HERE, 1004, 4, unresponsive=False)]
     comm = Comm(0xC, 0x1, 0x2, 5, ranks(STEADY, STEADY, STEADY), missing)
-    server = FakeRas(answer=answer("v2.28.7-1", [comm]))
-    try:
-        job_record(tmp_path / "jobs", "77", server.port)
-        collector = NcclCollector(str(tmp_path / "jobs"), "", 5.0, 8, str(procfs(tmp_path / "proc")), Gpus())
-        text = text_of(collector)
-    finally:
-        server.stop()
+    text = served(tmp_path, "77", FakeRas(answer=answer("v2.28.7-1", [comm])))
     labels = {"job_id": "77", "communicator": "0xc"}
     assert sample_value(text, "accelmon_nccl_queries_total", result="ok") == 1
     assert [s[0]["rank"] for s in series(text, "accelmon_nccl_rank_missing")] == ["3"]
@@ -177,3 +182,28 @@ def test_the_timeout_sent_leaves_room_for_rass_own(timeout, sent):
     slow collection outlast the query."""
     assert nccl_ras.ras_timeout(timeout) == sent
     assert timeout < 13 or 2 * (sent + nccl_ras.RAS_EXTRA_SECONDS) <= timeout - 1
+
+
+def test_text_counts_are_nccls_own_not_the_listed_ranks(tmp_path):
+    """Issue 67, point 3: 64 ranks with 20 missing. VERBOSE STATUS lists all 20; the reader cut the list to max_ranks
+    (8) before deriving its counts and served 56 answering / 8 missing. NCCL prints the true count ("Missing
+    communicator data from 20 ranks", v2.26.2-1 client_support.cc:1272-1274): 44 / 20, as JSON says."""
+    missing = [(n, n % 8, 3000 + n, B) for n in range(40, 60)]
+    said = text_answer([TextComm(0x64, 64, errors="INCOMPLETE", missing=missing)])
+    text = served(tmp_path, "64", FakeRas(answer=said, json_format=False))
+    labels = {"job_id": "64", "communicator": "0x64"}
+    assert sample_value(text, "accelmon_nccl_communicator_ranks", **labels, state="answering") == 44
+    assert sample_value(text, "accelmon_nccl_communicator_ranks", **labels, state="missing") == 20
+    assert len(series(text, "accelmon_nccl_rank_missing")) == 8  # the ranks themselves: max_ranks of them
+
+
+@pytest.mark.parametrize("tag", LIST_RELEASES)
+def test_a_missing_rank_list_cut_by_nccls_buffer_serves_no_cut_number(tag):
+    """2.24/2.25 print the missing ranks from a 1,024-byte buffer (v2.24.3-1:82, 1162-1173): 1,000 missing ranks of
+    five digits end `...,10169,101`, the last number cut. It was served as rank 101, a rank that answers."""
+    missing = [(n, 0, 0, B) for n in range(10000, 11000)]
+    said = text_answer([TextComm(0xF, 16384, errors="INCOMPLETE", missing=missing)], tag=tag)
+    assert "The missing ranks: 10000,10001," in said and ",10169,101\n" in said
+    (read,) = nccl_ras.parse_text(said, 1024).communicators
+    assert [r.rank for r in read.missing] == list(range(10000, 10170))
+    assert (read.size, read.answering) == (16384, 16384 - 1000)

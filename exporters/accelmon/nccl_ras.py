@@ -74,6 +74,7 @@ class Communicator:
     behind: list[Rank] = field(default_factory=list)  # ranks whose collective count stands below the others'
     max_collectives: Optional[int] = None
     status: str = "ok"  # one of STATUSES
+    missing_count: Optional[int] = None  # NCCL's own count of ranks it has no data from (text form), where it says
 
 
 @dataclass
@@ -307,6 +308,15 @@ LISTED = re.compile(r"Rank (\d+) -- (.*)")
 # Its summary row: group, comms, nodes, ranks per node (N or N-M), ranks per comm, ranks in group, status, errors
 # (OK, or several of INCOMPLETE, ERROR, MISMATCH joined by commas).
 SUMMARY = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s+\S+\s+(\d+)\s+(\d+)\s+([A-Z_]+)\s+([A-Z_,]+)\s*$")
+# An INCOMPLETE communicator's count, in every release: "Missing communicator data from %d rank%s" (v2.24.3-1 and
+# v2.25.1-1:1158-1160, commNRanks - nRanks; v2.26.2-1:1272-1274 to v2.30.7-1:1366-1368, nIncompleteRanks: the ranks
+# whose process gave RAS no answer). The ranks listed after it may be fewer (rasCountIsOutlier) and are cut to
+# max_ranks here: the counts come from this line.
+MISSING_COUNT = re.compile(r"Missing communicator data from (\d+) ranks?$")
+# 2.24/2.25 list them by number, built in a static 1,024-byte buffer (`lineBuf`, v2.24.3-1:82) with snprintf: a list
+# of 1,023 characters was cut, its last number possibly mid-way.
+OLD_LIST = re.compile(r"The missing ranks?: ([\d,]*)$")
+LINE_BUFFER = 1024
 
 
 def placed(number: int, where: str) -> Rank:
@@ -366,9 +376,16 @@ def parse_text(text: str, max_ranks: int) -> JobStatus:
             continue
         if current is None:
             continue
-        old_form = re.match(r"The missing ranks?: ([\d, ]+)", stripped)  # 2.24 and 2.25
+        counted = MISSING_COUNT.match(stripped)
+        if counted:
+            current.missing_count = int(counted.group(1))
+            continue
+        old_form = OLD_LIST.match(stripped)  # 2.24 and 2.25
         if old_form:
-            current.missing += [Rank(int(n)) for n in re.findall(r"\d+", old_form.group(1))]
+            numbers = old_form.group(1).split(",")
+            if len(old_form.group(1)) >= LINE_BUFFER - 1:
+                numbers = numbers[:-1]  # cut by NCCL's buffer: the last may be part of a number (or a whole one)
+            current.missing += [Rank(int(n)) for n in numbers if n]
             continue
         new_kind = KIND.search(stripped)
         if new_kind:
@@ -406,8 +423,9 @@ def parse_text(text: str, max_ranks: int) -> JobStatus:
                     behind[number] = rank
         comm.max_collectives = max(tops.get(comm.hash, {}).values(), default=None)
         comm.behind = sorted(behind.values(), key=lambda r: (-(r.behind_by or 0), r.rank))[:max_ranks]
+        unreached = comm.missing_count if comm.missing_count is not None else len(comm.missing)
         comm.missing = comm.missing[:max_ranks]
-        comm.answering = max(0, comm.size - len(comm.missing)) if comm.size else 0
+        comm.answering = max(0, comm.size - unreached) if comm.size else 0
         if comm.missing and comm.status == "ok":
             comm.status = "incomplete"
     return JobStatus("text", list(communicators.values()), dead)

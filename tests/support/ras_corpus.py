@@ -156,11 +156,30 @@ class TextComm:
     kinds: list[Kind] = field(default_factory=list)
 
 
-def text_answer(comms: list[TextComm], dead: tuple[tuple[int, str, list[int]], ...] = ()) -> str:
-    """The STATUS answer in text; `dead`: processes as (pid, host, their GPUs)."""
+# 2.24 and 2.25 print an INCOMPLETE communicator's missing ranks as one list built in a static 1,024-byte buffer with
+# snprintf (v2.24.3-1 and v2.25.1-1 client_support.cc: `lineBuf` 82, the list 1156-1173; `Missing communicator data
+# from %d rank%s` 1158-1160 counts commNRanks - nRanks): past 1,023 characters the list is cut, mid-number.
+LIST_RELEASES = ("v2.24.3-1", "v2.25.1-1")
+LINE_BUFFER = 1024
+
+
+def c_buffer(entries: list[str], size: int = LINE_BUFFER) -> str:
+    """What successive snprintf(buf + strlen(buf), size - strlen(buf), ...) calls leave in a buffer of `size`."""
+    text = ""
+    for entry in entries:
+        text += entry[: max(0, size - 1 - len(text))]
+    return text
+
+
+def text_answer(
+    comms: list[TextComm], dead: tuple[tuple[int, str, list[int]], ...] = (), tag: str = "v2.26.2-1"
+) -> str:
+    """The STATUS answer in text of release `tag` (2.26.2's layout; 2.24/2.25 list missing ranks by number); `dead`:
+    processes as (pid, host, their GPUs)."""
     parts: list[str] = []
     out = parts.append
-    out("NCCL version 2.26.2 compiled with CUDA 12.8\nCUDA runtime version 12080, driver version 12080\n\n")
+    version = tag[1:].split("-")[0]
+    out(f"NCCL version {version} compiled with CUDA 12.8\nCUDA runtime version 12080, driver version 12080\n\n")
     out("Job summary\n===========\n\n")
     out("  Nodes  Processes         GPUs  Processes     GPUs\n(total)   per node  per process    (total)  (total)\n")
     out(f"{2:7d}  {4:9d}  {1:11d}  {8:9d}  {8:7d}\n")
@@ -183,8 +202,12 @@ def text_answer(comms: list[TextComm], dead: tuple[tuple[int, str, list[int]], .
             count = len(comm.missing)
             out(f"#{group}-0 ({comm.hash:016x}) INCOMPLETE\n  Missing communicator data from {count} rank"
                 f"{'s' if count > 1 else ''}\n")  # fmt: skip
-            for rank, gpu, pid, host in comm.missing:
-                out(f"  Rank {rank} -- GPU {gpu} managed by process {pid} on node {host}\n")
+            if tag in LIST_RELEASES:  # every rank number, comma separated (v2.24.3-1:1162-1173)
+                numbers = [f"{',' if n else ''}{rank}" for n, (rank, _, _, _) in enumerate(comm.missing)]
+                out(f"  The missing rank{'s' if count > 1 else ''}: {c_buffer(numbers)}\n")
+            else:
+                for rank, gpu, pid, host in comm.missing:
+                    out(f"  Rank {rank} -- GPU {gpu} managed by process {pid} on node {host}\n")
             out("\n")
     out("Warnings\n========\n\n")
     for group, comm in enumerate(comms):
