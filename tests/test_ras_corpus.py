@@ -207,3 +207,16 @@ def test_a_missing_rank_list_cut_by_nccls_buffer_serves_no_cut_number(tag):
     (read,) = nccl_ras.parse_text(said, 1024).communicators
     assert [r.rank for r in read.missing] == list(range(10000, 10170))
     assert (read.size, read.answering) == (16384, 16384 - 1000)
+
+
+def test_a_dead_process_is_placed_on_its_nvml_gpu(tmp_path):
+    """Issue 67, point 4: a job run with CUDA_VISIBLE_DEVICES=5 is `managing GPU 0 (NVML 5)` (rasGpuDevsToString,
+    v2.26.2-1:1826-1845). It was read as GPU 0, the CUDA index, and named GPU 0's UUID: another job's GPU."""
+    said = text_answer([TextComm(0x10, 8)], dead=((4242, HERE, [0], [5]), (4243, HERE, [0, 1], [2, 3])))
+    assert "managing GPU 0 (NVML 5)\n" in said and "managing GPUs 0,1 (NVML 2,3)\n" in said
+    read = nccl_ras.parse_text(said, 8).dead_processes
+    assert [(d.pid, d.nvml_dev) for d in read] == [(4242, 5), (4243, 2)]
+    text = served(tmp_path, "5", FakeRas(answer=said, json_format=False))
+    assert [(d["pid"], d["nvml_dev"], d["uuid"]) for d, _ in series(text, "accelmon_nccl_process_dead")] == [
+        ("4242", "5", "GPU-00000005"), ("4243", "2", "GPU-00000002"),
+    ]  # fmt: skip

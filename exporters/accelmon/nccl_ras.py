@@ -298,7 +298,9 @@ def parse_communicator(raw: Any, max_ranks: int) -> Optional[Communicator]:
 
 # The text answer (2.24-2.28.6), as src/ras/client_support.cc formats it (v2.26.2-1: the summary 1110-1150, Errors
 # 1161-1330, Warnings 1332-1560; tests/support/ras_corpus.py renders it).
-PROCESS = re.compile(r"Process (\d+) on node (\S+) managing GPUs? ([\d,]+)")
+# A process's GPUs: its CUDA devices, then its NVML ones where they differ (rasGpuDevsToString, v2.26.2-1:1826-1845;
+# `managing GPU 0 (NVML 5)` for a job given CUDA_VISIBLE_DEVICES=5). UUIDs are found by NVML index.
+PROCESS = re.compile(r"Process (\d+) on node (\S+) managing GPUs? ([\d,]+)(?: \(NVML ([\d,]+)\))?")
 PLACE = re.compile(r"GPU (\d+)(?: \(NVML (\d+)\))? managed by process (\d+) on node (\S+)")
 COMM = re.compile(r"^#(\d+)-(\d+) \(([0-9a-fA-F]+)\) (.+)$")
 KIND = re.compile(r"Communicator ranks have different (\w+) operation counts")
@@ -371,7 +373,7 @@ def parse_text(text: str, max_ranks: int) -> JobStatus:
             continue
         process = PROCESS.search(stripped)
         if process and section == "DEAD" and len(dead) < max_ranks:
-            gpu = int(process.group(3).split(",")[0])
+            gpu = int((process.group(4) or process.group(3)).split(",")[0])  # its first GPU, by NVML index
             dead.append(Rank(-1, process.group(2)[:64], int(process.group(1)), gpu, dead=True))
             continue
         if current is None:

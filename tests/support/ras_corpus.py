@@ -171,11 +171,21 @@ def c_buffer(entries: list[str], size: int = LINE_BUFFER) -> str:
     return text
 
 
+def devices(cuda: list[int], nvml: list[int] | None = None) -> str:
+    """rasGpuDevsToString (v2.26.2-1:1826-1845): a process's CUDA devices, and its NVML ones where they differ (a
+    job that sets CUDA_VISIBLE_DEVICES: `0 (NVML 5)`), each list in ascending order (bits of a mask)."""
+    text = ",".join(map(str, sorted(cuda)))
+    if nvml is not None and sorted(nvml) != sorted(cuda):
+        text += " (NVML " + ",".join(map(str, sorted(nvml))) + ")"
+    return text
+
+
 def text_answer(
-    comms: list[TextComm], dead: tuple[tuple[int, str, list[int]], ...] = (), tag: str = "v2.26.2-1"
-) -> str:
+    comms: list[TextComm], dead: tuple[tuple[int, str, list[int]] | tuple[int, str, list[int], list[int]], ...] = (),
+    tag: str = "v2.26.2-1",
+) -> str:  # fmt: skip
     """The STATUS answer in text of release `tag` (2.26.2's layout; 2.24/2.25 list missing ranks by number); `dead`:
-    processes as (pid, host, their GPUs)."""
+    processes as (pid, host, their CUDA devices[, their NVML devices])."""
     parts: list[str] = []
     out = parts.append
     version = tag[1:].split("-")[0]
@@ -193,9 +203,8 @@ def text_answer(
     if dead:
         out(f"DEAD\n  {len(dead)} job process{'es are' if len(dead) > 1 else ' is'} considered dead (unreachable via "
             "the RAS network)\n")  # fmt: skip
-        for pid, host, gpus in dead:
-            devices = ",".join(map(str, gpus))
-            out(f"  Process {pid} on node {host} managing GPU{'s' if len(gpus) > 1 else ''} {devices}\n")
+        for pid, host, gpus, *nvml in dead:
+            out(f"  Process {pid} on node {host} managing GPU{'s' if len(gpus) > 1 else ''} {devices(gpus, *nvml)}\n")
         out("\n")
     for group, comm in enumerate(comms):
         if comm.missing:
