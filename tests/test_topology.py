@@ -1,13 +1,30 @@
 """Which path joins each GPU to each RDMA NIC (accelmon.topology), on fixture trees of real node layouts
-(tests/support/pci_tree.py, each with its expected matrix), and as the infiniband collector serves it (issue 59)."""
+(tests/support/pci_tree.py, each with its expected matrix), and as the infiniband collector serves it (issue 59);
+which NIC NCCL uses for each GPU, as NCCL v2.28.7-1 chooses it (issue 68)."""
 
 from __future__ import annotations
+
+import shutil
 
 from accelmon import topology
 from accelmon.collectors.infiniband import InfinibandCollector
 from tests.support.exposition import promtool_check, series, text_of
 from tests.support.jobs_tree import uuid
-from tests.support.pci_tree import PCIE_EXPECTED, hgx_expected, hgx_h100, pcie_server
+from tests.support.pci_tree import (
+    DOWN,
+    PCIE_EXPECTED,
+    dual_port_card_with_vfs,
+    far_compute_hca,
+    hgx_expected,
+    hgx_h100,
+    pcie_server,
+    two_nics_under_one_switch,
+)
+
+
+def nccl_choice(sysfs, procfs, ib_hca: str = "") -> list[tuple[str, str, str, str]]:
+    locals_ = topology.nccl_local(str(sysfs), str(procfs), topology.active_ports(str(sysfs)), ib_hca)
+    return [(local.gpu, local.device, local.port, local.path) for local in locals_]
 
 
 def test_an_hgx_board_pairs_each_gpu_with_its_own_nic(tmp_path):
@@ -19,16 +36,15 @@ def test_an_hgx_board_pairs_each_gpu_with_its_own_nic(tmp_path):
     assert {(p.gpu, p.device): p.link for p in pairs} == {
         (str(g), f"mlx5_{n}"): hgx_expected(g, n) for g in range(8) for n in range(8)
     }
-    assert [(p.gpu, p.uuid, p.device) for p in topology.nearest(pairs)] == [
-        (str(g), uuid(g), f"mlx5_{g}") for g in range(8)
-    ]
+    assert nccl_choice(sysfs, procfs) == [(str(g), f"mlx5_{g}", "1", "PIX") for g in range(8)]
 
 
 def test_a_pcie_server_tells_one_switch_from_several_and_the_far_socket(tmp_path):
     sysfs, procfs = pcie_server(tmp_path)
     pairs = topology.gpu_nic_pairs(str(sysfs), str(procfs))
     assert {(p.gpu, p.device): p.link for p in pairs} == PCIE_EXPECTED
-    assert {(p.gpu, p.device) for p in topology.nearest(pairs)} == {("0", "mlx5_1"), ("1", "mlx5_1"), ("2", "mlx5_1")}
+    assert nccl_choice(sysfs, procfs) == [("0", "mlx5_1", "1", "PIX"), ("1", "mlx5_1", "1", "PXB"),
+                                          ("2", "mlx5_1", "1", "PHB")]  # fmt: skip
 
 
 def test_the_infiniband_collector_serves_the_pairs_and_follows_a_device_that_goes(tmp_path):
@@ -39,11 +55,10 @@ def test_the_infiniband_collector_serves_the_pairs_and_follows_a_device_that_goe
     served = {(labels["gpu"], labels["device"]): labels["link"] for labels, _ in series(text, "accelmon_gpu_nic_info")}
     assert served == PCIE_EXPECTED
     nearest = series(text, "accelmon_gpu_nic_nearest_info")
-    assert [(labels["gpu"], labels["uuid"], labels["device"]) for labels, _ in nearest] == [
-        ("0", uuid(0), "mlx5_1"), ("1", uuid(1), "mlx5_1"), ("2", uuid(2), "mlx5_1"),
+    assert [(labels["gpu"], labels["uuid"], labels["device"], labels["port"]) for labels, _ in nearest] == [
+        ("0", uuid(0), "mlx5_1", "1"), ("1", uuid(1), "mlx5_1", "1"), ("2", uuid(2), "mlx5_1", "1"),
     ]  # fmt: skip
-    (sysfs / "class" / "infiniband" / "mlx5_1" / "device").unlink()  # hot-removed: the next sample follows
-    (sysfs / "class" / "infiniband" / "mlx5_1").rmdir()
+    shutil.rmtree(sysfs / "class" / "infiniband" / "mlx5_1")  # hot-removed: the next sample follows
     again = {
         (labels["gpu"], labels["device"]) for labels, _ in series(text_of(collector), "accelmon_gpu_nic_nearest_info")
     }
@@ -55,3 +70,60 @@ def test_a_node_without_gpus_or_with_an_unknown_place_serves_no_pair(tmp_path):
     assert topology.gpu_nic_pairs(str(sysfs), str(tmp_path / "no-proc")) == []
     (sysfs / "bus" / "pci" / "devices" / "0000:81:00.0").unlink()  # the far NIC's function not in sysfs
     assert {p.device for p in topology.gpu_nic_pairs(str(sysfs), str(procfs))} == {"mlx5_1"}
+
+
+def test_nccl_takes_a_400g_hca_behind_two_switches_over_a_200g_port_behind_one(tmp_path):
+    """nvidia-smi: the RoCE port is PIX, the HCA PXB; NCCL ranks bandwidth first (ncclTopoGetLocal): 48 GB/s to
+    the HCA (the GPU's Gen5 link), 24 GB/s to the RoCE card (its Gen4 link)."""
+    sysfs, procfs = two_nics_under_one_switch(tmp_path)
+    links = {(p.gpu, p.device): p.link for p in topology.gpu_nic_pairs(str(sysfs), str(procfs))}
+    assert links == {("0", "mlx5_0"): "PIX", ("0", "mlx5_1"): "PXB"}
+    assert nccl_choice(sysfs, procfs) == [("0", "mlx5_1", "1", "PXB")]
+
+
+def test_nccl_takes_the_far_sockets_compute_hca_over_a_25g_front_end_nic(tmp_path):
+    """The front-end NIC is NODE to nvidia-smi (PHB to NCCL) at 3.1 GB/s; the compute HCA SYS at the UPI's 22."""
+    sysfs, procfs = far_compute_hca(tmp_path)
+    links = {(p.gpu, p.device): p.link for p in topology.gpu_nic_pairs(str(sysfs), str(procfs))}
+    assert links == {("0", "mlx5_0"): "NODE", ("0", "mlx5_1"): "SYS"}
+    assert nccl_choice(sysfs, procfs) == [("0", "mlx5_1", "1", "SYS")]
+
+
+def test_only_active_ports_count_and_a_cards_ports_and_vfs_are_one_device(tmp_path):
+    """A dual-port card, port 2 uncabled, 4 VFs down: port 1 alone. Both ports up: one device of both ports (NCCL
+    merges them, net_ib.cc ncclIbGetPciPath), not one of them beside the other."""
+    sysfs, procfs = dual_port_card_with_vfs(tmp_path / "idle")
+    assert nccl_choice(sysfs, procfs) == [("0", "mlx5_0", "1", "PIX")]
+    sysfs, procfs = dual_port_card_with_vfs(tmp_path / "both", second={"state": "4: ACTIVE", "rate": "400 Gb/sec"})
+    assert nccl_choice(sysfs, procfs) == [("0", "mlx5_0", "1", "PIX"), ("0", "mlx5_1", "1", "PIX")]
+
+
+def test_nccl_ib_hca_as_nccl_reads_it(tmp_path):
+    sysfs, procfs = far_compute_hca(tmp_path)
+    assert nccl_choice(sysfs, procfs, "^mlx5_1") == [("0", "mlx5_0", "1", "PHB")]
+    assert nccl_choice(sysfs, procfs, "mlx5_0:1") == [("0", "mlx5_0", "1", "PHB")]
+    assert nccl_choice(sysfs, procfs, "mlx5_0:2") == []
+    assert nccl_choice(sysfs, procfs, "=mlx5") == []  # exact names: no device is called mlx5
+    assert nccl_choice(sysfs, procfs, "mlx5") == [("0", "mlx5_1", "1", "SYS")]  # a prefix of both
+    conf = tmp_path / "nccl.conf"
+    conf.write_text("# a site's defaults\nNCCL_IB_HCA=^mlx5_1\nNCCL_DEBUG=WARN\n")
+    assert topology.nccl_conf_value(str(conf)) == "^mlx5_1"
+    collector = InfinibandCollector(sysfs=str(sysfs), procfs=str(procfs), nccl_conf=str(conf))
+    served = series(text_of(collector), "accelmon_gpu_nic_nearest_info")
+    assert [(labels["device"], labels["path"]) for labels, _ in served] == [("mlx5_0", "PHB")]
+
+
+def test_a_port_in_use_that_goes_down_stays_the_gpus_and_one_never_up_is_never_used(tmp_path):
+    """The collector keeps a port seen ACTIVE as the GPU's when it goes down (its fault is then the GPU's: the
+    rules record not_active); an uncabled port and VFs never up are used by no GPU."""
+    sysfs, procfs = dual_port_card_with_vfs(tmp_path)
+    collector = InfinibandCollector(sysfs=str(sysfs), procfs=str(procfs), nccl_conf=str(tmp_path / "none"))
+
+    def used() -> list[tuple[str, str]]:
+        served = series(text_of(collector), "accelmon_gpu_nic_nearest_info")
+        return [(labels["device"], labels["port"]) for labels, _ in served]
+
+    assert used() == [("mlx5_0", "1")]
+    for file, text in DOWN.items():
+        (sysfs / "class" / "infiniband" / "mlx5_0" / "ports" / "1" / file).write_text(text + "\n")
+    assert used() == [("mlx5_0", "1")]

@@ -9,9 +9,29 @@ traffic leaves by").
 - PHB: through the PCIe host bridge (the same root complex, `pci0000:00`, different root ports);
 - NODE: across the host bridges of one NUMA node (another root complex, the same `numa_node`);
 - SYS: across NUMA nodes (the CPUs' interconnect: QPI/UPI, Infinity Fabric).
-NCCL takes by default, for a GPU, the NICs of the highest bandwidth and, among those, the closest of these
-(`ncclTopoGetLocal`, src/graph/topo.cc:1548-1573 at v2.28.7-1): with NICs of one speed, `nearest`. A job that sets
-NCCL_IB_HCA chooses otherwise.
+Which NIC NCCL uses for a GPU is another question, answered by `nccl_local` as NCCL v2.28.7-1 answers it (each
+fact below cites the file and function at that tag):
+- The devices: every ACTIVE port of an InfiniBand or Ethernet (RoCE) link layer, filtered by NCCL_IB_HCA
+  (src/transport/net_ib.cc, `ncclIbInitDevices`: a port whose state is not IBV_PORT_ACTIVE is skipped; the list is
+  read by src/misc/utils.cc `parseStringList`/`matchIfList`: prefixes, `=` exact names, `^` excludes, `:port`).
+- A card's ports and its virtual functions are one device: each port's PCI path has its function, and (with
+  NCCL_IB_MERGE_VFS, on by default) its device number, zeroed (net_ib.cc `ncclIbGetPciPath`), and ports on one PCI
+  device are merged into one virtual NIC whose speed is the sum of theirs (src/graph/topo.cc `ncclTopoAutoMerge` at
+  NCCL_NET_MERGE_LEVEL's default PORT; net_ib.cc `ncclIbMakeVDeviceInternal`), unless their link layers differ.
+  A port's speed is its active speed times width (`ncclIbInitDevices`), what sysfs prints as `rate`.
+- The path: NCCL's PCI nodes are a device and each PCIe switch's upstream port, two sysfs levels up each time, and
+  a root complex's CPU is its NUMA node (src/graph/xml.cc `ncclTopoGetXmlFromSys`): a path through one switch is
+  PIX, through several PXB, through the CPU PHB (nvidia-smi's NODE is PHB to NCCL: one CPU node per NUMA node),
+  across CPUs SYS (src/graph/paths.cc `ncclTopoSetPaths`).
+- Its bandwidth is the least of its links' (`ncclTopoSetPaths`): a PCI link's is width x per-lane rate / 80 GB/s,
+  from the lower of `max_link_speed` and the narrower of `max_link_width` of the function and its parent port
+  (`ncclTopoGetXmlFromSys`; topo.cc `ncclTopoAddPci`, `kvDictPciGen`); the CPUs' interconnect's by CPU model
+  (topo.cc `ncclTopoGetInterCpuBw`); the NIC's own, its speed in Mb/s / 8000 (topo.cc `ncclTopoAddNet`).
+- For a GPU, NCCL keeps the devices of the highest path bandwidth and, among them, of the nearest path type
+  (topo.cc `ncclTopoGetLocal`): a 400G HCA behind two switches beats a 200G port behind one, a far socket's
+  compute HCA beats a 25G NIC on the GPU's own.
+Left out: PXN (a GPU far from every NIC sending by an NVLink peer's NIC, paths.cc `ncclTopoComputePaths`), Broadcom
+switch flattening, C2C (Grace) and NCCL_TOPO_FILE.
 
 A PCIe switch shows in sysfs as its upstream port with one bridge function a downstream port below it
 (`.../0000:01:00.0/0000:02:08.0/0000:05:00.0`): two endpoints whose paths part below a common upstream port, each one
@@ -22,8 +42,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
+from accelmon.gpu_holders import read as _read
 from accelmon.nvidia import driver_gpu_entries
 
 LINKS = ("PIX", "PXB", "PHB", "NODE", "SYS")  # nearest first
@@ -37,6 +58,7 @@ class Place:
     root: str
     chain: tuple[str, ...]
     numa: int
+    path: str = ""  # its directory under <sysfs>/devices
 
 
 @dataclass(frozen=True)
@@ -57,15 +79,11 @@ def place(sysfs: str, function: str) -> Optional[Place]:
     if not roots:
         return None
     start = roots[-1]
-    return Place(parts[start], tuple(parts[start + 1 :]), numa_of(link))
+    return Place(parts[start], tuple(parts[start + 1 :]), numa_of(link), os.sep.join(parts))
 
 
 def numa_of(path: str) -> int:
-    try:
-        with open(os.path.join(path, "numa_node"), encoding="ascii") as stream:
-            return int(stream.read().strip())
-    except (OSError, ValueError):
-        return -1
+    return _int(_read(os.path.join(path, "numa_node")) or "-1")
 
 
 def link(a: Place, b: Place) -> str:
@@ -113,9 +131,228 @@ def gpu_nic_pairs(sysfs: str, procfs: str) -> list[Pair]:
     return pairs
 
 
-def nearest(pairs: list[Pair]) -> list[Pair]:
-    """For each GPU, the NICs of its closest link: those NCCL uses for it by default."""
-    best: dict[str, int] = {}
-    for pair in pairs:
-        best[pair.gpu] = min(best.get(pair.gpu, len(LINKS)), LINKS.index(pair.link))
-    return [pair for pair in pairs if LINKS.index(pair.link) == best[pair.gpu]]
+NCCL_PATHS = ("PIX", "PXB", "PHB", "SYS")  # NCCL's path types between a GPU and a NIC, nearest first (graph/topo.h)
+# Per-lane PCIe rates in units of 100 Mb/s by max_link_speed's GT/s, anything else 60 (topo.cc `kvDictPciGen`).
+PCI_GEN = {2.5: 15, 5.0: 30, 8.0: 60, 16.0: 120, 32.0: 240, 64.0: 480}
+LOC_BW = 5000.0  # GB/s: NCCL's "no limit", its inter-CPU bandwidth for a CPU it does not know (graph/topo.h)
+
+
+@dataclass(frozen=True)
+class Port:
+    """An RDMA port as NCCL would see it: ACTIVE (or, for the collector, seen ACTIVE before), at `gbps`."""
+
+    device: str
+    port: str
+    link_layer: str  # InfiniBand or Ethernet
+    gbps: float
+
+
+@dataclass(frozen=True)
+class Local:
+    """A port of a device NCCL uses for a GPU by default, and NCCL's path type to it (one of NCCL_PATHS)."""
+
+    gpu: str
+    uuid: str
+    device: str
+    port: str
+    path: str
+
+
+@dataclass
+class _Net:
+    """One device as NCCL counts it: the ports merged into one virtual NIC, at their PCI function 0."""
+
+    place: Place
+    link_layer: str
+    ports: list[Port]
+
+    @property
+    def bandwidth(self) -> float:
+        """GB/s: the sum of its ports' Mb/s over 8000 (topo.cc `ncclTopoAddNet`)."""
+        return sum(port.gbps * 1000 for port in self.ports) / 8000.0
+
+
+def ib_hca_filter(spec: str) -> Callable[[str, str], bool]:
+    """NCCL_IB_HCA as NCCL reads it (utils.cc `parseStringList`, `matchIfList`; net_ib.cc `ncclIbInitDevices`):
+    comma-separated name prefixes, each with an optional `:port`; a leading `^` excludes them, a leading `=`
+    (after `^`) makes the names exact. Unset or empty: every device."""
+    exclude = spec.startswith("^")
+    spec = spec[1:] if exclude else spec
+    exact = spec.startswith("=")
+    spec = spec[1:] if exact else spec
+    wanted = []
+    for item in spec.split(","):
+        name, colon, port = item.partition(":")
+        if name:
+            digits = port[: len(port) - len(port.lstrip("0123456789"))]
+            wanted.append((name, int(digits) if colon and digits else (0 if colon else -1)))
+
+    def match(device: str, port: str) -> bool:
+        found = not wanted or any(
+            (device == name if exact else device.startswith(name)) and (want == -1 or want == int(port))
+            for name, want in wanted
+        )
+        return found != exclude
+
+    return match
+
+
+def nccl_conf_value(path: str, name: str = "NCCL_IB_HCA") -> str:
+    """A variable as NCCL's conf file sets it (param.cc `setEnvFile`: `NAME=value` lines, `#` comments), '' if
+    absent. /etc/nccl.conf holds what a site sets for every job of the node."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as stream:
+            for line in stream:
+                key, sep, value = line.rstrip("\n").partition("=")
+                if sep and not line.startswith("#") and key == name:
+                    return value
+    except OSError:
+        pass
+    return ""
+
+
+def inter_cpu_bandwidth(procfs: str) -> float:
+    """GB/s of the CPUs' interconnect as NCCL rates it (topo.cc `ncclTopoGetInterCpuBw` and the CPU model table in
+    `ncclTopoAddCpu`; graph/topo.h's *_BW), from /proc/cpuinfo."""
+    fields: dict[str, str] = {}
+    try:
+        with open(os.path.join(procfs, "cpuinfo"), encoding="utf-8", errors="replace") as stream:
+            for line in stream:
+                key, sep, value = line.partition(":")
+                if not sep:
+                    if fields:
+                        break  # the first processor's block is enough
+                    continue
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        return LOC_BW
+    vendor = fields.get("vendor_id", "")
+    family, model = (_int(fields.get(key, "")) for key in ("cpu family", "model"))
+    if vendor == "GenuineIntel":
+        return 40.0 if family == 6 and model >= 0xCF else 22.0 if family == 6 and model >= 0x8F else (
+            10.0 if family == 6 and model >= 0x55 else 6.0)  # fmt: skip
+    if vendor == "AuthenticAMD":
+        return 16.0
+    if vendor in ("CentaurHauls", "  Shanghai  ", "Shanghai"):
+        return 9.0 if family == 7 and model == 0x5B else 6.0
+    if "CPU implementer" in fields:
+        return 6.0  # ARM_BW
+    if fields.get("cpu", "").startswith("POWER"):
+        return 32.0  # P9_BW
+    return LOC_BW
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text, 0)
+    except ValueError:
+        return -1
+
+
+def _pci_bandwidth(directory: str) -> float:
+    """GB/s of the PCIe link above the function at `directory`, as NCCL rates it: the lower max_link_speed and the
+    narrower max_link_width of the function and its parent port (a width NCCL cannot read counts 0, then 16; a
+    speed it cannot read, Gen3's), width x per-lane rate / 80 (xml.cc `ncclTopoGetXmlFromSys`, topo.cc
+    `ncclTopoAddPci`)."""
+    parent = os.path.dirname(directory)
+    speeds = []
+    for where in (directory, parent):
+        try:
+            speeds.append(float(_read(os.path.join(where, "max_link_speed")).split()[0]))
+        except (ValueError, IndexError):
+            pass
+    widths = [max(_int(_read(os.path.join(where, "max_link_width"))), 0) for where in (directory, parent)]
+    width = min(widths) or 16
+    lane = PCI_GEN.get(min(speeds), 60) if speeds else 60
+    return width * lane / 80.0
+
+
+def _nccl_nodes(place: Place) -> list[tuple[int, float]]:
+    """NCCL's PCI nodes from a function up to its CPU, each as (its index in the chain, the bandwidth of its link
+    up): the function, then every second level above it (a switch's upstream port; xml.cc
+    `ncclTopoGetXmlFromSys` climbs two directories a step)."""
+    nodes = []
+    index = len(place.chain) - 1
+    directory = place.path
+    while index >= 0:
+        nodes.append((index, _pci_bandwidth(directory)))
+        index -= 2
+        directory = os.path.dirname(os.path.dirname(directory))
+    return nodes
+
+
+def nccl_path(gpu: Place, nic: Place, inter_cpu: float = LOC_BW) -> tuple[str, float]:
+    """NCCL's path type and bandwidth (GB/s, the least of its PCI links and the CPUs' interconnect; the NIC's own
+    speed left out) between two functions (paths.cc `ncclTopoSetPaths`)."""
+    mine, theirs = _nccl_nodes(gpu), _nccl_nodes(nic)
+    if gpu.root == nic.root:
+        for up, (index, _) in enumerate(mine[1:], start=1):
+            key = gpu.chain[: index + 1]
+            down = next((n for n, (i, _) in enumerate(theirs) if nic.chain[: i + 1] == key), 0)
+            if down > 0:  # a common switch (NCCL's PCI node): each side's links below it
+                links = [bw for _, bw in mine[:up]] + [bw for _, bw in theirs[:down]]
+                return ("PIX" if up == 1 and down == 1 else "PXB"), min(links)
+    links = [bw for _, bw in mine] + [bw for _, bw in theirs]
+    if gpu.numa == nic.numa:
+        return "PHB", min(links)
+    return "SYS", min([*links, inter_cpu])
+
+
+def active_ports(sysfs: str) -> list[Port]:
+    """The ACTIVE ports of the node's RDMA devices, from `class/infiniband/<device>/ports/<n>/{state,rate,
+    link_layer}` (the collector keeps, beyond these, the ports it saw ACTIVE before)."""
+    root = os.path.join(sysfs, "class", "infiniband")
+    found = []
+    for device in sorted(nics(sysfs)):
+        ports = os.path.join(root, device, "ports")
+        for port in sorted(os.listdir(ports)) if os.path.isdir(ports) else []:
+            folder = os.path.join(ports, port)
+            state, rate = _read(os.path.join(folder, "state")), _read(os.path.join(folder, "rate")).split()
+            if state.partition(":")[0].strip() == "4" and rate and port.isdigit():
+                try:
+                    gbps = float(rate[0])
+                except ValueError:
+                    continue
+                found.append(Port(device, port, _read(os.path.join(folder, "link_layer")), gbps))
+    return found
+
+
+def _nets(sysfs: str, ports: list[Port], ib_hca: str) -> list[_Net]:
+    """The devices NCCL makes of `ports`: filtered by NCCL_IB_HCA, merged per PCI device and link layer, each at
+    its PCI function 0 (net_ib.cc `ncclIbGetPciPath`: the function and, NCCL_IB_MERGE_VFS, the device zeroed)."""
+    allowed = ib_hca_filter(ib_hca)
+    functions = nics(sysfs)
+    nets: dict[tuple[str, str], _Net] = {}
+    for port in ports:
+        function = functions.get(port.device)
+        if function is None or not allowed(port.device, port.port) or port.link_layer not in ("InfiniBand", "Ethernet"):
+            continue
+        own = place(sysfs, function)
+        if own is None:
+            continue
+        first = place(sysfs, f"{function[:-4]}00.0")  # 0000:17:01.3 -> 0000:17:00.0, beside it
+        where = first if first is not None and first.chain[:-1] == own.chain[:-1] else own
+        nets.setdefault((where.path, port.link_layer), _Net(where, port.link_layer, [])).ports.append(port)
+    return list(nets.values())
+
+
+def nccl_local(sysfs: str, procfs: str, ports: list[Port], ib_hca: str = "") -> list[Local]:
+    """For each GPU the driver lists, the ports of the devices NCCL uses for it by default (topo.cc
+    `ncclTopoGetLocal`): of the highest path bandwidth, then of the nearest path type; ties all kept."""
+    nets = _nets(sysfs, ports, ib_hca)
+    inter_cpu = inter_cpu_bandwidth(procfs)
+    out: list[Local] = []
+    for bus, gpu, _ in driver_gpu_entries(procfs):
+        mine = place(sysfs, bus)
+        if mine is None or not nets:
+            continue
+        paths = []
+        for net in nets:
+            kind, bandwidth = nccl_path(mine, net.place, inter_cpu)
+            paths.append((min(bandwidth, net.bandwidth), kind, net))
+        best = max(bw for bw, _, _ in paths)
+        nearest = min(NCCL_PATHS.index(kind) for bw, kind, _ in paths if bw == best)
+        for bw, kind, net in paths:
+            if bw == best and NCCL_PATHS.index(kind) == nearest:
+                out.extend(Local(gpu.index, gpu.uuid, p.device, p.port, kind) for p in net.ports)
+    return out

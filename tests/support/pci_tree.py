@@ -4,7 +4,11 @@
 beside it, by the levels NVML defines (nvml.h, nvmlGpuTopologyLevel_t: SINGLE a single PCIe switch, MULTIPLE several
 switches without the host bridge, HOSTBRIDGE the same host bridge, NODE one NUMA node across host bridges, SYSTEM the
 rest), which nvidia-smi topo -m prints as PIX, PXB, PHB, NODE and SYS. No real host's `nvidia-smi topo -m` was read
-beside these trees in this round (no GPU machine was lent)."""
+beside these trees in this round (no GPU machine was lent).
+
+Each RDMA device has its ports as the kernel shows them (`ports/N/{state,phys_state,rate,link_layer}`, ACTIVE at
+400 Gb/s InfiniBand unless told) and, where a layout gives them, the PCIe links' `max_link_speed`/`max_link_width`
+that NCCL rates paths by (accelmon.topology.nccl_local)."""
 
 from __future__ import annotations
 
@@ -12,12 +16,23 @@ from pathlib import Path
 
 from tests.support.jobs_tree import uuid
 
+ACTIVE = {"state": "4: ACTIVE", "phys_state": "5: LinkUp", "rate": "400 Gb/sec (4X NDR)", "link_layer": "InfiniBand"}
+DOWN = {"state": "1: DOWN", "phys_state": "2: Polling", "rate": "10 Gb/sec (4X SDR)", "link_layer": "InfiniBand"}
+GEN5, GEN4 = ("32.0 GT/s PCIe", 16), ("16.0 GT/s PCIe", 16)
 
-def function(sysfs: Path, chain: list[str], numa: int) -> str:
-    """A PCI function at the end of `chain` (the root complex, then each function down to it); its name."""
+
+def function(sysfs: Path, chain: list[str], numa: int, pcie: tuple[str, int] | None = None) -> str:
+    """A PCI function at the end of `chain` (the root complex, then each function down to it); its name. With
+    `pcie`, its max_link_speed and max_link_width, and those of each bridge above it that has none yet."""
     directory = sysfs / "devices" / Path(*chain)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "numa_node").write_text(f"{numa}\n")
+    if pcie is not None:
+        for depth in range(len(chain), 1, -1):
+            level = sysfs / "devices" / Path(*chain[:depth])
+            if depth == len(chain) or not (level / "max_link_speed").exists():
+                (level / "max_link_speed").write_text(f"{pcie[0]}\n")
+                (level / "max_link_width").write_text(f"{pcie[1]}\n")
     name = chain[-1]
     link = sysfs / "bus" / "pci" / "devices" / name
     link.parent.mkdir(parents=True, exist_ok=True)
@@ -26,20 +41,30 @@ def function(sysfs: Path, chain: list[str], numa: int) -> str:
     return name
 
 
-def gpu(sysfs: Path, procfs: Path, chain: list[str], numa: int) -> None:
+def gpu(sysfs: Path, procfs: Path, chain: list[str], numa: int, pcie: tuple[str, int] | None = None) -> None:
     """A GPU at the end of `chain`, listed by the driver (its UUID given once every GPU is known: number_gpus)."""
-    name = function(sysfs, chain, numa)
+    name = function(sysfs, chain, numa, pcie)
     folder = procfs / "driver" / "nvidia" / "gpus" / name
     folder.mkdir(parents=True)
     (folder / "information").write_text(f"GPU UUID: \t -\nBus Location: \t {name}\n")
 
 
-def nic(sysfs: Path, name: str, chain: list[str], numa: int) -> None:
-    found = function(sysfs, chain, numa)
+def nic(
+    sysfs: Path, name: str, chain: list[str], numa: int, ports: dict[int, dict[str, str]] | None = None,
+    pcie: tuple[str, int] | None = None, hca_type: str = "MT4129",
+) -> None:  # fmt: skip
+    """An RDMA device at the end of `chain` with its ports (each port's files over ACTIVE's), its identity files."""
+    function(sysfs, chain, numa, pcie)
     device = sysfs / "class" / "infiniband" / name
     device.mkdir(parents=True)
     (device / "device").symlink_to(sysfs / "devices" / Path(*chain))
-    assert found
+    for file, text in (("fw_ver", "28.39.1002"), ("board_id", "MT_0000000838"), ("hca_type", hca_type)):
+        (device / file).write_text(text + "\n")
+    for number, files in (ports or {1: {}}).items():
+        folder = device / "ports" / str(number)
+        folder.mkdir(parents=True)
+        for file, text in {**ACTIVE, **files}.items():
+            (folder / file).write_text(text + "\n")
 
 
 def number_gpus(procfs: Path) -> None:
@@ -91,3 +116,57 @@ PCIE_EXPECTED = {
     ("0", "mlx5_0"): "SYS", ("1", "mlx5_0"): "SYS", ("2", "mlx5_0"): "SYS",
     ("0", "mlx5_1"): "PIX", ("1", "mlx5_1"): "PXB", ("2", "mlx5_1"): "PHB",
 }  # fmt: skip
+
+
+def cpuinfo(procfs: Path, vendor: str = "GenuineIntel", family: int = 6, model: int = 0x8F) -> None:
+    """/proc/cpuinfo's first block (default: Sapphire Rapids, whose UPI NCCL rates at 22 GB/s)."""
+    procfs.mkdir(parents=True, exist_ok=True)
+    (procfs / "cpuinfo").write_text(
+        f"processor\t: 0\nvendor_id\t: {vendor}\ncpu family\t: {family}\nmodel\t\t: {model}\n\n"
+    )
+
+
+ROCE_200G = {"rate": "200 Gb/sec (4X HDR)", "link_layer": "Ethernet"}
+
+
+def two_nics_under_one_switch(root: Path) -> tuple[Path, Path]:
+    """One GPU (H100, Gen5 x16) below a two-level switch tree: a 200G RoCE port (ConnectX-6, Gen4 x16) on the GPU's
+    own leaf switch (PIX), a 400G InfiniBand HCA (ConnectX-7, Gen5 x16) on the other leaf (PXB). NCCL: 24 GB/s
+    (the RoCE card's PCIe link) against 48 GB/s (the GPU's own): the 400G HCA."""
+    sysfs, procfs = root / "sys", root / "proc"
+    top = ["pci0000:00", "0000:00:01.0", "0000:01:00.0"]
+    gpu(sysfs, procfs, [*top, "0000:02:00.0", "0000:03:00.0", "0000:04:00.0", "0000:05:00.0"], 0, GEN5)
+    nic(sysfs, "mlx5_0", [*top, "0000:02:00.0", "0000:03:00.0", "0000:04:01.0", "0000:06:00.0"], 0,
+        {1: ROCE_200G}, GEN4, "MT4123")  # fmt: skip
+    nic(sysfs, "mlx5_1", [*top, "0000:02:01.0", "0000:07:00.0", "0000:08:00.0", "0000:09:00.0"], 0, None, GEN5)
+    number_gpus(procfs)
+    cpuinfo(procfs)
+    return sysfs, procfs
+
+
+def far_compute_hca(root: Path) -> tuple[Path, Path]:
+    """One GPU on socket 0; a 25G front-end NIC (Ethernet, Gen4 x8) on another root complex of socket 0 (NODE to
+    nvidia-smi, PHB to NCCL); the 400G compute HCA on socket 1 (SYS). NCCL: 3.1 GB/s against the UPI's 22: the HCA."""
+    sysfs, procfs = root / "sys", root / "proc"
+    gpu(sysfs, procfs, ["pci0000:00", "0000:00:01.0", "0000:01:00.0"], 0, GEN5)
+    nic(sysfs, "mlx5_0", ["pci0000:20", "0000:20:01.0", "0000:21:00.0"], 0,
+        {1: {"rate": "25 Gb/sec (1X EDR)", "link_layer": "Ethernet"}}, ("16.0 GT/s PCIe", 8), "MT4121")  # fmt: skip
+    nic(sysfs, "mlx5_1", ["pci0000:80", "0000:80:01.0", "0000:81:00.0"], 1, None, GEN5)
+    number_gpus(procfs)
+    cpuinfo(procfs)
+    return sysfs, procfs
+
+
+def dual_port_card_with_vfs(root: Path, second: dict[str, str] | None = None) -> tuple[Path, Path]:
+    """One GPU beside a dual-port ConnectX-7 behind its switch: port 1 (mlx5_0, function 0) ACTIVE, port 2
+    (mlx5_1, function 1) uncabled unless `second` says, 4 virtual functions (mlx5_2..5, functions 2 to 5) DOWN."""
+    sysfs, procfs = root / "sys", root / "proc"
+    top = ["pci0000:00", "0000:00:01.0", "0000:01:00.0"]
+    gpu(sysfs, procfs, [*top, "0000:02:00.0", "0000:03:00.0"], 0, GEN5)
+    nic(sysfs, "mlx5_0", [*top, "0000:02:01.0", "0000:04:00.0"], 0, None, GEN5)
+    nic(sysfs, "mlx5_1", [*top, "0000:02:01.0", "0000:04:00.1"], 0, {1: second or DOWN}, GEN5)
+    for vf in range(4):
+        nic(sysfs, f"mlx5_{2 + vf}", [*top, "0000:02:01.0", f"0000:04:00.{2 + vf}"], 0, {1: DOWN}, GEN5)
+    number_gpus(procfs)
+    cpuinfo(procfs)
+    return sysfs, procfs

@@ -14,8 +14,11 @@ What a device's tree holds (its identity, placement, ports and counter files) is
 class link or firmware changes or LAYOUT_SECONDS pass; the values are read every sample.
 
 Where the node has NVIDIA GPUs too, which path joins each GPU to each device (`accelmon_gpu_nic_info{link}`, as
-`nvidia-smi topo -m` names it) and the devices NCCL uses for each GPU by default (`accelmon_gpu_nic_nearest_info`),
-from accelmon.topology; worked out again when a GPU or a device comes or goes.
+`nvidia-smi topo -m` names it) and the ports NCCL uses for each GPU by default (`accelmon_gpu_nic_nearest_info`,
+chosen as NCCL chooses: accelmon.topology.nccl_local) among the ports in service: ACTIVE now or since the exporter
+started (a port that went down stays the GPU's, at the best rate it had, so that its fault is seen: an uncabled
+port, a virtual function never up, is never in service), with the node's NCCL_IB_HCA (/etc/nccl.conf); worked out
+again when a GPU, a device, a port in service, its rate or NCCL_IB_HCA changes.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from accelmon.runtime import Collector
 log = logging.getLogger("accelmon.infiniband")
 
 PORT = ("device", "port")
+NCCL_CONF = "/etc/nccl.conf"  # where a site sets NCCL_IB_HCA for every job of the node (NCCL's param.cc)
 LAYOUT_SECONDS = 300.0  # how long a device's listed files are trusted without a sign that it changed
 PER_DEVICE = "when a device or its firmware changes, and every 5 minutes"
 CATALOGUE = Catalogue(
@@ -80,9 +84,10 @@ GPU_NIC = C.gauge(
 )
 GPU_NIC_NEAREST = C.gauge(
     "accelmon_gpu_nic_nearest_info",
-    "The RDMA devices of the closest path to a GPU: those NCCL uses for it unless the job sets NCCL_IB_HCA; value 1.",
-    ["gpu", "uuid", "device"],
-    read="when a GPU or a device comes or goes",
+    "The RDMA ports NCCL uses for a GPU by default (the highest path bandwidth, then the nearest path; a card's "
+    "ports in service merged; the node's NCCL_IB_HCA), with NCCL's path type: PIX, PXB, PHB or SYS; value 1.",
+    ["gpu", "uuid", "device", "port", "path"],
+    read="when a GPU, a device, a port in service or its rate comes, goes or changes",
 )
 DRILL_ACTIVE = C.gauge(
     "accelmon_infiniband_drill_active",
@@ -148,6 +153,9 @@ HW_COUNTER = C.counter(
 )
 
 
+ACTIVE = 4  # IB_PORT_ACTIVE, the state NCCL requires of a port (net_ib.cc `ncclIbInitDevices`, v2.28.7-1)
+
+
 def _read(path: str) -> str | None:
     # os.open/os.read rather than open(): a port has ~50 tiny files and the text-file layer triples their cost.
     try:
@@ -211,9 +219,12 @@ class InfinibandCollector(Collector):
     def __init__(
         self, sysfs: str = "/sys", clock: Callable[[], float] = time.monotonic, procfs: str = "/proc",
         drill_dir: str = str(drill_store.DRILL_DIR.default), wall: Callable[[], float] = time.time,
+        nccl_conf: str = NCCL_CONF,
     ) -> None:  # fmt: skip
         self.sysfs, self.procfs, self.drill_dir, self._wall = sysfs, procfs, drill_dir, wall
-        self._topology: tuple[tuple[str, ...], list[topology.Pair]] = ((), [])
+        self.nccl_conf = nccl_conf
+        self._topology: tuple[tuple[object, ...], list[topology.Pair], list[topology.Local]] = ((), [], [])
+        self._in_service: dict[tuple[str, str], topology.Port] = {}  # ports ACTIVE now or since the start
         self.root = os.path.join(sysfs, "class", "infiniband")
         self._devices_found = False
         self._clock = clock
@@ -228,6 +239,7 @@ class InfinibandCollector(Collector):
         for device in devices:
             self._sample_device(device, samples)
         self._layouts = {device: layout for device, layout in self._layouts.items() if device in devices}
+        self._in_service = {key: port for key, port in self._in_service.items() if key[0] in devices}
         self._devices_found = INFO in samples.rows
         self._sample_topology(devices, samples)
         for drill in drill_store.nic_drills(self.drill_dir, self._wall()):
@@ -236,15 +248,22 @@ class InfinibandCollector(Collector):
         return samples
 
     def _sample_topology(self, devices: list[str], out: Samples) -> None:
-        """The GPU-to-device paths, worked out again only when the GPUs or the devices changed."""
-        key = (*sorted(devices), "|", *sorted(_listdir(os.path.join(self.procfs, "driver", "nvidia", "gpus"))))
+        """The GPU-to-device paths, worked out again only when the GPUs, the devices, the ports in service (and
+        their rates) or NCCL_IB_HCA changed."""
+        gpus = _listdir(os.path.join(self.procfs, "driver", "nvidia", "gpus"))
+        ib_hca = topology.nccl_conf_value(self.nccl_conf)
+        key = (tuple(devices), tuple(gpus), tuple(sorted(self._in_service.values(), key=str)), ib_hca)
         if key != self._topology[0]:
-            self._topology = (key, topology.gpu_nic_pairs(self.sysfs, self.procfs))
-        pairs = self._topology[1]
-        for pair in pairs:
+            ports = list(self._in_service.values())
+            self._topology = (
+                key,
+                topology.gpu_nic_pairs(self.sysfs, self.procfs),
+                topology.nccl_local(self.sysfs, self.procfs, ports, ib_hca),
+            )
+        for pair in self._topology[1]:
             out.add(GPU_NIC, [pair.gpu, pair.uuid, pair.device, pair.link], 1)
-        for pair in topology.nearest(pairs):
-            out.add(GPU_NIC_NEAREST, [pair.gpu, pair.uuid, pair.device], 1)
+        for local in self._topology[2]:
+            out.add(GPU_NIC_NEAREST, [local.gpu, local.uuid, local.device, local.port, local.path], 1)
 
     def _sample_device(self, device: str, out: Samples) -> None:
         path = os.path.join(self.root, device)
@@ -318,6 +337,11 @@ class InfinibandCollector(Collector):
         link_layer = _read(os.path.join(path, "link_layer"))
         if link_layer:
             out.add(PORT_INFO, [*labels, link_layer], 1)
+        if state == ACTIVE and rate is not None and link_layer:
+            known = self._in_service.get(labels)
+            gbps = rate / 125_000_000
+            if known is None or known.gbps < gbps or known.link_layer != link_layer:
+                self._in_service[labels] = topology.Port(*labels, link_layer, gbps)
         return True
 
 
