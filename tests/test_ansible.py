@@ -471,3 +471,31 @@ def test_the_rapl_rule_lets_only_node_exporters_group_read_the_energy_counters(t
     for counter in counters:
         status = counter.stat()
         assert (oct(status.st_mode & 0o777), status.st_uid, status.st_gid) == ("0o440", 0, 997)
+
+
+@pytest.mark.parametrize(
+    "variable",
+    ['{"accelmon_deploy_batches": ["ten"]}', '{"accelmon_deploy_batches": []}', "accelmon_deploy_batches=5",
+     '{"accelmon_deploy_batches": [1, "150%"]}', "accelmon_deploy_max_fail_percentage=101"],
+)  # fmt: skip
+def test_a_bad_roll_out_setting_stops_the_deploy_before_any_host_changes(tmp_path, variable):
+    """accelmon_deploy_batches and accelmon_deploy_max_fail_percentage are play settings (serial,
+    max_fail_percentage): a bad one is refused in the first play, naming them, before the workers' play."""
+    result = deploy(tmp_path, variable)
+    assert result.returncode != 0
+    assert "accelmon_deploy_batches is a list of batch sizes" in result.stdout, result.stdout[-3000:]
+    assert "PLAY [Workers]" not in result.stdout
+
+
+def test_workers_roll_out_in_checked_batches_and_masters_one_at_a_time():
+    """The plays as deploy.yaml declares them: a canary, growing batches, no failure allowed by default; the
+    exporter's unit says when it serves (Type=notify) and the role checks it before the next batch."""
+    plays = {play["name"]: play for play in yaml.safe_load((ROOT / "ansible" / "deploy.yaml").read_text())}
+    assert plays["Workers"]["serial"] == "{{ accelmon_deploy_batches | default([1, '5%', '25%', '100%']) }}"
+    assert plays["Workers"]["max_fail_percentage"] == "{{ accelmon_deploy_max_fail_percentage | default(0) }}"
+    assert (plays["Masters"]["serial"], plays["Masters"]["max_fail_percentage"]) == (1, 0)
+    unit = (ROOT / "ansible/roles/accelmon_exporter/templates/accelmon-exporter.service.j2").read_text()
+    assert "\nType=notify\n" in unit
+    tasks = yaml.safe_load((ROOT / "ansible/roles/accelmon_exporter/tasks/main.yml").read_text())
+    names = [task["name"] for task in tasks]
+    assert names.index("Restart now what changed") < names.index("Check the exporter runs and listens after the deploy")

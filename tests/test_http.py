@@ -14,7 +14,7 @@ import pytest
 from accelmon import server as http
 from accelmon.cli import make_server
 from accelmon.runtime import Exporter, Sampler
-from tests.support.processes import exporter_env, free_port, rss_kib, start_exporter, wait_until_serving
+from tests.support.processes import exporter_env, free_port, rss_kib, start_exporter, stop, wait_until_serving
 from tests.support.toy import Steady
 
 
@@ -194,3 +194,33 @@ def test_a_sample_is_rendered_once_however_often_it_is_scraped(monkeypatch):
     sampler.sample_once()
     exporter.exposition()
     assert len(rendered) - 11 == 3  # a new sample is rendered again
+
+
+def test_the_exporter_tells_systemd_it_is_ready_only_once_it_serves(tmp_path):
+    """Type=notify: READY=1 arrives on $NOTIFY_SOCKET only once /metrics answers, so `systemctl restart` (and a
+    deploy's batch) waits for it; an exporter that cannot listen (a port another process holds) exits non-zero and
+    never says it, so the restart fails instead of returning while the unit crash-loops."""
+    notify_path = str(tmp_path / "notify")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
+        notify.bind(notify_path)
+        notify.settimeout(30)
+        no_collectors = ["--no-collector.nvml", "--no-collector.infiniband", "--no-collector.neuron"]
+        env = {**exporter_env(None, None), "NOTIFY_SOCKET": notify_path}
+        port = free_port()
+        process = start_exporter([f"--web.listen-address=127.0.0.1:{port}", *no_collectors], env)
+        try:
+            assert notify.recv(64) == b"READY=1"
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+                assert response.status == 200  # serving at the moment it said so
+            notify.settimeout(2)
+            held = start_exporter([f"--web.listen-address=127.0.0.1:{port}", *no_collectors], env)
+            assert held.wait(30) != 0
+            with pytest.raises(socket.timeout):
+                notify.recv(64)
+        finally:
+            stop(process)
+
+
+def test_notify_systemd_outside_systemd_does_nothing():
+    assert http.notify_systemd("READY=1", {}) is False
+    assert http.notify_systemd("READY=1", {"NOTIFY_SOCKET": "relative"}) is False

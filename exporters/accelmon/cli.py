@@ -16,7 +16,7 @@ from accelmon.config import LOG_LEVELS, ConfigError, Settings, check_listen_addr
 from accelmon.registry import Paths, collectors, known_metrics
 from accelmon.runtime import Exporter
 from accelmon.scan import SCAN_FAILED, build_samplers, plan, scan_health
-from accelmon.server import MetricsServer
+from accelmon.server import MetricsServer, notify_systemd
 from accelmon.webconfig import WebConfig, load_web_config
 
 log = logging.getLogger("accelmon")
@@ -209,6 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ", basic auth" if web and web.requires_auth else "",
         ", ".join(s.name for s in exporter.samplers) or "none",
     )
+    notify_systemd("READY=1")
     if publisher is not None:
         log.info(
             "publishing %d metric(s) to CloudWatch namespace %s every %g s",

@@ -16,6 +16,7 @@ import base64
 import binascii
 import gzip
 import logging
+import os
 import socket
 import ssl
 import threading
@@ -213,3 +214,21 @@ class MetricsServer:
             lines.append("Connection: close")
         writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (b"" if head else body))
         await asyncio.wait_for(writer.drain(), WRITE_SECONDS)
+
+
+def notify_systemd(state: str, environ: dict[str, str] | None = None) -> bool:
+    """Tells systemd the service's `state` ("READY=1" once /metrics is served) through $NOTIFY_SOCKET, as
+    sd_notify(3) does: with Type=notify, `systemctl restart` returns only once the exporter serves, and fails when it
+    exits before (a port another process holds, a config it cannot read), so a deploy knows. Whether it was sent (no
+    socket outside systemd: nothing to do)."""
+    address = (environ if environ is not None else os.environ).get("NOTIFY_SOCKET", "")
+    if not address or address[0] not in "/@":
+        return False
+    target = "\0" + address[1:] if address[0] == "@" else address  # '@': the abstract namespace
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
+            notify.sendto(state.encode(), target)
+    except OSError as error:
+        log.warning("cannot tell systemd %s: %s", state, error)
+        return False
+    return True

@@ -39,7 +39,7 @@ def ledger(host, expr: str) -> dict[str, float]:
     return {",".join(r["metric"].values()): float(r["value"][1]) for r in found}
 
 
-def playbook(name, *extra):
+def run_playbook(name, *extra) -> subprocess.CompletedProcess:
     command = [
         str(Path(sys.executable).parent / "ansible-playbook"),
         "-i",
@@ -47,7 +47,11 @@ def playbook(name, *extra):
         str(ROOT / "ansible" / name),
         *extra,
     ]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=900)
+    return subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=900)
+
+
+def playbook(name, *extra):
+    result = run_playbook(name, *extra)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
     return result.stdout
 
@@ -573,6 +577,7 @@ def test_a_drill_drains_its_node_saying_so_until_stopped_and_resumed(host):
 
 
 CONFIG = "/etc/accelmon/exporter.yml"  # the role's; the Slurm health check reads it at every run
+MASTER_PROMETHEUS_CONFIG = "/opt/accelmon-master/prometheus/prometheus.yml"  # accelmon_master_dir's
 
 
 @contextlib.contextmanager
@@ -937,6 +942,30 @@ def test_a_worker_that_stops_answering_is_unreachable_capacity_not_gone(host):
         worker.check_output("systemctl start accelmon-exporter")
     assert wait_for(lambda: ledger(host, unreachable) == {}, timeout=90), ledger(host, unreachable)
     assert wait_for(lambda: up_workers(host) == WORKERS, timeout=60)
+
+
+def test_a_redeploy_whose_exporter_cannot_start_stops_at_the_canary(host):
+    """Issue 65: a change that breaks the exporter (here its port, which slurmd holds) reaches the first batch only.
+    worker-1, the canary, fails its restart (Type=notify: the exporter never said it serves); the run exits non-zero
+    naming it; worker-2 and the master are left as they were (worker-2's exporter not restarted, the master's
+    Prometheus config not rewritten for the new port). A plain redeploy then brings all back."""
+    master = testinfra.get_host(f"podman://{CLUSTER}-master")
+    other = testinfra.get_host(f"podman://{CLUSTER}-worker-2")
+    started = "systemctl show --property=ActiveEnterTimestampMonotonic --value accelmon-exporter"
+    other_started = other.check_output(started)
+    scrape_config = master.check_output(f"md5sum {MASTER_PROMETHEUS_CONFIG}")
+    broken = run_playbook("deploy.yaml", "-e", "accelmon_exporter_listen_address=:6818")
+    recap = broken.stdout.split("PLAY RECAP")[-1]
+    assert broken.returncode != 0, recap
+    assert re.search(rf"{CLUSTER}-worker-1\s*:.*failed=1", recap), broken.stdout[-4000:]
+    assert re.search(rf"{CLUSTER}-worker-2\s*:.*changed=0.*failed=0", recap), recap  # only its preflight ran
+    assert re.search(rf"{CLUSTER}-master\s*:.*changed=0.*failed=0", recap), recap
+    assert other.check_output(started) == other_started  # worker-2's exporter untouched
+    assert master.check_output(f"md5sum {MASTER_PROMETHEUS_CONFIG}") == scrape_config
+    # The canary is down; the rest serve as before.
+    assert wait_for(lambda: up_workers(host) == {f"{CLUSTER}-worker-2"}, timeout=60), up_workers(host)
+    playbook("deploy.yaml")
+    assert wait_for(lambda: up_workers(host) == WORKERS, timeout=90), up_workers(host)
 
 
 def test_day_two_keeps_the_metrics(host):
