@@ -10,11 +10,13 @@ from accelmon import topology
 from accelmon.collectors.infiniband import InfinibandCollector
 from tests.support.exposition import promtool_check, series, text_of
 from tests.support.jobs_tree import uuid
+from tests.support.path_rules import path_faults_test
 from tests.support.pci_tree import (
     DOWN,
     PCIE_EXPECTED,
     dual_port_card_with_vfs,
     far_compute_hca,
+    healthy_idle_node,
     hgx_expected,
     hgx_h100,
     pcie_server,
@@ -127,3 +129,15 @@ def test_a_port_in_use_that_goes_down_stays_the_gpus_and_one_never_up_is_never_u
     for file, text in DOWN.items():
         (sysfs / "class" / "infiniband" / "mlx5_0" / "ports" / "1" / file).write_text(text + "\n")
     assert used() == [("mlx5_0", "1")]
+
+
+def test_a_healthy_idle_node_records_no_path_fault(tmp_path):
+    """promtool over the collector's own scrapes (issue 68, point 2): a second port uncabled, VFs down and a slower
+    storage HCA of the same model are on no GPU's path, so none is a fault (before: not_active and slow_rate)."""
+    sysfs, procfs = healthy_idle_node(tmp_path)
+    collector = InfinibandCollector(sysfs=str(sysfs), procfs=str(procfs), nccl_conf=str(tmp_path / "none"))
+    scrapes = [text_of(collector) for _ in range(12)]
+    used = {(labels["gpu"], labels["device"], labels["port"]) for labels, _ in
+            series(scrapes[-1], "accelmon_gpu_nic_nearest_info")}  # fmt: skip
+    assert used == {("0", "mlx5_0", "1"), ("1", "mlx5_0", "1")}
+    assert path_faults_test(scrapes, [], tmp_path) == ""

@@ -18,6 +18,11 @@ from tests.support.jobs_tree import uuid
 
 ACTIVE = {"state": "4: ACTIVE", "phys_state": "5: LinkUp", "rate": "400 Gb/sec (4X NDR)", "link_layer": "InfiniBand"}
 DOWN = {"state": "1: DOWN", "phys_state": "2: Polling", "rate": "10 Gb/sec (4X SDR)", "link_layer": "InfiniBand"}
+# Each port's error, congestion and data counters (`counters/<name>`), 0 unless a port's files say otherwise.
+COUNTERS = (
+    "symbol_error", "port_rcv_errors", "link_error_recovery", "link_downed", "port_xmit_wait", "port_xmit_discards",
+    "port_rcv_discards", "excessive_buffer_overrun_errors", "port_rcv_data", "port_xmit_data",
+)  # fmt: skip
 GEN5, GEN4 = ("32.0 GT/s PCIe", 16), ("16.0 GT/s PCIe", 16)
 
 
@@ -62,8 +67,8 @@ def nic(
         (device / file).write_text(text + "\n")
     for number, files in (ports or {1: {}}).items():
         folder = device / "ports" / str(number)
-        folder.mkdir(parents=True)
-        for file, text in {**ACTIVE, **files}.items():
+        (folder / "counters").mkdir(parents=True)
+        for file, text in {**ACTIVE, **{f"counters/{name}": "0" for name in COUNTERS}, **files}.items():
             (folder / file).write_text(text + "\n")
 
 
@@ -167,6 +172,25 @@ def dual_port_card_with_vfs(root: Path, second: dict[str, str] | None = None) ->
     nic(sysfs, "mlx5_1", [*top, "0000:02:01.0", "0000:04:00.1"], 0, {1: second or DOWN}, GEN5)
     for vf in range(4):
         nic(sysfs, f"mlx5_{2 + vf}", [*top, "0000:02:01.0", f"0000:04:00.{2 + vf}"], 0, {1: DOWN}, GEN5)
+    number_gpus(procfs)
+    cpuinfo(procfs)
+    return sysfs, procfs
+
+
+def healthy_idle_node(root: Path) -> tuple[Path, Path]:
+    """A sound node at rest. GPU 0 beside a dual-port compute card shown as one device (mlx5_0: port 1 ACTIVE at
+    400G, port 2 uncabled, its rate read as 10 Gb/s) with 4 virtual functions DOWN (mlx5_2..5); GPU 1, on another
+    root port, with no NIC of its own beside a 200G storage HCA of the same model (mlx5_6). NCCL uses mlx5_0 port 1
+    for both (48 GB/s against the storage HCA's 25)."""
+    sysfs, procfs = root / "sys", root / "proc"
+    left = ["pci0000:00", "0000:00:01.0", "0000:01:00.0"]
+    gpu(sysfs, procfs, [*left, "0000:02:00.0", "0000:03:00.0"], 0, GEN5)
+    nic(sysfs, "mlx5_0", [*left, "0000:02:01.0", "0000:04:00.0"], 0, {1: {}, 2: DOWN}, GEN5)
+    for vf in range(4):
+        nic(sysfs, f"mlx5_{2 + vf}", [*left, "0000:02:01.0", f"0000:04:00.{2 + vf}"], 0, {1: DOWN}, GEN5)
+    right = ["pci0000:00", "0000:00:02.0", "0000:05:00.0"]
+    gpu(sysfs, procfs, [*right, "0000:06:00.0", "0000:07:00.0"], 0, GEN5)
+    nic(sysfs, "mlx5_6", [*right, "0000:06:01.0", "0000:08:00.0"], 0, {1: {"rate": "200 Gb/sec (4X HDR)"}}, GEN5)
     number_gpus(procfs)
     cpuinfo(procfs)
     return sysfs, procfs
