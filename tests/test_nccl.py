@@ -5,9 +5,13 @@ job, and every way a socket can misbehave, bounded in time and memory and counte
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import stat
 import subprocess
 import sys
 import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -17,7 +21,7 @@ from accelmon.collectors.nccl import NcclCollector, local_addresses
 from accelmon.nccl_ras import RasError
 from tests.support.ansible import render_role_template
 from tests.support.exposition import check_golden, promtool_check, sample_value, series, text_of
-from tests.support.fake_ras import TEXT_ANSWER, FakeRas, communicator, json_answer, missing_rank, rank
+from tests.support.fake_ras import TEXT_ANSWER, FakeRas, communicator, json_answer, listen, missing_rank, rank
 
 HERE = "10.0.0.12"  # this node's address in the fixture procfs
 
@@ -32,19 +36,23 @@ class Gpus:
         pass
 
 
-def procfs(root: Path) -> Path:
-    """A procfs whose net/fib_trie shows this node's LOCAL addresses (10.0.0.12) as Linux prints them."""
+def procfs(root: Path, listening: dict[int, int] | None = None) -> Path:
+    """A procfs whose net/fib_trie shows this node's LOCAL addresses (10.0.0.12) as Linux prints them, and whose
+    net/tcp the sockets listening on loopback (port -> its owner's uid)."""
     (root / "net").mkdir(parents=True, exist_ok=True)
     (root / "net" / "fib_trie").write_text(
         "Main:\n  +-- 0.0.0.0/0 3 0 5\n     |-- 10.0.0.0\n        /24 link UNICAST\n     |-- 10.0.0.12\n"
         "        /32 host LOCAL\n     |-- 127.0.0.1\n        /32 host LOCAL\n"
     )
+    listen(root, listening or {})
     return root
 
 
-def job_record(state: Path, job: str, port: int | None, query: str = "1") -> None:
+def job_record(state: Path, job: str, port: int | None, query: str = "1", uid: int | None = None) -> None:
+    """A job's record as the prolog writes it; `uid` its user's (SLURM_JOB_UID), this test's by default."""
     state.mkdir(exist_ok=True)
-    lines = ["scheduler=slurm", f"job_id={job}", "user=ann", "account=ml", "gpus=0,1"]
+    lines = ["scheduler=slurm", f"job_id={job}", "user=ann", f"uid={os.getuid() if uid is None else uid}",
+             "account=ml", "gpus=0,1"]  # fmt: skip
     if port is not None:
         lines += [f"nccl_ras_port={port}", f"nccl_ras_query={query}"]
     (state / f"slurm-{job}").write_text("\n".join(lines) + "\n")
@@ -55,8 +63,9 @@ def node(tmp_path):
     servers: list[FakeRas] = []
 
     def make(*, max_ranks: int = 8, timeout: float = 5.0, addresses: str = "") -> NcclCollector:
-        return NcclCollector(str(tmp_path / "jobs"), addresses, timeout, max_ranks, str(procfs(tmp_path / "proc")),
-                             Gpus())  # fmt: skip
+        """The collector, the stand-ins started so far listening as this test's user (net/tcp)."""
+        root = procfs(tmp_path / "proc", {server.port: os.getuid() for server in servers})
+        return NcclCollector(str(tmp_path / "jobs"), addresses, timeout, max_ranks, str(root), Gpus())
 
     def serve(**options) -> FakeRas:
         server = FakeRas(**options)
@@ -245,8 +254,11 @@ def test_each_job_on_a_node_gets_a_ras_port_of_its_own_and_the_collector_asks_th
     assert f"RAS_FIRST={nccl_ras.JOB_PORT_BASE}\n" in text
     assert f"RAS_LAST={nccl_ras.JOB_PORT_BASE + nccl_ras.JOB_PORTS - 1}\n" in text
 
+    user = 4321  # the jobs' user (SLURM_JOB_UID), not this test's
+
     def run(script: str, job: str, **env: str) -> str:
-        done = subprocess.run(["/bin/sh", str(scripts[script])], env={"SLURM_JOB_ID": job, **env},
+        done = subprocess.run(["/bin/sh", str(scripts[script])],
+                              env={"SLURM_JOB_ID": job, "SLURM_JOB_UID": str(user), **env},
                               capture_output=True, text=True, timeout=30)  # fmt: skip
         assert done.returncode == 0, done.stderr
         return done.stdout
@@ -254,6 +266,7 @@ def test_each_job_on_a_node_gets_a_ras_port_of_its_own_and_the_collector_asks_th
     def port(job: str) -> int:
         record = dict(line.split("=", 1) for line in (state / f"slurm-{job}").read_text().splitlines())
         assert record["nccl_ras_query"] == "1"  # no node list here: it asks
+        assert record["uid"] == str(user)
         return int(record["nccl_ras_port"])
 
     squatter = None  # a process that outlived its job, on the lowest port of the range this host leaves free
@@ -272,6 +285,9 @@ def test_each_job_on_a_node_gets_a_ras_port_of_its_own_and_the_collector_asks_th
         assert not set(blocks["4242"]) & set(blocks["5242"]), ports  # a block of ports each, one a step
         assert all(nccl_ras.JOB_PORT_BASE <= p < nccl_ras.JOB_PORT_BASE + nccl_ras.JOB_PORTS for p in ports.values())
         assert all(squatter.port not in block for block in blocks.values())
+        # Issue 67, point 8: the port file is the job's user's and root's alone: no one else learns the port first.
+        held = (state.parent / "nccl-ras" / "5242").stat()
+        assert (held.st_uid, stat.S_IMODE(held.st_mode)) == (user, 0o400)
         assert run("task-prolog", "5242") == f"export NCCL_RAS_ADDR=localhost:{ports['5242']}\n"
         # Steps that run at once: a port each; the batch script (Slurm's 4294967291) the block's first.
         assert run("task-prolog", "5242", SLURM_STEP_ID="1") == f"export NCCL_RAS_ADDR=localhost:{ports['5242'] + 1}\n"
@@ -294,7 +310,8 @@ def test_each_job_on_a_node_gets_a_ras_port_of_its_own_and_the_collector_asks_th
     try:
         assert run("task-prolog", "5242", NCCL_RAS_ADDR=f"localhost:{server.port}") == ""
         assert (state.parent / "nccl-ras" / "5242.own").read_text() == f"{server.port}\n"
-        collector = NcclCollector(str(state), "", 5.0, 8, str(procfs(tmp_path / "proc")), Gpus())
+        root = procfs(tmp_path / "proc", {server.port: user})  # the job's user's socket
+        collector = NcclCollector(str(state), "", 5.0, 8, str(root), Gpus())
         assert [t for t in collector.targets() if t[0] == "5242"] == [("5242", "localhost", server.port)]
         assert {labels["job_id"] for labels, _ in series(text_of(collector), "accelmon_nccl_communicator_status")} == {
             "5242"
@@ -327,3 +344,84 @@ def test_the_real_job_probe_says_when_it_cannot_run(tmp_path):
                             capture_output=True, text=True, timeout=60, cwd=root)  # fmt: skip
     assert result.returncode == 2 and "nothing to ask" in result.stderr
     assert not (tmp_path / "ras.json").exists()
+
+
+def test_a_squatter_on_the_jobs_port_is_never_believed(node, tmp_path):
+    """Issue 67, point 8: another user binds the job's port before the job's NCCL (which then runs without RAS) and
+    answers a forged critical answer. The socket's owner (net/tcp's uid) is not the job's user: nothing asked,
+    nothing served, counted. The same answer from the job's user's socket is served."""
+    _, serve, state = node
+    squatter = serve(answer=stuck_job())
+    job_record(state, "4242", squatter.port, uid=1000)
+    root = procfs(tmp_path / "proc", {squatter.port: 2000})
+    collector = NcclCollector(str(state), "", 5.0, 8, str(root), Gpus())
+    text = text_of(collector)
+    assert squatter.commands == []
+    assert series(text, "accelmon_nccl_rank_missing") == []
+    assert sample_value(text, "accelmon_nccl_queries_total", result="foreign_socket") == 1
+    assert sample_value(text, "accelmon_nccl_queries_total", result="ok") == 0
+    listen(root, {squatter.port: 1000})  # the job's user's own socket
+    text = text_of(collector)
+    assert sample_value(text, "accelmon_nccl_queries_total", result="ok") == 1
+    assert len(series(text, "accelmon_nccl_rank_missing")) == 1
+
+
+def test_a_job_without_a_known_user_is_not_believed(node, tmp_path):
+    make, serve, state = node
+    server = serve(answer=stuck_job())
+    job_record(state, "4243", server.port)
+    record = state / "slurm-4243"
+    record.write_text("".join(line for line in record.read_text().splitlines(True) if not line.startswith("uid=")))
+    text = text_of(make())
+    assert server.commands == [] and series(text, "accelmon_nccl_communicator_status") == []
+    assert sample_value(text, "accelmon_nccl_queries_total", result="owner_unknown") == 1
+
+
+def test_a_jobs_own_port_must_be_its_users_socket(node, tmp_path):
+    """`JOB.own` is the job's user's to write: a port named there is asked only while the user's own socket listens
+    on it, never one another user's process holds (their answers served as the job's)."""
+    _, _, state = node
+    job_record(state, "7", 28100, uid=1000)
+    ras = tmp_path / "nccl-ras"
+    ras.mkdir()
+    (ras / "7.own").write_text("31337\n")
+    root = procfs(tmp_path / "proc", {31337: 2000})
+    collector = NcclCollector(str(state), "", 5.0, 8, str(root), Gpus())
+    assert [port for _, _, port in collector.targets()] == [28100]
+    listen(root, {31337: 1000})
+    assert [port for _, _, port in collector.targets()] == [31337]
+    listen(root, {})  # nothing listens there (yet): the block
+    assert [port for _, _, port in collector.targets()] == [28100]
+
+
+def flood(count: int) -> str:
+    """`count` communicators, then one missing a rank: an answer as a socket that answers as it likes may give."""
+    troubled = communicator("0xbad", [rank(0, 5)], [missing_rank(1, "10.0.0.13", 7001, 1, True)])
+    flooded = "".join(f'{{"hash": "0x{n:x}"}},' for n in range(count))
+    return '{"communicators": [' + flooded + json.dumps(troubled) + "]}"
+
+
+def test_a_flood_of_communicators_is_parsed_one_at_a_time():
+    """40,000 communicators held whole as Python objects took 27 MiB (400,000: 266 MiB, past the unit's memory
+    limit once near the 16 MiB answer cap): now a few MiB whatever their number."""
+    answer = flood(40_000)
+    tracemalloc.start()
+    try:
+        status = nccl_ras.parse("json", answer, 8)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20 and len(status.communicators) == 64 and status.dropped == 40_001 - 64
+
+
+def test_a_flood_of_communicators_is_bounded(node):
+    """Issue 67, point 8: 400,000 communicators in 7.9 MB became 400,008 series: now the 64 most troubled are
+    served, the rest counted."""
+    make, serve, state = node
+    server = serve(answer=flood(400_000))
+    job_record(state, "99", server.port)
+    text = text_of(make(timeout=30.0))
+    assert len(series(text, "accelmon_nccl_communicator_status")) == 64
+    assert sample_value(text, "accelmon_nccl_communicators_dropped", job_id="99") == 400_001 - 64
+    assert sample_value(text, "accelmon_nccl_communicator_status", job_id="99", communicator="0xbad",
+                        status="incomplete") == 1  # fmt: skip

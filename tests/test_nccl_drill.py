@@ -14,6 +14,7 @@ import urllib.request
 import pytest
 
 from accelmon import drill_store, nccl_drill, nccl_ras
+from tests.support.fake_ras import listen
 from tests.support.jobs_tree import nvidia_procfs, uuid
 from tests.support.processes import exporter_env, free_port, start_exporter, stop, wait_until_serving
 from tests.support.waiting import wait_until
@@ -32,7 +33,8 @@ def node(tmp_path, fake_nvml_dir):
     jobs = tmp_path / "jobs"
     jobs.mkdir()
     port = free_port()
-    record = f"scheduler=slurm\njob_id={JOB}\nuser=alice\naccount=physics\ngpus=0,3\n"
+    listen(procfs, {port: 0})  # the drill's socket (root's; the job's NCCL would be uid 1000's)
+    record = f"scheduler=slurm\njob_id={JOB}\nuser=alice\nuid=1000\naccount=physics\ngpus=0,3\n"
     (jobs / f"slurm-{JOB}").write_text(record + f"nccl_ras_port={port}\nnccl_ras_query=1\n")
     config = tmp_path / "exporter.yml"
     config.write_text(

@@ -4,6 +4,7 @@ strings, citing the lines), read as NCCL itself judges them (issue 58, points 2 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -39,8 +40,8 @@ def served(tmp_path, job: str, server: FakeRas) -> str:
     """What the nccl collector serves for `job` whose RAS socket is `server` (stopped after)."""
     try:
         job_record(tmp_path / "jobs", job, server.port)
-        collector = NcclCollector(str(tmp_path / "jobs"), "", 5.0, 8, str(procfs(tmp_path / "proc")), Gpus())
-        return text_of(collector)
+        root = procfs(tmp_path / "proc", {server.port: os.getuid()})
+        return text_of(NcclCollector(str(tmp_path / "jobs"), "", 5.0, 8, str(root), Gpus()))
     finally:
         server.stop()
 

@@ -43,6 +43,10 @@ IN_PROGRESS = 7  # ncclInProgress (nccl.h): a non-blocking communicator's call u
 # NCCL 2.28.7-2.28.9 write a missing rank's "nvml_dev" with no comma after it (src/ras/client_support.cc:1963 at
 # v2.28.7-1, fixed in 2.29.2): the answer is invalid exactly when a rank is missing. The comma is put back.
 MISSING_COMMA = re.compile(r'("nvml_dev": -?\d+)(\s*\n\s*"status")')
+# Communicators kept of one answer: the most troubled (by STATUSES, then the largest), the rest counted as dropped. An
+# answer is parsed communicator by communicator, never held whole as objects: 400,000 communicators in 7.5 MB (a
+# socket another user answers on, or a job that makes communicators without end) became 400,008 series and 437 MiB.
+MAX_COMMUNICATORS = 64
 
 
 class RasError(Exception):
@@ -75,6 +79,7 @@ class Communicator:
     max_collectives: Optional[int] = None
     status: str = "ok"  # one of STATUSES
     missing_count: Optional[int] = None  # NCCL's own count of ranks it has no data from (text form), where it says
+    secondary: str = ""  # JSON's secondary_hash: host and process hash of its creation
 
 
 @dataclass
@@ -85,6 +90,30 @@ class JobStatus:
     drill: bool = False  # the answer is accelmon-drill's stand-in (accelmon.nccl_drill), not NCCL's
     repaired: bool = False  # NCCL 2.28.7-2.28.9's invalid JSON, read after putting its missing comma back
     timeouts: int = 0  # RAS's own legs that timed out while collecting this answer (`timeouts_count`)
+    dropped: int = 0  # communicators of the answer past max_communicators, not kept
+
+
+class Kept:
+    """The communicators of one answer as they are read: at most `limit`, the most troubled, in the answer's order."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(1, limit)
+        self.items: list[tuple[int, Communicator]] = []
+        self.seen = 0
+
+    def add(self, comm: Communicator) -> None:
+        self.items.append((self.seen, comm))
+        self.seen += 1
+        if len(self.items) >= 2 * self.limit:
+            self.cut()
+
+    def cut(self) -> None:
+        worst = sorted(self.items, key=lambda item: (-STATUSES.index(item[1].status), -item[1].size, item[0]))
+        self.items = sorted(worst[: self.limit], key=lambda item: item[0])
+
+    def communicators(self) -> list[Communicator]:
+        self.cut()
+        return [comm for _, comm in self.items]
 
 
 class Exchange:
@@ -199,44 +228,63 @@ def ask_once(host: str, port: int, timeout: float, max_bytes: int, want: str) ->
         exchange.close()
 
 
-def parse(form: str, text: str, max_ranks: int) -> JobStatus:
-    return parse_json(text, max_ranks) if form == "json" else parse_text(text, max_ranks)
+def parse(form: str, text: str, max_ranks: int, max_communicators: int = MAX_COMMUNICATORS) -> JobStatus:
+    if form == "json":
+        return parse_json(text, max_ranks, max_communicators)
+    return parse_text(text, max_ranks, max_communicators)
 
 
 def _int(value: Any, default: int = -1) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
-def parse_json(text: str, max_ranks: int) -> JobStatus:
+def decode(body: str, max_ranks: int, max_communicators: int) -> tuple[Any, Kept]:
+    """The answer's top level, each communicator read as the decoder meets it (json's object_hook: inner objects
+    first) into at most `max_communicators` kept, its place in the list left None."""
+    kept = Kept(max_communicators)
+
+    def hook(raw: dict[str, Any]) -> Any:
+        if not isinstance(raw.get("hash"), str):
+            return raw
+        comm = parse_communicator(raw, max_ranks)
+        if comm is not None:
+            kept.add(comm)
+        return None
+
+    data, _ = json.JSONDecoder(object_hook=hook).raw_decode(body)
+    return data, kept
+
+
+def parse_json(text: str, max_ranks: int, max_communicators: int = MAX_COMMUNICATORS) -> JobStatus:
     """RAS's JSON answer (2.28.7+), judged as NCCL judges it (docs/jobs.md, "What each release gives"); RasError
     ("malformed") when it is not that."""
     start = text.find("{")
     body = text[start:] if start >= 0 else ""
     repaired = False
     try:
-        data, _ = json.JSONDecoder().raw_decode(body)
+        data, kept = decode(body, max_ranks, max_communicators)
     except ValueError as error:
-        fixed = MISSING_COMMA.sub(r"\1,\2", body)
+        fixed, repairs = MISSING_COMMA.subn(r"\1,\2", body)
         try:
-            data, _ = json.JSONDecoder().raw_decode(fixed)
+            if not repairs:
+                raise
+            data, kept = decode(fixed, max_ranks, max_communicators)
         except ValueError:
             raise RasError("malformed", f"not JSON: {error}") from error
         repaired = True
     if not isinstance(data, dict) or not isinstance(data.get("communicators"), list):
         raise RasError("malformed", "no communicators list")
-    parsed = [(parse_communicator(raw, max_ranks), raw) for raw in data["communicators"]]
-    communicators = [(comm, raw) for comm, raw in parsed if comm is not None]
+    communicators = kept.communicators()
     # The hash alone is not unique (src/ras/ras_internal.h: a communicator is its hash with the host and process
     # hash of its creation): two of one hash are told apart by `secondary_hash`, and gave one series before.
-    seen = Counter(comm.hash for comm, _ in communicators)
-    for comm, raw in communicators:
-        secondary = raw.get("secondary_hash")
-        if seen[comm.hash] > 1 and isinstance(secondary, str) and secondary:
-            comm.hash = f"{comm.hash}:{secondary[:48]}"
+    seen = Counter(comm.hash for comm in communicators)
+    for comm in communicators:
+        if seen[comm.hash] > 1 and comm.secondary:
+            comm.hash = f"{comm.hash}:{comm.secondary}"
     ras = data["ras"] if isinstance(data.get("ras"), dict) else {}
     return JobStatus(
-        "json", [comm for comm, _ in communicators], [], drill=isinstance(data.get("accelmon_drill"), dict),
-        repaired=repaired, timeouts=max(0, _int(ras.get("timeouts_count"), 0)),
+        "json", communicators, [], drill=isinstance(data.get("accelmon_drill"), dict), repaired=repaired,
+        timeouts=max(0, _int(ras.get("timeouts_count"), 0)), dropped=kept.seen - len(communicators),
     )  # fmt: skip
 
 
@@ -245,6 +293,8 @@ def parse_communicator(raw: Any, max_ranks: int) -> Optional[Communicator]:
     if not isinstance(raw, dict) or not isinstance(raw.get("hash"), str):
         return None
     comm = Communicator(raw["hash"][:32], size=max(0, _int(raw.get("size"), 0)))
+    secondary = raw.get("secondary_hash")
+    comm.secondary = secondary[:48] if isinstance(secondary, str) else ""
     ranks = [r for r in raw.get("ranks") or [] if isinstance(r, dict)]
     comm.answering = len(ranks)
     states = set()
@@ -336,7 +386,7 @@ def text_hash(raw: str) -> str:
     return "0x" + (raw.lower().lstrip("0") or "0")
 
 
-def parse_text(text: str, max_ranks: int) -> JobStatus:
+def parse_text(text: str, max_ranks: int, max_communicators: int = MAX_COMMUNICATORS) -> JobStatus:
     """RAS's text answer (2.24-2.28.6): the communicators named in its Errors and Warnings sections and the dead
     processes, read as each release writes them (docs/jobs.md). The text is meant for people: what is not recognised
     is left out."""
@@ -351,6 +401,7 @@ def parse_text(text: str, max_ranks: int) -> JobStatus:
     counts: dict[str, dict[str, dict[int, tuple[Rank, int]]]] = {}  # comm -> kind -> rank -> (rank, its count)
     tops: dict[str, dict[str, int]] = {}  # comm -> kind -> the highest count any group of ranks reached
     dead: list[Rank] = []
+    dropped: set[str] = set()
     current: Optional[Communicator] = None
     section, block, kind = "", "", ""
     launched: Optional[int] = None  # the count of the group whose ranks are listed next
@@ -362,6 +413,10 @@ def parse_text(text: str, max_ranks: int) -> JobStatus:
         found = COMM.match(stripped)
         if found:
             key = text_hash(found.group(3))
+            if key not in communicators and len(communicators) >= max_communicators:
+                dropped.add(key)  # Errors come first: the troubled ones are kept
+                current = None
+                continue
             current = communicators.setdefault(key, Communicator(key, size=sizes.get(int(found.group(1)), 0)))
             for word in re.split(r"[\s,]+", found.group(4)):
                 if word.lower() in STATUSES:
@@ -430,4 +485,4 @@ def parse_text(text: str, max_ranks: int) -> JobStatus:
         comm.answering = max(0, comm.size - unreached) if comm.size else 0
         if comm.missing and comm.status == "ok":
             comm.status = "incomplete"
-    return JobStatus("text", list(communicators.values()), dead)
+    return JobStatus("text", list(communicators.values()), dead, dropped=len(dropped))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+from pathlib import Path
 from typing import Any
 
 
@@ -76,6 +77,17 @@ class FakeRas:
         self._stop.set()
         self.server.close()
         self._thread.join(5)
+
+
+def listen(procfs: Path, listening: dict[int, int]) -> None:
+    """procfs's net/tcp as get_tcp4_sock (net/ipv4/tcp_ipv4.c) prints sockets listening (state 0A) on 127.0.0.1:
+    port -> the uid of its owner, which the collector checks against the job's user."""
+    lines = ["  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode"]
+    for number, (port, uid) in enumerate(sorted(listening.items())):
+        lines.append(f"{number:4d}: 0100007F:{port:04X} 00000000:0000 0A 00000000:00000000 00:00000000 00000000 "
+                     f"{uid:5d}        0 {48151 + number} 1 0000000000000000 100 0 0 10 0")  # fmt: skip
+    (procfs / "net").mkdir(parents=True, exist_ok=True)
+    (procfs / "net" / "tcp").write_text("\n".join(lines) + "\n")
 
 
 def rank(number: int, count: int, host: str = "10.0.0.12", pid: int = 1000, dev: int = 0) -> dict[str, Any]:

@@ -15,10 +15,13 @@ only where the record says this node asks for the job (`nccl_ras_query=1`: the j
 job asks, not every one: RAS gathers from every process of the job for each query); and the `addresses` always
 asked. Each query is bounded by `timeout_seconds` and the answer by MAX_ANSWER_BYTES; every query's result is counted
 (`accelmon_nccl_queries_total{result}`): refused (nothing listening: a job without NCCL, or not yet initialised) is
-no error, the others are. Series are summaries plus outliers: per communicator its size and ranks answering and
-missing, its status and highest collective count; per rank only the missing or dead ones and those behind, at most
-`max_ranks` of each per communicator. A rank on this node (its host one of this node's addresses) carries its GPU's
-UUID. The job's user and account come from joining `accelmon_gpu_job_info` on `job_id`: no label here.
+no error, the others are. A job's port is asked, and its answer believed, only while every socket listening on it is
+the job's user's (procfs's net/tcp uid against the record's `uid`; accelmon.tcp_sockets): another user's is
+`foreign_socket`. Series are summaries plus outliers: per communicator (at most `max_communicators` an answer, the
+most troubled; the rest counted) its size and ranks answering and missing, its status and highest collective
+count; per rank only the missing or dead ones and those behind, at most `max_ranks` of each per communicator. A
+rank on this node (its host one of this node's addresses) carries its GPU's UUID. The job's user and account come
+from joining `accelmon_gpu_job_info` on `job_id`: no label here.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import pwd
 from collections import Counter
 from typing import Callable, Optional
 
@@ -37,6 +41,7 @@ from accelmon.nccl_ras import JobStatus, Rank, RasError
 from accelmon.nvidia import NVML_DEVICES, NvmlSession
 from accelmon.registry import Option, Paths, Registration, register, seconds
 from accelmon.runtime import Collector
+from accelmon.tcp_sockets import listening_uids
 
 log = logging.getLogger("accelmon.nccl")
 
@@ -44,7 +49,8 @@ log = logging.getLogger("accelmon.nccl")
 # 2 MiB, a 16k-rank job with six about 50 MiB, too much to parse in an exporter's memory. Past this, the text form
 # (only the ranks that stand out) is asked instead (accelmon.nccl_ras.ask).
 MAX_ANSWER_BYTES = 16 * 1024 * 1024
-RESULTS = ("ok", "refused", "timeout", "cut_short", "malformed", "protocol", "too_large")
+RESULTS = ("ok", "refused", "timeout", "cut_short", "malformed", "protocol", "too_large", "foreign_socket",
+           "owner_unknown")  # fmt: skip
 RANK_LABELS = ["job_id", "communicator", "rank", "host", "pid", "nvml_dev", "uuid"]
 
 C = Catalogue(
@@ -102,8 +108,16 @@ DEAD_PROCESS = C.gauge(
 QUERIES = C.counter(
     "accelmon_nccl_queries_total",
     "RAS queries by result: ok; refused (nothing listening: no NCCL in the job, or not yet); timeout, cut_short, "
-    "malformed, protocol (not a RAS server, or a protocol version this does not read), too_large: errors.",
+    "malformed, protocol (not a RAS server, or a protocol version this does not read), too_large: errors; "
+    "foreign_socket (a socket of another user than the job's listens on the job's port: its answer is not "
+    "believed), owner_unknown (the job's user, or who listens on its port, cannot be told: not believed).",
     ["result"],
+)
+COMM_DROPPED = C.gauge(
+    "accelmon_nccl_communicators_dropped",
+    "Communicators of the job's latest RAS answer not served: past max_communicators (the most troubled, then the "
+    "largest, are served).",
+    ["job_id"],
 )
 DRILL_ACTIVE = C.gauge(
     "accelmon_nccl_drill_active",
@@ -132,6 +146,11 @@ TIMEOUT = Option(
 MAX_RANKS = Option(
     "max_ranks", 8.0, "ranks served per communicator, of each kind (missing, behind)", minimum=1, maximum=1024,
     whole=True,
+)  # fmt: skip
+MAX_COMMUNICATORS = Option(
+    "max_communicators", float(nccl_ras.MAX_COMMUNICATORS),
+    "communicators served per RAS answer (the most troubled first; the rest counted in "
+    "accelmon_nccl_communicators_dropped)", minimum=1, maximum=4096, whole=True,
 )  # fmt: skip
 
 Ask = Callable[[str, int, float, int], "tuple[str, str]"]
@@ -172,6 +191,26 @@ def local_addresses(procfs: str) -> set[str]:
     return found
 
 
+def job_uid(record: dict[str, str]) -> Optional[int]:
+    """The uid of the job's user: the prolog's `uid` (SLURM_JOB_UID), else its `user` looked up (NSS)."""
+    if record.get("uid", "").isdigit():
+        return int(record["uid"])
+    try:
+        return pwd.getpwnam(record["user"]).pw_uid if record.get("user") else None
+    except KeyError:
+        return None
+
+
+def is_local(host: str) -> bool:
+    """A host whose sockets this node's net/tcp lists: loopback (RAS's NCCL_RAS_ADDR is localhost:PORT)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def parse_address(text: str) -> tuple[str, int]:
     host, _, port = text.rpartition(":")
     return host.strip("[]") or "localhost", int(port)
@@ -183,8 +222,11 @@ class NcclCollector(Collector):
     def __init__(
         self, state_dir: str, addresses: str, timeout: float, max_ranks: int, procfs: str,
         nvml: Optional[NvmlSession] = None, asker: Ask = nccl_ras.ask,
+        max_communicators: int = nccl_ras.MAX_COMMUNICATORS,
     ) -> None:  # fmt: skip
         self.state_dir = state_dir
+        self.max_communicators = max_communicators
+        self.owners: dict[str, Optional[int]] = {}  # job -> its user's uid, from targets()
         self.addresses = [parse_address(a) for a in addresses.split()]
         self.timeout = timeout
         self.max_ranks = max_ranks
@@ -204,6 +246,7 @@ class NcclCollector(Collector):
             except OSError:
                 continue  # the job ended between the listing and the read
         asked_here = [r for r in records if r.get("job_id") and r.get("nccl_ras_query", "1") != "0"]
+        self.owners = {r["job_id"]: job_uid(r) for r in records if r.get("job_id")}
         held = {str(port) for r in records for port in ports_of(r)}
         jobs = [(r["job_id"], "localhost", port) for r in asked_here for port in self.ports_asked(r, held)]
         owners = {r.get("job_id", "") for r in records} - {""}
@@ -225,8 +268,29 @@ class NcclCollector(Collector):
         except OSError:
             own = ""
         if own.isdigit() and 0 < int(own) < 65536 and (int(own) in given or own not in held):
-            return [int(own)]
+            # Only a port the job's user's own socket listens on (net/tcp's uid): the file is the user's to write,
+            # and any port named there would otherwise be asked, its answer served as the job's.
+            holders = listening_uids(self.procfs, int(own))
+            uid = job_uid(record)
+            if holders and uid is not None and holders == {uid}:
+                return [int(own)]
         return given
+
+    def believed(self, job: str, host: str, port: int, before: bool) -> None:
+        """RasError unless every socket listening on the job's port is its user's (or root's: the drill). `before`
+        the query, a port nothing listens on yet passes (the connection is refused, or checked after); after it,
+        the socket that answered must be there. An answer is labelled with a job only once this passes."""
+        if not job:
+            return  # `addresses` with no job: labelled with none
+        uid = self.owners.get(job)
+        if uid is None or not is_local(host):
+            raise RasError("owner_unknown", f"job {job}: its user's uid, or who holds {host}:{port}, is unknown")
+        holders = listening_uids(self.procfs, port)
+        if holders is None or (not holders and not before):
+            raise RasError("owner_unknown", f"no listening socket on port {port} in {self.procfs}/net/tcp{{,6}}")
+        foreign = holders - {uid, 0}
+        if foreign:
+            raise RasError("foreign_socket", f"port {port} is held by uid {min(foreign)}, not job {job}'s user {uid}")
 
     def uuids(self) -> dict[int, str]:
         found = self.nvml.gpus() if self.nvml is not None else None
@@ -238,8 +302,10 @@ class NcclCollector(Collector):
         local, uuids = (local_addresses(self.procfs), self.uuids()) if targets else (set(), {})
         for job, host, port in targets:
             try:
+                self.believed(job, host, port, before=True)
                 form, text = self.asker(host, port, self.timeout, MAX_ANSWER_BYTES)
-                status = nccl_ras.parse(form, text, self.max_ranks)
+                self.believed(job, host, port, before=False)
+                status = nccl_ras.parse(form, text, self.max_ranks, self.max_communicators)
             except RasError as error:
                 self.results[error.kind] += 1
                 if error.kind != "refused" and (job, error.kind) not in self._told:
@@ -256,6 +322,7 @@ class NcclCollector(Collector):
     def serve(self, out: Samples, job: str, status: JobStatus, local: set[str], uuids: dict[int, str]) -> None:
         if status.drill:
             out.add(DRILL_ACTIVE, (job,), 1)
+        out.add(COMM_DROPPED, (job,), status.dropped)
 
         def labels(comm: str, rank: Rank) -> list[str]:
             uuid = uuids.get(rank.nvml_dev, "") if rank.host in local else ""
@@ -299,6 +366,7 @@ def _build(options: dict[str, object], paths: Paths) -> NcclCollector:
         int(options["max_ranks"]),  # type: ignore[call-overload]
         paths.procfs,
         NvmlSession("no GPU UUID for the ranks on this node", retry_seconds=300),
+        max_communicators=int(options["max_communicators"]),  # type: ignore[call-overload]
     )
 
 
@@ -319,6 +387,7 @@ REGISTRATION = register(
             TIMEOUT,
             ADDRESSES,
             MAX_RANKS,
+            MAX_COMMUNICATORS,
             STATE_DIR,
         ),
         enabled_by_default=_jobs_or_addresses,

@@ -1,0 +1,45 @@
+"""Who holds a TCP port on this host: the owner of each socket listening on it, from procfs's `net/tcp` and `net/tcp6`.
+
+Linux prints one line a socket (net/ipv4/tcp_ipv4.c, get_tcp4_sock; net/ipv6/tcp_ipv6.c, get_tcp6_sock):
+`sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode ...`, the local address as
+HEX_ADDRESS:HEX_PORT, the state in hex (0A: TCP_LISTEN), and the uid the socket belongs to (sock_i_uid: the user
+that made it; a connection a listener accepts inherits it). The files are readable by every user and list every
+socket of the network namespace, whatever its process.
+
+Example line::
+
+       0: 0100007F:6DD4 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 48151 1 ...
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+LISTEN = "0A"  # TCP_LISTEN (include/net/tcp_states.h), as net/tcp prints a state
+FILES = ("tcp", "tcp6")
+
+
+def listening_uids(procfs: str, port: int) -> Optional[set[int]]:
+    """The uids of the sockets listening on `port` (any local address, IPv4 or IPv6): empty when none listens, None
+    when neither file can be read (no answer to who holds it)."""
+    found: set[int] = set()
+    read_any = False
+    for name in FILES:
+        try:
+            with open(os.path.join(procfs, "net", name), encoding="ascii", errors="replace") as stream:
+                read_any = True
+                next(stream, None)  # the header
+                for line in stream:
+                    fields = line.split()
+                    if len(fields) < 8 or fields[3] != LISTEN:
+                        continue
+                    _, _, hex_port = fields[1].rpartition(":")
+                    try:
+                        if int(hex_port, 16) == port:
+                            found.add(int(fields[7]))
+                    except ValueError:
+                        continue
+        except OSError:
+            continue
+    return found if read_any else None
