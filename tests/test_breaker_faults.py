@@ -152,8 +152,10 @@ def test_checks_killed_after_their_drain_leave_a_claim_the_next_check_settles(tm
         ]
     healthy = passing()
     before = len(cluster.calls())
-    loop_on(tmp_path, cluster, sorted(set(nodes) - set(first))[0]).run(healthy, lambda r: healthy)
-    assert len(cluster.calls()) == before  # settled: a healthy node with nothing open does not even ask Slurm
+    settled = sorted(set(nodes) - set(first))[0]
+    loop_on(tmp_path, cluster, settled).run(healthy, lambda r: healthy)
+    # Settled: a healthy node with nothing open reads its own node only (the pause its Comment carries).
+    assert all(call.startswith(f"show node {settled} ") for call in cluster.calls()[before:])
 
 
 def test_restamped_nodes_keep_their_place_in_the_breaker(tmp_path):

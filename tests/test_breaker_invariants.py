@@ -153,9 +153,19 @@ def test_a_check_that_cannot_read_slurm_journals_it_and_the_exporter_serves_it(t
     said = check(tmp_path, cluster, "gpu-7", failing("reboot_node"))
     check(tmp_path, cluster, "gpu-7", failing("reboot_node"))
     assert any("Unable to contact slurm controller" in line for line in said), said
-    assert records(tmp_path, "gpu-7") == [("breaker_held", "uncounted")]
+    assert records(tmp_path, "gpu-7") == [("breaker_held", "uncounted")] * 2  # at every run while it lasts
     journal = Journal.read(str(tmp_path / "gpu-7.jsonl"))
     assert sample_value(health_samples(journal, True), "accelmon_node_remediation_held", why="uncounted") == 1
+    # Served whatever the exporter's own verdict (the check's scan may fail where the exporter's does not), while
+    # fresh: a record of an outage long over says nothing now.
+    assert sample_value(health_samples(journal, False), "accelmon_node_remediation_held", why="uncounted") == 1
+    later = time.time() + 3600
+    from accelmon.collectors.health import serve_journal
+    from accelmon.metrics import Samples
+
+    out = Samples()
+    serve_journal(out, journal, False, "act", later)
+    assert sample_value(text_of(out), "accelmon_node_remediation_held", why="uncounted") == 0
 
 
 # --- 4. Slurm 23.11 keeps the reason on RESUME ------------------------------------------------------------------------
@@ -379,5 +389,123 @@ def test_a_real_rescan_whose_nvml_cannot_start_after_the_reset_keeps_the_node_dr
         loop.run(verdict, lambda resets: scan_health(load(str(config)), resets))
     node = cluster.node("gpu-7")
     assert "DRAIN" in node["state"], node
-    assert "the rescan cannot vouch for it: GPU 0, 1 not answering its driver library" in node["reason"], node
+    assert "the rescan cannot vouch for it: fabric, nvml did not sample; GPU 0, 1 not answering" in node["reason"]
     assert not [call for call in cluster.calls() if "State=RESUME" in call]
+
+
+# --- issue 64's review: what a second look found ------------------------------------------------------------------
+def test_an_adopted_drain_ranked_within_the_limit_is_granted_and_survives_a_shrinking_limit(tmp_path):
+    """A check killed after its drain leaves it unverified; the next check ranks it within the limit (4th of 4).
+    That rank grants it: when 20 nodes power down later (limit 3), it is not taken back while its GPU fails."""
+    nodes = [f"gpu-{n:02d}" for n in range(40)]
+    cluster = Cluster(tmp_path, {node: "IDLE" for node in nodes})
+    for node in nodes[:3]:
+        check(tmp_path, cluster, node, failing("reboot_node"), mode="observe")
+    killed = loop_on(tmp_path, cluster, nodes[3], mode="observe")
+    killed.fleet.sleep = lambda seconds: (_ for _ in ()).throw(KeyboardInterrupt())
+    try:
+        killed.run(failing("reboot_node"), lambda resets: failing("reboot_node"))
+    except KeyboardInterrupt:
+        pass
+    check(tmp_path, cluster, nodes[3], failing("reboot_node"), mode="observe")  # adopted, ranked 4th: granted
+    kept = records(tmp_path, nodes[3])
+    assert kept.index(("drained", "unverified")) < kept.index(("drained", "none")), kept
+    for node in nodes[20:]:
+        cluster.edit(node, state="IDLE+POWERED_DOWN")
+    check(tmp_path, cluster, nodes[3], failing("reboot_node"), mode="observe")
+    assert drained(cluster, nodes[3]) and not [call for call in cluster.calls() if "State=UNDRAIN" in call]
+
+
+def test_a_node_drained_for_a_reset_is_not_resumed_on_a_scan_that_read_nothing(tmp_path):
+    """Every check "passes" once NVML cannot start (an NVIDIA library upgraded without a reboot): the GPUs answered
+    nothing. The plain resume ("every check passes now") used to follow; now the scan must vouch for the node."""
+    cluster = Cluster(tmp_path, {f"gpu-{n}": "IDLE" for n in range(20)})
+    check(tmp_path, cluster, "gpu-7", failing("restart_app"))
+    said = check(tmp_path, cluster, "gpu-7", rescan_without(healthy(), answers=False))
+    assert drained(cluster, "gpu-7"), said
+    assert any("not answering its driver library" in line for line in said), said
+    check(tmp_path, cluster, "gpu-7", healthy())
+    assert cluster.node("gpu-7") == {"state": "IDLE", "reason": ""}
+
+
+def test_a_reboot_slurm_timed_out_is_drained_again_even_without_the_journal(tmp_path):
+    """A timed-out reboot leaves the node DOWN without its drain (22.05); with the journal gone (a diskless node)
+    the node used to be left to return to service unchecked. DOWN with accelmon's reboot reason is enough."""
+    cluster = Cluster(tmp_path, {f"gpu-{n}": "IDLE" for n in range(20)})
+    check(tmp_path, cluster, "gpu-7", failing("reboot_node"))
+    check(tmp_path, cluster, "gpu-7", failing("reboot_node"))
+    cluster.time_out_reboot("gpu-7")
+    (tmp_path / "gpu-7.jsonl").unlink()
+    check(tmp_path, cluster, "gpu-7", failing("reboot_node"))
+    assert "DRAIN" in cluster.node("gpu-7")["state"]
+
+
+def test_after_accelmons_reboot_the_gpus_of_before_must_answer(tmp_path):
+    """GPU 2 gone after the reboot and another board at another bus (still two GPUs, as gres says): resumed as
+    "every check passed" before; the inventory journalled at the drain and the reboot's start now says no."""
+    cluster = Cluster(tmp_path, {f"gpu-{n}": "IDLE" for n in range(20)})
+    check(tmp_path, cluster, "gpu-7", failing("reboot_node"))
+    check(tmp_path, cluster, "gpu-7", failing("reboot_node"))
+    cluster.boot("gpu-7")
+    other = health.GpuHealth("5", "GPU-5", [], "S5", "00000000:5A:00.0")
+    said = check(tmp_path, cluster, "gpu-7", health.NodeHealth([healthy().gpus[0], other], []))
+    assert drained(cluster, "gpu-7") and any("00000000:2A:00.0 missing" in line for line in said), said
+
+
+def test_a_pause_erased_while_every_node_was_healthy_still_holds(tmp_path):
+    """The pause set while every check was healthy (none listed the fleet), then `NodeName=ALL Comment=`: a healthy
+    check reads its own node and remembers the pause its Comment carried, so the first failure still holds."""
+    from accelmon.slurm.fleet import Fleet, Limits
+
+    cluster = Cluster(tmp_path, {f"gpu-{n}": "IDLE" for n in range(20)})
+    Fleet(str(cluster.command), run, Limits()).pause("INC-42")
+    check(tmp_path, cluster, "gpu-7", healthy())
+    for node in cluster.nodes():
+        cluster.edit(node, comment="")
+    said = check(tmp_path, cluster, "gpu-7", failing("reboot_node"))
+    assert not drained(cluster, "gpu-7") and any("vanished" in line for line in said), said
+
+
+def test_a_resume_from_a_host_behind_the_pausers_clock_ends_the_pause(tmp_path):
+    """Paused from a host 10 minutes ahead, resumed 5 minutes later from one on time: the nodes that remembered the
+    pause used to hold it, comparing the two hosts' clocks. Any resume marker ends it (a pause removes them all)."""
+    from accelmon.slurm.fleet import Fleet, Limits
+
+    cluster = Cluster(tmp_path, {f"gpu-{n}": "IDLE" for n in range(20)})
+    Fleet(str(cluster.command), run, Limits(), now=lambda: time.time() + 600).pause("INC-42")
+    check(tmp_path, cluster, "gpu-7", failing("reboot_node"))  # held, remembered
+    Fleet(str(cluster.command), run, Limits(), now=lambda: time.time() + 300).resume()
+    check(tmp_path, cluster, "gpu-7", failing("reboot_node"))
+    assert drained(cluster, "gpu-7")
+
+
+def test_a_repair_claim_whose_take_back_failed_is_still_accelmons(tmp_path):
+    """The controller applied a repair claim, then stopped answering: the take-back failed, the journal never
+    recorded the claim. The next check found "accelmon: resetting GPU 2" and called it an administrator's edit."""
+    cluster = Cluster(tmp_path, {f"gpu-{n}": "IDLE" for n in range(20)})
+    check(tmp_path, cluster, "gpu-7", failing("reset_gpu", "ecc"), mode="observe")
+    since = cluster.node("gpu-7")["reason"]
+    cluster.edit("gpu-7", reason="accelmon: resetting GPU 2 (reset_gpu)")
+    said = check(tmp_path, cluster, "gpu-7", failing("reset_gpu", "ecc"), mode="observe")
+    assert not any("edited" in line for line in said), (since, said)
+
+
+def test_a_node_down_with_a_reason_slurm_kept_is_not_out_by_accelmon(tmp_path):
+    """Slurm 23.11+ without accounting keep the reason of a node accelmon resumed; one that later stops responding
+    is DOWN with it. Three such nodes used to hold back a real drain (3 out, limit 3)."""
+    cluster = Cluster(tmp_path, {f"gpu-{n}": "IDLE" for n in range(20)})
+    for node in ("gpu-1", "gpu-2", "gpu-3"):
+        cluster.edit(node, state="DOWN", reason="accelmon: reboot pending: reboot_node for GPU 2")
+    check(tmp_path, cluster, "gpu-7", failing("reboot_node"))
+    assert drained(cluster, "gpu-7")
+
+
+def test_the_prologs_diagnostic_that_drains_nothing_is_journalled(tmp_path):
+    """A failing diagnostic on a reserved node runs the job (no drain), but the periodic check never runs the
+    diagnostic: it was said in slurmd's log only. Now journalled, for a person."""
+    from tests.test_slurm_health import failing_prolog
+
+    cluster = Cluster(tmp_path, {"gpu-7": "MIXED+RESERVED", **{f"gpu-{n}": "IDLE" for n in range(10, 20)}})
+    result = failing_prolog(tmp_path, cluster.command)
+    assert result.returncode == 0, result.stderr
+    assert records(tmp_path, "j") == [("left_for_person", "none")]

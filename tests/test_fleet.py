@@ -17,8 +17,9 @@ import pytest
 
 from accelmon import health
 from accelmon.remediation import Journal
-from accelmon.slurm.fleet import Fleet, Limits, pause_of
+from accelmon.slurm.fleet import Fleet, Limits
 from accelmon.slurm.nodes import parse_json, parse_nodes, run_scontrol
+from accelmon.slurm.pause import pause_of
 from accelmon.slurm.repair import Options, SlurmRepair
 from tests.support.exposition import sample_value
 from tests.support.fake_scontrol import Cluster

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from accelmon.slurm import nodes as slurm_nodes
-from accelmon.slurm.fleet import Fleet, Limits, pause_of
+from accelmon.slurm.fleet import Fleet, Limits
 from accelmon.slurm.nodes import Listing, field_value, find_scontrol, parse_nodes, run_scontrol
+from accelmon.slurm.pause import pause_of
 from tests.support.fake_scontrol import Cluster, line, stamp
 
 # The fields of 22.05.8's one-line node in the order slurm_sprint_node_table prints them (those the fake prints).

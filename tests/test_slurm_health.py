@@ -77,7 +77,8 @@ def test_a_failing_gpu_drains_the_node_with_a_reason_naming_it(node):
 
 def test_a_node_without_failure_is_never_touched_and_never_resumed(node):
     result, calls = node("")
-    assert result.returncode == 0 and calls == []  # not even a state query: it never resumes a drained node
+    # Its own node read (the pause switch its Comment carries), nothing changed: it never resumes a drained node.
+    assert result.returncode == 0 and calls == ["show node gpu-7 --json", "show node gpu-7 --oneliner"]
     # The fake's GPU 2 is in hardware thermal slowdown: a warning, for the alert and the dashboard, not a drain.
     assert result.stdout.startswith("node verdict: warning")
 
@@ -92,7 +93,9 @@ def test_a_node_already_out_keeps_its_state_and_reason(node, state):
 def test_a_warning_does_not_drain(node):
     xid_94 = record(1, 5.0, xid_line(bus_id(1).rsplit(".", 1)[0], 94, "Contained ECC error."))
     result, calls = node(xid_94)
-    assert calls == [] and "node verdict: warning" in result.stdout
+    assert (
+        not [call for call in calls if not call.startswith("show node gpu-7")] and "verdict: warning" in result.stdout
+    )
 
 
 def test_faults_of_slurm_or_settings_never_fail_the_health_check(node, tmp_path):
@@ -132,6 +135,13 @@ def diag_report(*failing: str) -> str:
     return json.dumps({"DCGM GPU Diagnostic": {"test_categories": [{"category": "Deployment", "tests": tests}]}})
 
 
+def journal_config(tmp_path: Path) -> Path:
+    """A config whose journal is the test's own (the default, /var/lib/accelmon, is the machine's)."""
+    config = tmp_path / "prolog.yml"
+    config.write_text(yaml.safe_dump({"collectors": {"health": {"remediation_journal": str(tmp_path / "j.jsonl")}}}))
+    return config
+
+
 @pytest.fixture
 def prolog(tmp_path: Path):
     calls = tmp_path / "calls"
@@ -147,7 +157,8 @@ def prolog(tmp_path: Path):
         env = exporter_env(None, None)
         env.update(NODE_STATE="MIXED", SLURMD_NODENAME="gpu-7", DIAG_REPORT=str(tmp_path / "report.json"))
         env["DIAG_STATUS"] = str(status)
-        command = [sys.executable, "-m", "accelmon.slurm.health", "--diag", "--scontrol", str(scontrol)]
+        command = [sys.executable, "-m", "accelmon.slurm.health", "--diag", "--scontrol", str(scontrol),
+                   "--config", str(journal_config(tmp_path))]  # fmt: skip
         result = subprocess.run(
             [*command, "--dcgmi", str(dcgmi), *extra], env=env, capture_output=True, text=True, timeout=60
         )
@@ -201,5 +212,6 @@ def failing_prolog(tmp_path: Path, scontrol: Path) -> subprocess.CompletedProces
     (tmp_path / "report.json").write_text(diag_report("GPU Memory"))
     env = exporter_env(None, None)
     env.update(SLURMD_NODENAME="gpu-7", DIAG_REPORT=str(tmp_path / "report.json"), DIAG_STATUS="226")
-    command = [sys.executable, "-m", "accelmon.slurm.health", "--diag", "--scontrol", str(scontrol)]
+    command = [sys.executable, "-m", "accelmon.slurm.health", "--diag", "--scontrol", str(scontrol),
+               "--config", str(journal_config(tmp_path))]  # fmt: skip
     return subprocess.run([*command, "--dcgmi", str(dcgmi)], env=env, capture_output=True, text=True, timeout=60)

@@ -338,6 +338,14 @@ class Journal:
                 return record.reason
         return None
 
+    def inventory(self, node: str) -> tuple[tuple[str, str], ...]:
+        """The GPUs `node` had when accelmon last recorded them (its drain, a repair's start): what a scan must find
+        again before the node is resumed; () where none is journalled (a journal older than this field)."""
+        for record in reversed(self.records):
+            if record.node == node and record.inventory:
+                return record.inventory
+        return ()
+
     def last_event(self, node: str, events: Iterable[str]) -> Optional[Record]:
         wanted = set(events)
         for record in reversed(self.records):

@@ -95,6 +95,13 @@ def scan_health(
             settings.collector(name).enabled = False
     samplers = build_samplers(settings)
     late = sample_within(samplers, deadline)
+    # Sampled is not read: a collector whose hardware is there (its driver's files) but did not answer (NVML that
+    # cannot start after a reset) "succeeds" with no series, and its checks then judge nothing.
+    unread = [
+        s.name for s in samplers
+        if s.name not in late and s.hardware_expected
+        and (not s.state().success or s.collector.hardware_answering() is False)
+    ]  # fmt: skip
     if not late:  # a collector still inside a hardware call keeps its library: releasing it under the call races
         Exporter(samplers).stop()
     latest = [state.latest for state in (sampler.state() for sampler in samplers) if state.latest is not None]
@@ -102,8 +109,7 @@ def scan_health(
     running = [registration for name, registration in registered.items() if name in sampled]
     now = time.time()
     node = health.evaluate(latest, now, running, drills=drill_store.read(drill_dir, now), resets=resets)
-    failed = [s.name for s in samplers if s.name not in late and s.hardware_expected and not s.state().success]
-    node.unsampled = tuple(late + failed)
+    node.unsampled = tuple(late + unread)
     if late:
         # Slurm kills a health check at 60 s and logs nothing of it: a scan that cannot finish is judged, not lost.
         # A driver that slow fails jobs too; a person looks (NHC, too, takes a node offline on a check's timeout).

@@ -73,7 +73,7 @@ class Cluster:
         for name, value in nodes.items():
             state, reason = [*value.split("|", 1), ""][:2]
             parsed[name] = {
-                "state": state, "reason": reason, "comment": "", "next_state": "", "gres": "gpu:h100:1",
+                "state": state, "reason": reason, "comment": "", "next_state": "", "gres": "gpu:h100:2",
                 "stamp": stamp(when=time.time() - reason_age),
             }  # fmt: skip
         data = {"nodes": parsed, "calls": [], "fail": list(fail), "json": self.json_form, "listings": 0, **settings}

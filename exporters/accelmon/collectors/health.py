@@ -21,7 +21,7 @@ from accelmon.metrics import Catalogue, Samples
 from accelmon.registry import Paths, Registration, collectors, register, seconds
 from accelmon.remediation import Journal
 from accelmon.runtime import Collector, Sampler
-from accelmon.slurm.fleet import PauseMemory, paused_path
+from accelmon.slurm.pause import PauseMemory, paused_path
 
 C = Catalogue(
     "health",
@@ -149,7 +149,7 @@ class HealthCollector(Collector):
         journal = self.journal()
         node = health.evaluate(latest, now, self.registrations, drills, journal.resets())
         out = served(node)
-        serve_journal(out, journal, node.verdict == "failure", self.mode)
+        serve_journal(out, journal, node.verdict == "failure", self.mode, now)
         remembered = PauseMemory(paused_path(self.journal_path)).read()
         out.add(PAUSE_VANISHED, [], 1 if remembered is not None and remembered.get("vanished") is True else 0)
         for name, value in sorted(self.limits.items()):
@@ -168,7 +168,12 @@ class HealthCollector(Collector):
         return self._journal[1]
 
 
-def serve_journal(out: Samples, journal: Journal, failing: bool, mode: str) -> None:
+# A check that could not read Slurm journals it at every run: its record is fresh this long, whatever this exporter's
+# own verdict (the check's scan may have failed where the exporter's did not: the scan's deadline).
+UNCOUNTED_FRESH_SECONDS = 1800.0
+
+
+def serve_journal(out: Samples, journal: Journal, failing: bool, mode: str, now: float | None = None) -> None:
     """What the repair journal says, served beside the verdicts: the mode, the journal's state, repairs and events,
     drained time, and whether the breaker holds this failing node's drain back now."""
     out.add(MODE, [mode], 1)
@@ -184,7 +189,9 @@ def serve_journal(out: Samples, journal: Journal, failing: bool, mode: str) -> N
         (r for r in reversed(journal.records)
          if r.event in ("drained", "escalated", "resumed", "breaker_held", "repair", "repair_held")), None,
     )  # fmt: skip
-    why = hold_of(latest) if failing or (latest is not None and latest.event == "repair_held") else None
+    at = time.time() if now is None else now
+    uncounted = latest is not None and latest.outcome == "uncounted" and latest.time >= at - UNCOUNTED_FRESH_SECONDS
+    why = hold_of(latest) if failing or uncounted or (latest is not None and latest.event == "repair_held") else None
     out.add(DRAIN_HELD, [], 1 if why == "breaker" and latest is not None and latest.event == "breaker_held" else 0)
     for name in HOLDS:
         out.add(HELD, [name], 1 if why == name else 0)

@@ -41,8 +41,8 @@ from typing import Any, Callable, Optional
 from accelmon.metrics import Catalogue, Samples
 from accelmon.registry import Option, Paths, Registration, register, seconds
 from accelmon.runtime import Collector
-from accelmon.slurm.fleet import pause_of
 from accelmon.slurm.nodes import STATES, Listing, SlurmNode, by_host_name, ledger_state, node_name, run_scontrol
+from accelmon.slurm.pause import pause_of
 
 log = logging.getLogger("accelmon.scheduler")
 

@@ -6,11 +6,15 @@ from __future__ import annotations
 import json
 import logging
 import subprocess
+import time
 from typing import Any, Callable, Optional
 
 log = logging.getLogger("accelmon.slurm")
 
 DIAG_TIMEOUT_SECONDS = 600  # dcgmi diag -r 2: a few minutes on an H100
+# DCGM's host engine restarts with the units stopped around a reset: its diagnostic is asked again for this long
+# before "could not run" leaves the node for a person (never a pass).
+DIAG_READY_SECONDS = 60.0
 
 
 def run_long(command: list[str]) -> subprocess.CompletedProcess[str]:
@@ -56,3 +60,14 @@ def diagnose(
         log.info("dcgmi diag ended with status %d and no failed test: not judged", result.returncode)
         return None
     return failed
+
+
+def diagnose_when_ready(dcgmi: str, sleep: Callable[[float], None]) -> Optional[list[str]]:
+    """`dcgmi diag -r 2` after a reset, asked again while it cannot run (its host engine, stopped around the reset,
+    not listening yet) for up to DIAG_READY_SECONDS; None if it never could."""
+    deadline = time.monotonic() + DIAG_READY_SECONDS
+    while True:
+        tests = diagnose(dcgmi, run_long, level="2")
+        if tests is not None or time.monotonic() >= deadline:
+            return tests
+        sleep(5.0)

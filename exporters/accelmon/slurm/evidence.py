@@ -54,14 +54,26 @@ def joining_fabric(node: health.NodeHealth) -> str:
 SLURM_SUFFIX = re.compile(r"(\s*:\s*reboot (issued|timed out|complete))+\s*$")
 
 
+# The reasons of accelmon's own repair claims (accelmon.slurm.repair: reboot and reset), without their key.
+REPAIR_CLAIM = re.compile(
+    r"accelmon: (reboot pending: reboot_node for GPU [0-9, ]+|resetting GPU [0-9, ]+ \(reset_gpu\))"
+)
+
+
+def reason_body(reason: str) -> str:
+    """A reason without accelmon's "(out since ...)" key and Slurm's reboot suffixes, its spaces normalised."""
+    return " ".join(SLURM_SUFFIX.sub("", OUT_SINCE.sub("", reason)).split())
+
+
 def same_reason(shown: str, written: str) -> bool:
     """Whether Slurm's reason `shown` is the reason accelmon `written`, its "(out since ...)" key and Slurm's reboot
     suffixes aside."""
+    return reason_body(shown) == reason_body(written)
 
-    def body(reason: str) -> str:
-        return " ".join(SLURM_SUFFIX.sub("", OUT_SINCE.sub("", reason)).split())
 
-    return body(shown) == body(written)
+def repair_claim(reason: str) -> bool:
+    """Whether `reason` is one of accelmon's repair claims, in its own words."""
+    return REPAIR_CLAIM.fullmatch(reason_body(reason)) is not None
 
 
 def inventory_of(node: health.NodeHealth) -> tuple[tuple[str, str], ...]:

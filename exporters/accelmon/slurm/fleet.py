@@ -39,10 +39,8 @@ kept as it was.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
 import re
 import subprocess
 import time
@@ -50,7 +48,18 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from accelmon.slurm.nodes import Listing, SlurmNode, keyed_reason
+from accelmon.slurm.nodes import DRAINED, Listing, SlurmNode, keyed_reason
+from accelmon.slurm.pause import (
+    PAUSED,
+    RESUMED,
+    Pause,
+    PauseMemory,
+    current_token,
+    pause_of,
+    resumed,
+    with_token,
+    without_resume,
+)  # fmt: skip
 
 log = logging.getLogger("accelmon.slurm")
 
@@ -65,10 +74,7 @@ CALL_TIMEOUT_SECONDS = 20.0  # one scontrol call at most
 CHECK_BUDGET_SECONDS = 50.0
 MIN_CALL_SECONDS = 2.0  # a call left less time than this is not made: it would only be killed
 REPAIRING = ("accelmon: reboot pending", "accelmon: resetting")  # the reasons of a repair under way
-PAUSED = re.compile(r"accelmon-paused=(\d+(?:\.\d+)?):(\S*)")
 REPAIRED = re.compile(r"accelmon-repaired=(\d+(?:\.\d+)?)")
-# What `accelmon-remediation resume` leaves in every Comment: a node that remembers a pause forgets it only for this.
-RESUMED = re.compile(r"accelmon-resumed=(\d+(?:\.\d+)?)")
 SELECTOR = re.compile(r"(gres|partition|feature):(\S+)")
 
 # scontrol and the other commands a check runs: (command, timeout in seconds) -> the result.
@@ -121,17 +127,6 @@ def gres_names(gres: str) -> list[str]:
 
 
 @dataclass(frozen=True)
-class Pause:
-    node: str  # the node whose Comment carries the switch
-    since: float
-    reason: str
-
-    def words(self) -> str:
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(self.since))
-        return f"remediation paused since {when} (on node {self.node}): {self.reason}"
-
-
-@dataclass(frozen=True)
 class Decision:
     """What a claim came to. `outcome`: claimed (the node is out / the repair may start); held (the limit was
     reached before: nothing changed); ranked_out (claimed, then ranked past the limit: taken back); paused;
@@ -156,85 +151,23 @@ class Decision:
         return (self.out, self.listed, self.limit)
 
 
-class PauseMemory:
-    """The pause this node's check last saw, kept beside its journal. `scontrol update NodeName=ALL Comment=...` erases
-    the switch from every carrier at once; a pause that vanishes so, without `accelmon-remediation resume` (which
-    leaves `accelmon-resumed=EPOCH` in every Comment), still holds on every node that saw it, and says so (the
-    exporter serves it: accelmon_remediation_pause_vanished, AccelmonRemediationPauseVanished)."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def read(self) -> Optional[dict[str, object]]:
-        try:
-            with open(self.path, encoding="utf-8") as stream:
-                data = json.load(stream)
-            return data if isinstance(data, dict) and isinstance(data.get("since"), (int, float)) else None
-        except (OSError, ValueError):
-            return None
-
-    def keep(self, pause: Pause, vanished: bool) -> None:
-        data = {"node": pause.node, "since": pause.since, "reason": pause.reason, "vanished": vanished}
-        if self.read() == data:
-            return
-        temporary = f"{self.path}.tmp"
-        try:
-            with open(temporary, "w", encoding="utf-8") as stream:
-                json.dump(data, stream)
-                stream.flush()
-                os.fsync(stream.fileno())
-            os.chmod(temporary, 0o644)  # the exporter (another user) reads it; no secret in it
-            os.replace(temporary, self.path)
-        except OSError as error:
-            log.error("cannot remember the pause in %s: %s", self.path, error)
-
-    def forget(self) -> None:
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
-        except OSError as error:
-            log.error("cannot forget the pause in %s: %s", self.path, error)
-
-
-def without_resume(comment: str) -> str:
-    return with_token(comment, RESUMED, "")
-
-
-def paused_path(journal: str) -> str:
-    """Where a node remembers the pause: beside its journal."""
-    return os.path.join(os.path.dirname(journal) or ".", "remediation.paused")
-
-
-def resumed_since(nodes: list[SlurmNode], since: float) -> bool:
-    """Whether `accelmon-remediation resume` ran after a pause set at `since` (any node's Comment says so)."""
-    return any(float(found.group(1)) >= since for node in nodes for found in [RESUMED.search(node.comment)] if found)
-
-
-def pause_of(nodes: list[SlurmNode]) -> Optional[Pause]:
-    for node in sorted(nodes, key=lambda n: n.name):
-        found = PAUSED.search(node.comment)
-        if found:
-            return Pause(node.name, float(found.group(1)), urllib.parse.unquote(found.group(2)))
-    return None
-
-
 def repaired_at(node: SlurmNode) -> Optional[float]:
     found = REPAIRED.search(node.comment)
     return float(found.group(1)) if found else None
 
 
-def with_token(comment: str, pattern: re.Pattern[str], token: str) -> str:
-    """`comment` with accelmon's token of this kind replaced by `token` ("" removes it); the rest as it was."""
-    kept = " ".join(pattern.sub("", comment).split())
-    return " ".join(part for part in (kept, token) if part)
+def drained_by_accelmon(node: SlurmNode) -> bool:
+    """Drained (or in a reboot) with a reason accelmon wrote: accelmon always drains. A node DOWN without a drain
+    whose reason is accelmon's is not out by it: Slurm 23.11 to 25.x without accounting keep the reason of a node
+    accelmon resumed, and a node that later stops responding keeps that reason (docs/slurm.md)."""
+    return node.accelmons and bool(node.flags & DRAINED or node.reboot_pending)
 
 
 def out_by_accelmon(node: SlurmNode, now: float, window: float) -> bool:
-    """Out with a reason accelmon wrote, first out within the window (a node out for weeks, sent for service, no
-    longer uses the budget). A reason without a stamp counts: unsure, it holds."""
+    """Out by accelmon's drain, first out within the window (a node out for weeks, sent for service, no longer uses
+    the budget). A reason without a stamp counts: unsure, it holds."""
     since = node.out_since
-    return node.out and node.accelmons and (since is None or since >= now - window)
+    return drained_by_accelmon(node) and (since is None or since >= now - window)
 
 
 def repairing(node: SlurmNode, now: float) -> bool:
@@ -342,7 +275,7 @@ class Fleet:
         if seen is None:
             return None
         since = float(seen["since"])  # type: ignore[arg-type]
-        if resumed_since(nodes, since):
+        if resumed(nodes):
             self.memory.forget()
             return None
         remembered = Pause(str(seen.get("node", "")), since, str(seen.get("reason", "")))
@@ -351,12 +284,24 @@ class Fleet:
         return Pause(remembered.node, since, f"{remembered.reason} [the switch vanished from every Comment without "
                      "accelmon-remediation resume: still paused; run it to end the pause]")  # fmt: skip
 
+    def remember_pause(self, node: SlurmNode) -> None:
+        """What a healthy node's check sees of the switch in its own Comment, kept: the pause it carries remembered, a
+        resume marker forgotten. Never judged vanished from one node's Comment (an edit of that one node is no end
+        of the pause): that takes the fleet's listing (`paused`)."""
+        if self.memory is None:
+            return
+        pause = pause_of([node])
+        if pause is not None:
+            self.memory.keep(pause, vanished=False)
+        elif RESUMED.search(node.comment):
+            self.memory.forget()
+
     def checked(self, nodes: list[SlurmNode]) -> int:
         """How many nodes the breaker's share is of: those in breaker_nodes, less those powered down or down for a
         reason not accelmon's (no check runs there), plus any node out by accelmon outside them."""
         count = 0
         for node in nodes:
-            ours = node.out and node.accelmons
+            ours = drained_by_accelmon(node)
             # FUTURE: defined in slurm.conf, not yet in service (no slurmd, no check).
             running = not node.powered_down and not (node.flags & {"DOWN", "FAIL", "FUTURE"})
             count += 1 if ours or (self.limits.in_scope(node) and running) else 0
@@ -384,7 +329,7 @@ class Fleet:
     def capped(self, nodes: list[SlurmNode]) -> Optional[Decision]:
         """breaker_max_nodes counts every node out by accelmon, whatever the window: a false verdict that recurs
         daily must not drain a few more nodes every day."""
-        out = sum(1 for node in nodes if node.out and node.accelmons)
+        out = sum(1 for node in nodes if drained_by_accelmon(node))
         cap = int(self.limits.breaker_max_nodes)
         if out < cap:
             return None
@@ -393,8 +338,9 @@ class Fleet:
 
     def keep(self, name: str) -> Optional[Decision]:
         """At a check of `name` while it is out by an unverified drain of accelmon's (the repair loop asks only then):
-        None while it ranks within the limit (or this cannot be told: nothing changes), else its drain taken back (the
-        decision says whether that worked). A node in a reboot or down is left: taking its drain back would return it
+        None while this cannot be told (nothing changes); `claimed` while it ranks within the limit (the caller
+        journals the drain as granted: it stays until its node passes); else its drain taken back (the decision says
+        whether that worked). A node in a reboot or down is left: taking its drain back would return it
         to service unchecked."""
         now = self.now()
         window = self.limits.breaker_window_seconds
@@ -408,9 +354,9 @@ class Fleet:
                     out_order(mine))  # fmt: skip
         checked = self.checked(nodes)
         limit = self.limits.breaker_limit(checked)
-        if ahead < limit:
-            return None
         words = f"{self.counts_words(ahead, checked, limit, False)} out before {name}"
+        if ahead < limit:  # ranked within the limit: granted now, never taken back later
+            return Decision("claimed", f"{words}: the drain kept", ahead, checked, limit)
         return self.taken_back(self.clear(name, mine.reason, "State=UNDRAIN"), name, "drain", words, ahead, checked,
                                limit)  # fmt: skip
 
@@ -555,6 +501,10 @@ class Fleet:
             for n in missing
             if self.update(n.name, f"Comment={with_token(without_resume(n.comment), PAUSED, token)}")
         ]
+        # Every resume marker goes, carriers or not: a node that remembers this pause ends it only on a later resume.
+        for node in nodes:
+            if node not in chosen and RESUMED.search(node.comment):
+                self.update(node.name, f"Comment={without_resume(node.comment)}")
         carried = len(chosen) - len(failed)
         if carried == 0:
             raise RuntimeError(f"scontrol could not set the switch on {', '.join(failed[:5])}: not paused")
@@ -566,8 +516,8 @@ class Fleet:
         return words
 
     def resume(self) -> str:
-        """Clears the switch and leaves `accelmon-resumed=NOW` in every node's Comment: a node that remembers a pause
-        whose carriers vanished (PauseMemory) ends it only on this."""
+        """Clears the switch, leaving `accelmon-resumed=NOW` in its place (on every node where no carrier is left): a
+        node that remembers a pause whose carriers vanished (PauseMemory) ends it only on such a marker."""
         nodes = self.nodes()
         if nodes is None:
             raise RuntimeError("cannot list the nodes (scontrol show nodes failed): still paused")
@@ -588,8 +538,3 @@ class Fleet:
             words += (f"; {len(failed)} node(s) not marked ({', '.join(failed[:5])}): a node that remembers a vanished "
                       "pause stays paused until it is (run it again)")  # fmt: skip
         return words
-
-
-def current_token(pause: Pause) -> str:
-    """The switch's token as it is set (pausing again spreads the same switch, its time and reason kept)."""
-    return f"accelmon-paused={int(pause.since)}:{urllib.parse.quote(pause.reason, safe='')}"

@@ -35,16 +35,9 @@ from accelmon.config import ConfigError, load
 from accelmon.remediation import Journal, Record
 from accelmon.scan import hook_scan, scan_health
 from accelmon.slurm.diag import diagnose
-from accelmon.slurm.fleet import (
-    CALL_TIMEOUT_SECONDS,
-    CHECK_BUDGET_SECONDS,
-    Budget,
-    Fleet,
-    Limits,
-    PauseMemory,
-    paused_path,
-)  # fmt: skip
+from accelmon.slurm.fleet import CALL_TIMEOUT_SECONDS, CHECK_BUDGET_SECONDS, Budget, Fleet, Limits
 from accelmon.slurm.nodes import SCONTROL_HELP, find_scontrol, node_name, run_scontrol
+from accelmon.slurm.pause import PauseMemory, paused_path
 from accelmon.slurm.repair import Options, SlurmRepair
 
 log = logging.getLogger("accelmon.slurm")
@@ -139,24 +132,34 @@ def prolog_diag(args: argparse.Namespace, node: str, runner: Run) -> int:
         options, limits = None, Limits()
     memory = PauseMemory(paused_path(options.journal)) if options else None
     fleet = Fleet(args.scontrol, runner, limits, memory=memory)
+    journal = Journal.read(options.journal) if options and not args.dry_run else None
+
+    def note(event: str, outcome: str, detail: str, counts: tuple[int, int, int] = (0, 0, 0)) -> None:
+        if journal is None:
+            return
+        if journal.problem:  # never silently: the exporter serves the journal's state
+            log.error("%s: the decision (%s) is not journalled", journal.problem, event)
+            return
+        journal.append(Record(time.time(), node, event, "hardware_service", outcome, (), detail[:200], counts))
+
     node_now = fleet.node(node)
     if node_now is None or not node_now.takes_jobs or "RESERVED" in node_now.flags:
         # A MAINTENANCE reservation (an administrator's validation job), any other reservation (ALLOCATED+RESERVED:
         # the job runs in it on purpose, and a drain would fail it and requeue it out of its reservation), a reboot
         # asked for, a drain already set: the job was placed here on purpose, and failing the prolog would only
         # replace the node's reason with "Prolog error", which neither the breaker nor the repair loop counts. The
-        # failure is said; the job runs; the periodic health check judges the node after it.
+        # failure is said and journalled (the periodic check does not run the diagnostic: a person looks); the job
+        # runs.
         state = node_now.state if node_now else "unknown (scontrol show node failed)"
         log.warning("%s; node %s is %s: not drained by the prolog, the job runs", reason, node, state)
+        if node_now is None:
+            note("breaker_held", "uncounted", f"{reason}: cannot read node {node} from Slurm, not drained")
+        else:
+            note("left_for_person", "none", f"{reason}: node {state}, not drained by the prolog")
         return 0
     if args.dry_run:
         log.warning("would drain %s within the circuit breaker: %s", node, reason)
         return 0
-    journal = Journal.read(options.journal) if options else None
-
-    def note(event: str, outcome: str, detail: str, counts: tuple[int, int, int] = (0, 0, 0)) -> None:
-        if journal is not None and not journal.problem:
-            journal.append(Record(time.time(), node, event, "hardware_service", outcome, (), detail[:200], counts))
 
     decision = fleet.drain(node, reason, claiming=lambda: note("claimed", "started", reason))
     log.warning("%s", decision.words)

@@ -17,8 +17,9 @@ import time
 from typing import Sequence
 
 from accelmon.config import ConfigError, load
-from accelmon.slurm.fleet import HOUR, Fleet, Limits, out_by_accelmon, pause_of, repaired_at, repairing
+from accelmon.slurm.fleet import HOUR, Fleet, Limits, out_by_accelmon, repaired_at, repairing
 from accelmon.slurm.nodes import SCONTROL_HELP, find_scontrol, run_scontrol
+from accelmon.slurm.pause import pause_of
 from accelmon.slurm.repair import Options
 
 

@@ -27,7 +27,7 @@ from accelmon import gpu_holders, health, remediation, reset_scope
 from accelmon.collectors.fabric import fabric_manager_running
 from accelmon.config import Settings
 from accelmon.remediation import FailingGpu, Journal, Record, RepairPlan
-from accelmon.slurm.diag import diagnose, run_long
+from accelmon.slurm.diag import DIAG_READY_SECONDS, diagnose_when_ready
 from accelmon.slurm.evidence import (
     REBOOT_PENDING,
     failing_gpus,
@@ -37,19 +37,18 @@ from accelmon.slurm.evidence import (
     joining_fabric,
     not_back,
     reboot_timed_out,
+    repair_claim,
     same_reason,
     still_failing,
 )  # fmt: skip
-from accelmon.slurm.fleet import Budget, Decision, Fleet, Limits, PauseMemory, Run, paused_path
+from accelmon.slurm.fleet import Budget, Decision, Fleet, Limits, Run, drained_by_accelmon
 from accelmon.slurm.gpu_reset import GpuReset
 from accelmon.slurm.nodes import SlurmNode, keyed_reason
+from accelmon.slurm.pause import PauseMemory, paused_path
 
 log = logging.getLogger("accelmon.slurm")
 
 Scan = Callable[[dict[str, float]], health.NodeHealth]  # a fresh scan, given the GPU resets to apply
-# DCGM's host engine restarts with the units stopped around a reset: its diagnostic is asked again for this long
-# before "could not run" leaves the node for a person (never a pass).
-DIAG_READY_SECONDS = 60.0
 FABRIC_READY_SECONDS = 60.0  # how long a reset GPU has to join its NVLink fabric again before a person looks
 # The journal's events that say whether accelmon has a drain of this node open: a claim (journalled before the drain,
 # so a check killed after it leaves a trace), the drain kept, an escalation; closed by a resume or a hold (a claim
@@ -158,12 +157,15 @@ class SlurmRepair:
         node_failing = [(c.name, c.action) for c in verdict.checks if c.verdict == "failure"]
         last = self.journal.last_event(self.node, OPENING + CLOSING)
         if not failing and not node_failing and (last is None or last.event in CLOSING):
-            return  # healthy and nothing of accelmon's open: Slurm is not even asked
+            self.healthy_check()
+            return
         state = self.fleet.node(self.node)
         if state is None:
             self.could_not_act(failing, node_failing)
             return
-        if reboot_timed_out(state) and self.reboot_open():
+        # A timed-out reboot: DOWN without its drain (22.05 clears it). The journal's open reboot says it is
+        # accelmon's where the node is not DOWN; a reason alone on a node that takes jobs says nothing (23.11+).
+        if reboot_timed_out(state) and ("DOWN" in state.flags or self.reboot_open()):
             self.hold_after_timed_out_reboot(state)
             return
         if last is not None and last.event == "claimed":
@@ -187,19 +189,34 @@ class SlurmRepair:
         if state.accelmons and (state.drained_idle or held_after_reboot(state)):
             self.repair(state, failing, node_failing, verdict, rescan)
 
+    def healthy_check(self) -> None:
+        """A healthy node with nothing of accelmon's open in its journal reads its own node only (one small call, not
+        the fleet's listing): to remember the pause switch its Comment carries (so that a `NodeName=ALL Comment=`
+        that erases every carrier does not end the pause unseen: Fleet.paused), and to say when Slurm shows it
+        drained by accelmon while the journal knows no such drain (a journal lost or replaced): left for a person."""
+        state = self.fleet.node(self.node)
+        if state is None:
+            return  # nothing to act on: a controller that does not answer is said by the checks that must act
+        self.fleet.remember_pause(state)
+        if drained_by_accelmon(state) and not self.dry_run:
+            detail = "drained by accelmon in Slurm, but the journal has no open drain of it (lost or replaced?)"
+            self.say(f"remediation: node {self.node} left drained: {detail}")
+            self.note("left_for_person", detail=detail, once=True)
+
     def could_not_act(self, failing: list[FailingGpu], node_failing: list[tuple[str, str]]) -> None:
         """Slurm could not be read (the controller down or failing over, scontrol missing or refusing): nothing is
-        done, and that is journalled (once while it lasts), so the exporter serves it and an alert names the node
-        (AccelmonDrainBreakerCannotCount): a check that cannot act must never look like a node with nothing to do."""
+        done, and that is journalled at every run while it lasts (the exporter serves a fresh record whatever its own
+        verdict, and AccelmonDrainBreakerCannotCount names the node): a check that cannot act must never look like a
+        node with nothing to do."""
         why = f"cannot read node {self.node} from Slurm ({self.fleet.listing.problem or 'no answer'}): nothing done"
         log.error("%s", why)
         self.say(f"remediation: {why}")
         if failing or node_failing:
             action = max((g.action for g in failing), key=remediation.disruption, default=node_failing[0][1]
                          if node_failing else "none")  # fmt: skip
-            self.note("breaker_held", action, "uncounted", tuple(failing), why[:200], once=True)
+            self.note("breaker_held", action, "uncounted", tuple(failing), why[:200])
         else:  # accelmon's drain open, its repair or resume not judged
-            self.note("repair_held", "none", "uncounted", detail=why[:200], once=True)
+            self.note("repair_held", "none", "uncounted", detail=why[:200])
 
     def reboot_open(self) -> bool:
         """Whether accelmon's journal has a reboot of this node asked for and not yet ended: Slurm 23.11 to 25.x
@@ -213,10 +230,12 @@ class SlurmRepair:
 
     def still_ours(self, state: SlurmNode) -> bool:
         """Whether the node's reason is still the one accelmon last set, as its journal recorded it (Slurm's own
-        suffixes and accelmon's "(out since ...)" key aside). An administrator who edits it ("... RMA INC-881, do not
-        resume") makes the node theirs: nothing is ranked, repaired or resumed; said and journalled once."""
+        suffixes and accelmon's "(out since ...)" key aside), or a repair claim in accelmon's own words (a claim
+        whose answer was lost and whose take-back failed: the journal never recorded it). An administrator who edits
+        it ("... RMA INC-881, do not resume") makes the node theirs: nothing is ranked, repaired or resumed; said and
+        journalled once."""
         written = self.journal.reason_written(self.node)
-        if written is None or same_reason(state.reason, written):
+        if written is None or same_reason(state.reason, written) or repair_claim(state.reason):
             return True
         who = state.reason_user or "someone"
         detail = f"reason edited by {who} since accelmon set it: left as it is"
@@ -258,14 +277,20 @@ class SlurmRepair:
     def converge(self) -> bool:
         """The breaker's rank taken again at this check (accelmon.slurm.fleet.Fleet.keep): a node out by accelmon
         ranked at or past the limit takes its drain back and says so. True when it did (or tried): nothing else is
-        done this run."""
+        done this run. One ranked within the limit is granted now: journalled as a drain like any (outcome none), it
+        is never taken back later, whatever the limit becomes."""
         decision = self.fleet.keep(self.node)
         if decision is None:
             return False
-        self.say(decision.words)
-        log.warning("%s", decision.words)
         opened = self.journal.last_event(self.node, ("drained", "escalated"))
         action = opened.action if opened else "none"
+        if decision.claimed:
+            if opened is not None:
+                granted = f"{opened.detail[:150]} (granted: {decision.words})"[:200]
+                self.journal_record(replace(opened, time=self.clock(), outcome="none", detail=granted))
+            return False
+        self.say(decision.words)
+        log.warning("%s", decision.words)
         if not decision.still_out:
             gpus = opened.gpus if opened else ()
             record = Record(self.clock(), self.node, "breaker_held", action, decision.outcome, gpus,
@@ -304,11 +329,13 @@ class SlurmRepair:
         self.say(decision.words)
         if decision.claimed:
             log.warning("drained node %s: %s", self.node, reason)
-            self.note("escalated" if repeat else "drained", action, gpus=tuple(failing), detail=reason, reason=reason)
+            self.note("escalated" if repeat else "drained", action, gpus=tuple(failing), detail=reason, reason=reason,
+                      inventory=inventory_of(verdict))  # fmt: skip
         elif decision.still_out:
             log.error("%s", decision.words)
             self.note("drained", action, "unverified", tuple(failing),
-                      f"{reason} ({decision.outcome}, still out)"[:200], reason=reason)  # fmt: skip
+                      f"{reason} ({decision.outcome}, still out)"[:200], reason=reason,
+                      inventory=inventory_of(verdict))  # fmt: skip
         elif decision.outcome == "failed":
             log.error("%s", decision.words)
             self.note("breaker_held", action, "failed", tuple(failing), decision.words[:200])
@@ -378,6 +405,13 @@ class SlurmRepair:
             self.note("would_repair", plan.action, "observed", plan.gpus, plan.why, once=True)
             return
         if plan.step == "resume":
+            # Every check passes: only on data actually read, of the GPUs the node had when it was drained.
+            missing = not_back(self.journal.inventory(self.node), verdict, gres_gpus(state.gres))
+            if missing:
+                why = f"not resumed: the scan cannot vouch for it: {missing}"
+                self.say(f"remediation: node {self.node} {why}")
+                self.note("left_for_person", plan.action, detail=why[:200], once=True)
+                return
             self.resume(plan.action, plan.gpus, plan.why, state.reason)
         elif plan.step == "reboot":
             self.reboot(state, plan, verdict)
@@ -482,9 +516,7 @@ class SlurmRepair:
                      "yet; the next check judges it")  # fmt: skip
             return
         if not failing and not node_failing:
-            started = self.journal.last_event(self.node, ("repair",))
-            before = started.inventory if started is not None and started.action == "reboot_node" else ()
-            missing = not_back(before, verdict, gres_gpus(state.gres))
+            missing = not_back(self.journal.inventory(self.node), verdict, gres_gpus(state.gres))
             if missing:  # a driver not loaded yet, a GPU gone: never a pass; the next check judges again
                 why = f"left drained after the reboot: {missing}"
                 self.say(f"remediation: node {self.node} {why}")
@@ -497,16 +529,6 @@ class SlurmRepair:
             return
         self.note("repair", "reboot_node", "resolved", detail="every check passed after the reboot")
         self.resume("reboot_node", (), "every check passed after the reboot", state.reason)
-
-    def diagnose_after_reset(self) -> Optional[list[str]]:
-        """DCGM's `dcgmi diag -r 2` after a reset, asked again while it cannot run (its host engine, stopped around
-        the reset, not listening yet) for up to DIAG_READY_SECONDS; None if it never could."""
-        deadline = time.monotonic() + DIAG_READY_SECONDS
-        while True:
-            tests = diagnose(self.dcgmi, run_long, level="2")
-            if tests is not None or time.monotonic() >= deadline:
-                return tests
-            self.fleet.sleep(5.0)
 
     def reset(self, state: SlurmNode, plan: RepairPlan, rescan: Scan, verdict: health.NodeHealth) -> None:
         indices = ", ".join(g.index for g in plan.gpus)
@@ -551,7 +573,7 @@ class SlurmRepair:
                 if missing:
                     failed.append(f"the rescan cannot vouch for it: {missing}")
         if not failed and shutil.which(self.dcgmi):
-            tests = self.diagnose_after_reset()
+            tests = diagnose_when_ready(self.dcgmi, self.fleet.sleep)
             if tests is None:
                 failed.append(f"dcgmi diag -r 2 could not run within {DIAG_READY_SECONDS:g} s of the reset")
             elif tests:
