@@ -11,7 +11,7 @@ import pytest
 from accelmon import nccl_ras
 from accelmon.collectors.nccl import NcclCollector
 from tests.support.exposition import sample_value, series, text_of
-from tests.support.fake_ras import FakeRas
+from tests.support.fake_ras import TEXT_ANSWER, FakeRas
 from tests.support.ras_corpus import (
     BROKEN_MISSING_RANK,
     LIST_RELEASES,
@@ -177,12 +177,27 @@ def test_an_answer_too_large_to_parse_is_asked_again_in_the_text_form():
     assert [r.rank for r in read.missing] == [5]
 
 
-@pytest.mark.parametrize(("timeout", "sent"), [(13, 1), (20, 4), (30, 9), (5, 1)])
-def test_the_timeout_sent_leaves_room_for_rass_own(timeout, sent):
-    """RAS aborts each of a query's two collections after TIMEOUT + 5 s: a third of timeout_seconds (3 s of 10) let a
-    slow collection outlast the query."""
-    assert nccl_ras.ras_timeout(timeout) == sent
-    assert timeout < 13 or 2 * (sent + nccl_ras.RAS_EXTRA_SECONDS) <= timeout - 1
+@pytest.mark.parametrize(
+    ("timeout", "factor", "sent"), [(20, 1, 13), (13, 1, 6), (30, 1, 23), (8, 1, 1), (20, 2, 8), (5, 1, 1)]
+)
+def test_the_timeout_sent_is_what_ras_does_with_it(timeout, factor, sent):
+    """Issue 67, point 5: a STATUS makes one collection at every tag (the RAS network's is compiled out, `#if 0` in
+    rasClientRun, v2.24.3-1:426-436 to v2.30.7-1:523-532), aborted TIMEOUT + 5 s x NCCL_RAS_TIMEOUT_FACTOR after
+    it starts (rasCollsHandleTimeouts). Two were assumed: RAS was given 4 s of 20, and slow legs read as missing."""
+    assert nccl_ras.ras_timeout(timeout, factor) == sent
+    assert timeout < 8 * factor or sent + nccl_ras.RAS_EXTRA_SECONDS * factor + nccl_ras.MARGIN_SECONDS <= timeout
+
+
+@pytest.mark.parametrize("form", ["json", "text"])
+def test_rass_own_timeouts_are_served(tmp_path, form):
+    """RAS's count of legs that timed out (JSON `timeouts_count`; text `Encountered 2 communication timeouts while
+    gathering communicator data`, v2.26.2-1:1336-1338) was read and never served: a missing rank could not be told
+    from a slow leg."""
+    comm = Comm(0xC, 0x1, 0x2, 4, ranks(STEADY, STEADY, STEADY), [MissingRank(3, B, 7003, 3)])
+    said = answer("v2.29.2-1", [comm], timeouts=2) if form == "json" else TEXT_ANSWER
+    assert nccl_ras.parse(form, said, 8).timeouts == 2
+    text = served(tmp_path, "12", FakeRas(answer=said, json_format=form == "json"))
+    assert sample_value(text, "accelmon_nccl_collection_timeouts", job_id="12") == 2
 
 
 def test_text_counts_are_nccls_own_not_the_listed_ranks(tmp_path):

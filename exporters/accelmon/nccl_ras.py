@@ -178,30 +178,36 @@ class Exchange:
         return b"".join(parts).decode(errors="replace")
 
 
-# RAS gives each of its collections (a STATUS makes two: the RAS network's, then the communicators') the client's
-# TIMEOUT plus 5 s x NCCL_RAS_TIMEOUT_FACTOR before it aborts it (src/ras/ras_internal.h:13-14,218-221 and
-# collectives.cc:462 at v2.28.7-1; the factor is 1 unless the job sets it). TIMEOUT 0 disables the timeout.
+# A STATUS makes one collection at every tag from 2.24 to 2.30: the RAS network's is compiled out (`#if 0` in
+# rasClientRun's RAS_CLIENT_INIT case, src/ras/client_support.cc: v2.24.3-1:426-436, v2.28.7-1:488-497,
+# v2.30.7-1:523-532), so only the communicators' is run. RAS waits the client's TIMEOUT for each leg, then
+# aborts the collection RAS_COLLECTIVE_EXTRA_TIMEOUT later: 5 s x NCCL_RAS_TIMEOUT_FACTOR (rasCollsHandleTimeouts,
+# src/ras/collectives.cc:423-478, and ras_internal.h:13-14,218-221 at v2.28.7-1; the factor is 1 unless the job sets
+# it, ras.cc:77). Legs that timed out are counted (`timeouts_count`; text: "Encountered %d communication timeouts").
+# TIMEOUT 0 disables the timeout.
 RAS_EXTRA_SECONDS = 5
+MARGIN_SECONDS = 2  # the connection, the handshake, RAS writing its answer and sending it
 
 
-def ras_timeout(timeout: float) -> int:
-    """The TIMEOUT to send so that RAS's two collections end within `timeout` (one second to spare): at least 1."""
-    return max(1, int((timeout - 1) / 2) - RAS_EXTRA_SECONDS)
+def ras_timeout(timeout: float, factor: float = 1) -> int:
+    """The TIMEOUT to send so that RAS's one collection ends within `timeout` (MARGIN_SECONDS to spare) where the
+    job's NCCL_RAS_TIMEOUT_FACTOR is `factor`: at least 1."""
+    return max(1, int(timeout - MARGIN_SECONDS - RAS_EXTRA_SECONDS * factor))
 
 
-def ask(host: str, port: int, timeout: float, max_bytes: int, want: str = "json") -> tuple[str, str]:
+def ask(host: str, port: int, timeout: float, max_bytes: int, want: str = "json", factor: float = 1) -> tuple[str, str]:
     """(format, answer) of one STATUS query: JSON where this NCCL has it (or text when `want` says so), else text.
     A JSON answer over `max_bytes` (every rank of a job of many thousands, in memory to parse) is asked again in the
     text form, which lists only the ranks that stand out. RasError when there is none."""
     try:
-        return ask_once(host, port, timeout, max_bytes, want)
+        return ask_once(host, port, timeout, max_bytes, want, factor)
     except RasError as error:
         if error.kind != "too_large" or want != "json":
             raise
-    return ask_once(host, port, timeout, max_bytes, "text")
+    return ask_once(host, port, timeout, max_bytes, "text", factor)
 
 
-def ask_once(host: str, port: int, timeout: float, max_bytes: int, want: str) -> tuple[str, str]:
+def ask_once(host: str, port: int, timeout: float, max_bytes: int, want: str, factor: float = 1) -> tuple[str, str]:
     exchange = Exchange(host, port, timeout, max_bytes)
     try:
         exchange.send("CLIENT PROTOCOL 2")
@@ -212,7 +218,7 @@ def ask_once(host: str, port: int, timeout: float, max_bytes: int, want: str) ->
         if int(found.group(1)) not in PROTOCOLS:
             raise RasError("protocol", f"RAS protocol {found.group(1)}, not one this reads ({PROTOCOLS})")
         # RAS waits this long for each leg of its collection from the job's processes: within our own deadline.
-        exchange.send(f"TIMEOUT {ras_timeout(timeout)}")
+        exchange.send(f"TIMEOUT {ras_timeout(timeout, factor)}")
         if exchange.line().upper() != "OK":
             raise RasError("protocol", "TIMEOUT refused")
         form = "text"
@@ -369,6 +375,9 @@ MISSING_COUNT = re.compile(r"Missing communicator data from (\d+) ranks?$")
 # of 1,023 characters was cut, its last number possibly mid-way.
 OLD_LIST = re.compile(r"The missing ranks?: ([\d,]*)$")
 LINE_BUFFER = 1024
+# RAS's own legs that timed out while collecting (the Warnings' TIMEOUT, every release: v2.24.3-1:1211-1213,
+# v2.26.2-1:1336-1338, v2.30.7-1:1427-1429); JSON's `timeouts_count` from 2.28.7.
+TIMEOUTS = re.compile(r"Encountered (\d+) communication timeouts? while gathering communicator data")
 
 
 def placed(number: int, where: str) -> Rank:
@@ -405,8 +414,13 @@ def parse_text(text: str, max_ranks: int, max_communicators: int = MAX_COMMUNICA
     current: Optional[Communicator] = None
     section, block, kind = "", "", ""
     launched: Optional[int] = None  # the count of the group whose ranks are listed next
+    timeouts = 0
     for line in text.splitlines():
         stripped = line.strip()
+        timed_out = TIMEOUTS.match(stripped)
+        if timed_out:
+            timeouts = int(timed_out.group(1))
+            continue
         if stripped in ("Errors", "Warnings"):
             section, current = stripped, None
             continue
@@ -485,4 +499,4 @@ def parse_text(text: str, max_ranks: int, max_communicators: int = MAX_COMMUNICA
         comm.answering = max(0, comm.size - unreached) if comm.size else 0
         if comm.missing and comm.status == "ok":
             comm.status = "incomplete"
-    return JobStatus("text", list(communicators.values()), dead, dropped=len(dropped))
+    return JobStatus("text", list(communicators.values()), dead, timeouts=timeouts, dropped=len(dropped))

@@ -31,7 +31,7 @@ import logging
 import os
 import pwd
 from collections import Counter
-from typing import Callable, Optional
+from typing import Optional, Protocol
 
 from accelmon import nccl_ras
 from accelmon.job_sources import has_job_records
@@ -113,6 +113,12 @@ QUERIES = C.counter(
     "believed), owner_unknown (the job's user, or who listens on its port, cannot be told: not believed).",
     ["result"],
 )
+COLLECTION_TIMEOUTS = C.gauge(
+    "accelmon_nccl_collection_timeouts",
+    "Legs of RAS's own collection that timed out while it gathered the job's latest answer (NCCL's timeouts_count, "
+    "or its text's TIMEOUT warning): ranks it then names missing but not dead may be slow to answer, not gone.",
+    ["job_id"],
+)
 COMM_DROPPED = C.gauge(
     "accelmon_nccl_communicators_dropped",
     "Communicators of the job's latest RAS answer not served: past max_communicators (the most troubled, then the "
@@ -139,10 +145,15 @@ ADDRESSES = Option(
 TIMEOUT = Option(
     "timeout_seconds",
     20.0,
-    "how long one RAS query may take, connection to last byte; RAS is sent a TIMEOUT that leaves room for its own "
-    "5 s a collection (two a query): 13 s at least",
-    minimum=13,
+    "how long one RAS query may take, connection to last byte; RAS is sent a TIMEOUT that leaves room for its one "
+    "collection's 5 s x ras_timeout_factor more and 2 s: 8 s at least",
+    minimum=8,
 )
+TIMEOUT_FACTOR = Option(
+    "ras_timeout_factor", 1.0,
+    "the NCCL_RAS_TIMEOUT_FACTOR the jobs run with (NCCL's default 1): RAS waits that many times longer, and is "
+    "sent a shorter TIMEOUT to end within timeout_seconds", minimum=1, maximum=100, whole=True,
+)  # fmt: skip
 MAX_RANKS = Option(
     "max_ranks", 8.0, "ranks served per communicator, of each kind (missing, behind)", minimum=1, maximum=1024,
     whole=True,
@@ -153,7 +164,9 @@ MAX_COMMUNICATORS = Option(
     "accelmon_nccl_communicators_dropped)", minimum=1, maximum=4096, whole=True,
 )  # fmt: skip
 
-Ask = Callable[[str, int, float, int], "tuple[str, str]"]
+
+class Ask(Protocol):
+    def __call__(self, host: str, port: int, timeout: float, max_bytes: int, *, factor: int) -> tuple[str, str]: ...
 
 
 def ports_of(record: dict[str, str]) -> list[int]:
@@ -222,9 +235,10 @@ class NcclCollector(Collector):
     def __init__(
         self, state_dir: str, addresses: str, timeout: float, max_ranks: int, procfs: str,
         nvml: Optional[NvmlSession] = None, asker: Ask = nccl_ras.ask,
-        max_communicators: int = nccl_ras.MAX_COMMUNICATORS,
+        max_communicators: int = nccl_ras.MAX_COMMUNICATORS, factor: int = 1,
     ) -> None:  # fmt: skip
         self.state_dir = state_dir
+        self.factor = factor
         self.max_communicators = max_communicators
         self.owners: dict[str, Optional[int]] = {}  # job -> its user's uid, from targets()
         self.addresses = [parse_address(a) for a in addresses.split()]
@@ -303,7 +317,7 @@ class NcclCollector(Collector):
         for job, host, port in targets:
             try:
                 self.believed(job, host, port, before=True)
-                form, text = self.asker(host, port, self.timeout, MAX_ANSWER_BYTES)
+                form, text = self.asker(host, port, self.timeout, MAX_ANSWER_BYTES, factor=self.factor)
                 self.believed(job, host, port, before=False)
                 status = nccl_ras.parse(form, text, self.max_ranks, self.max_communicators)
             except RasError as error:
@@ -323,6 +337,7 @@ class NcclCollector(Collector):
         if status.drill:
             out.add(DRILL_ACTIVE, (job,), 1)
         out.add(COMM_DROPPED, (job,), status.dropped)
+        out.add(COLLECTION_TIMEOUTS, (job,), status.timeouts)
 
         def labels(comm: str, rank: Rank) -> list[str]:
             uuid = uuids.get(rank.nvml_dev, "") if rank.host in local else ""
@@ -367,6 +382,7 @@ def _build(options: dict[str, object], paths: Paths) -> NcclCollector:
         paths.procfs,
         NvmlSession("no GPU UUID for the ranks on this node", retry_seconds=300),
         max_communicators=int(options["max_communicators"]),  # type: ignore[call-overload]
+        factor=int(options["ras_timeout_factor"]),  # type: ignore[call-overload]
     )
 
 
@@ -385,6 +401,7 @@ REGISTRATION = register(
         options=(
             seconds("interval_seconds", 30.0, "how often each job's RAS socket is asked"),
             TIMEOUT,
+            TIMEOUT_FACTOR,
             ADDRESSES,
             MAX_RANKS,
             MAX_COMMUNICATORS,
