@@ -95,6 +95,7 @@ WORKER_CASES = [
     ("accelmon_exporter_collectors=[]", "accelmon_exporter_collectors"),
     # The exporter's own validation, run on the controller, names the setting.
     ("accelmon_exporter_listen_address=nowhere", "listen address 'nowhere'"),
+    ('{"accelmon_exporter_allowed_clients": ["10.0.0.0/33"]}', "web.allowed_clients: '10.0.0.0/33' is no address"),
     ('{"accelmon_exporter_collectors": {"nvml": {"interval_seconds": 0}}}', "collectors.nvml.interval_seconds"),
     ('{"accelmon_exporter_collectors": {"gpu": {}}}', "collectors: unknown key(s) gpu"),
     ('{"accelmon_exporter_collectors": {"profiling": {"backend": "cupti"}}}', "expected one of auto, dcgm, gpm"),

@@ -118,6 +118,8 @@ def test_config_file_and_flags(tmp_path):
         ("collectors:\n  gpu: {}\n", "collectors: unknown key(s) gpu"),
         ("collectors:\n  nvml:\n    enabled: maybe\n", "collectors.nvml.enabled: expected true, false or auto"),
         ("web:\n  listen_address: nowhere\n", "listen address 'nowhere'"),
+        ("web:\n  allowed_clients: 10.0.0.5\n", "web.allowed_clients: expected a list"),
+        ("web:\n  allowed_clients: [10.0.0.0/33]\n", "web.allowed_clients: '10.0.0.0/33' is no address or network"),
         ("log_level: loud\n", "log_level: expected one of"),
         ("- a list\n", "expected a mapping"),
         ("web: [\n", "not valid YAML"),

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import gzip
+import ipaddress
 import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
+from http.client import HTTPConnection
 
 import pytest
 
@@ -16,6 +18,7 @@ from accelmon.cli import make_server
 from accelmon.runtime import Exporter, Sampler
 from tests.support.processes import exporter_env, free_port, rss_kib, start_exporter, stop, wait_until_serving
 from tests.support.toy import Steady
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture
@@ -105,20 +108,72 @@ def test_an_oversized_head_is_refused(served):
         assert client.recv(100).startswith(b"HTTP/1.1 400")
 
 
+def scrape_from(source: str, server: http.MetricsServer) -> bytes:
+    """GET /metrics from the loopback address `source` (127.0.0.2 is as much this host's as 127.0.0.1 on Linux)."""
+    connection = HTTPConnection("127.0.0.1", server.server_address[1], timeout=5, source_address=(source, 0))
+    try:
+        connection.request("GET", "/metrics")
+        response = connection.getresponse()
+        assert response.status == 200
+        return response.read()
+    finally:
+        connection.close()
+
+
 def test_200_slow_header_clients_leave_scrapes_answering(served):
     """Each used to hold a thread; now each holds a coroutine, and scrapes go on."""
     port = served.server_address[1]
     slow = []
     try:
-        for _ in range(200):
-            client = socket.create_connection(("127.0.0.1", port), timeout=5)
+        for n in range(200):  # from 25 addresses: 8 each, the most one client may hold
+            client = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(f"127.0.1.{n // 8}", 0))
             client.sendall(b"GET /metrics HTTP/1.1\r\nX-Slow: ")
             slow.append(client)
-        with urllib.request.urlopen(url(served), timeout=5) as response:
-            assert b"test_value" in response.read()
+        assert b"test_value" in scrape_from("127.0.0.2", served)
     finally:
         for client in slow:
             client.close()
+
+
+def test_one_client_holding_every_slot_it_may_leaves_the_scraper_its_place(served, monkeypatch):
+    """Issue 66, point 2: 300 silent connections from one address took all 256 slots (before authentication, 60 s to
+    the first byte) and the scrape was reset. One address now holds MAX_CONNECTIONS_PER_CLIENT at most, the rest
+    closed at once; a silent one is closed after HEAD_SECONDS; the scraper, from its own address, is answered."""
+    monkeypatch.setattr(http, "HEAD_SECONDS", 1.0)
+    port = served.server_address[1]
+    hog = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(300)]
+    try:
+        assert b"test_value" in scrape_from("127.0.0.2", served)
+        wait_until(lambda: served.open_connections <= http.MAX_CONNECTIONS_PER_CLIENT, timeout=5, every=0.05,
+                   what="the hog's extra connections closed")  # fmt: skip
+        started = time.monotonic()
+        assert hog[0].recv(10) == b""  # a connection that never sends is closed after HEAD_SECONDS
+        assert time.monotonic() - started < 3
+    finally:
+        for client in hog:
+            client.close()
+
+
+def test_only_the_allowed_clients_are_answered():
+    """web.allowed_clients (the Prometheus servers): any other address is closed before it is read."""
+    exporter = Exporter([Sampler(Steady(), 0.05)])
+    exporter.collect_once()
+    server = make_server(exporter, "127.0.0.1:0", allowed=http.allowed_networks(["127.0.0.2", "10.0.0.0/8"]))
+    server.start()
+    try:
+        assert b"test_value" in scrape_from("127.0.0.2", server)
+        with socket.create_connection(("127.0.0.1", server.server_address[1]), timeout=5) as other:
+            other.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            try:
+                answer = other.recv(100)
+            except ConnectionResetError:  # closed with the request unread: a reset
+                answer = b""
+            assert answer == b""
+    finally:
+        server.stop()
+    with pytest.raises(ValueError, match=r"'10\.0\.0\.300' is no address or network"):
+        http.allowed_networks(["10.0.0.300"])
+    assert http.client_address(("::ffff:10.0.0.5", 4242, 0, 0)) == ipaddress.ip_address("10.0.0.5")
 
 
 def test_header_flood_does_not_grow_the_exporter(tmp_path):

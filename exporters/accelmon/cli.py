@@ -16,7 +16,7 @@ from accelmon.config import LOG_LEVELS, ConfigError, Settings, check_listen_addr
 from accelmon.registry import Paths, collectors, known_metrics
 from accelmon.runtime import Exporter
 from accelmon.scan import SCAN_FAILED, build_samplers, plan, scan_health
-from accelmon.server import MetricsServer, notify_systemd
+from accelmon.server import IPNetwork, MetricsServer, notify_systemd
 from accelmon.webconfig import WebConfig, load_web_config
 
 log = logging.getLogger("accelmon")
@@ -130,10 +130,13 @@ def scan(settings: Settings, as_json: bool) -> int:
     return verdict.exit_status()
 
 
-def make_server(exporter: Exporter, address: str, web: WebConfig | None = None) -> MetricsServer:
+def make_server(
+    exporter: Exporter, address: str, web: WebConfig | None = None, allowed: tuple[IPNetwork, ...] = ()
+) -> MetricsServer:
     """The /metrics server for `address` (HOST:PORT; port 0 for any free port), not yet started."""
     host, port = check_listen_address(address, any_port=True)  # tests and benchmarks bind a free port
-    return MetricsServer(exporter.exposition, host.strip("[]"), port, f"accelmon-exporter/{__version__}", web)
+    version = f"accelmon-exporter/{__version__}"
+    return MetricsServer(exporter.exposition, host.strip("[]"), port, version, web, allowed)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -186,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         return 0
     try:
-        server = make_server(exporter, settings.listen_address, web)
+        server = make_server(exporter, settings.listen_address, web, settings.allowed_clients)
     except OSError as error:
         log.error("cannot listen on %s: %s", settings.listen_address, error)
         return 1

@@ -9,6 +9,7 @@ import yaml
 
 from accelmon.cloudwatch import CloudWatchSettings, parse_settings
 from accelmon.registry import ConfigError, Paths, collectors, known_metrics
+from accelmon.server import IPNetwork, allowed_networks
 
 DEFAULT_PORT = 19470
 DEFAULT_LISTEN_ADDRESS = f":{DEFAULT_PORT}"
@@ -38,6 +39,8 @@ class CollectorSettings:
 @dataclass
 class Settings:
     listen_address: str = DEFAULT_LISTEN_ADDRESS
+    # The only addresses /metrics answers (the Prometheus servers); () answers any.
+    allowed_clients: tuple[IPNetwork, ...] = ()
     log_level: str = "info"
     paths: Paths = field(default_factory=Paths)
     collectors: dict[str, CollectorSettings] = field(default_factory=dict)
@@ -112,10 +115,15 @@ def load(path: str | None) -> Settings:
     data = _expect_mapping(data, path)
     _unknown(data, {"web", "log_level", "paths", "collectors", "cloudwatch"}, path)
     web = _expect_mapping(data.get("web"), "web")
-    _unknown(web, {"listen_address"}, "web")
+    _unknown(web, {"listen_address", "allowed_clients"}, "web")
     if "listen_address" in web:
         settings.listen_address = str(web["listen_address"])
         check_listen_address(settings.listen_address)
+    if "allowed_clients" in web:
+        try:
+            settings.allowed_clients = allowed_networks(web["allowed_clients"])
+        except ValueError as error:
+            raise ConfigError(f"web.allowed_clients: {error}") from error
     if "log_level" in data:
         if data["log_level"] not in LOG_LEVELS:
             raise ConfigError(f"log_level: expected one of {', '.join(LOG_LEVELS)}, got {data['log_level']!r}")

@@ -3,8 +3,11 @@
 The thread-per-connection server it replaces let one client grow the exporter to gigabytes: no limit on
 connections, up to 100 headers of 64 KiB buffered each, and a timeout per read, so a header every 29 s held a
 thread for most of an hour. Here a connection costs a coroutine and at most MAX_HEAD_BYTES of buffer; there are at
-most MAX_CONNECTIONS of them (more are closed at once); a request's head must arrive whole within HEAD_SECONDS of
-its first byte; an idle keep-alive connection is closed after IDLE_SECONDS. A scrape never waits on hardware: the
+most MAX_CONNECTIONS of them, and at most MAX_CONNECTIONS_PER_CLIENT from one address (more are closed at once: one
+client that opens 256 silent connections no longer takes the scraper's place); a connection's first byte must come
+within HEAD_SECONDS, and a request's head whole within HEAD_SECONDS of its first byte; an idle keep-alive connection
+is closed after IDLE_SECONDS. Where `allowed` networks are given (the config's web.allowed_clients: the
+Prometheus servers), any other address is closed before it is read. A scrape never waits on hardware: the
 body is the exporter's latest samples, rendered by prometheus_client once per sample (in the text format, or in
 OpenMetrics for a client that asks for it) and gzip-compressed when the client accepts it.
 """
@@ -15,22 +18,27 @@ import asyncio
 import base64
 import binascii
 import gzip
+import ipaddress
 import logging
 import os
 import socket
 import ssl
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+from typing import Callable, Union
 
 from prometheus_client.exposition import choose_encoder
 
 from accelmon.webconfig import WebConfig
 
 log = logging.getLogger("accelmon.http")
+IPNetwork = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
+IPAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
 
 MAX_HEAD_BYTES = 8192  # request line and headers; Prometheus sends about 300 bytes
 MAX_CONNECTIONS = 256
+# One address's share: a Prometheus pair, a federation and a person's curl need a few each.
+MAX_CONNECTIONS_PER_CLIENT = 8
 HEAD_SECONDS = 5.0
 IDLE_SECONDS = 60.0  # Prometheus keeps its connection open between scrapes (15 s by default)
 WRITE_SECONDS = 10.0  # a client that does not read its reply does not hold it for longer
@@ -50,8 +58,10 @@ class MetricsServer:
         port: int,
         server_header: str,
         web: WebConfig | None = None,
+        allowed: tuple[IPNetwork, ...] = (),
     ) -> None:
         self.exposition = exposition
+        self.allowed = allowed  # () lets any address in
         self.server_header = server_header
         self.web = web or WebConfig()
         # bcrypt checks (0.06-0.25 s of CPU each) run one at a time off the loop: wrong passwords cost one core
@@ -66,6 +76,7 @@ class MetricsServer:
         self._thread = threading.Thread(target=self._loop.run_forever, name="http", daemon=True)
         self._server: asyncio.base_events.Server | None = None
         self.open_connections = 0
+        self._by_client: dict[str, int] = {}  # open connections per client address
         # Per format, (exposition, its gzip): compressed once per sample, shared by every scraper until the next.
         self._gzipped: dict[bool, tuple[bytes, bytes]] = {}
 
@@ -106,14 +117,23 @@ class MetricsServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
-        if self.open_connections >= MAX_CONNECTIONS:
-            log.debug("http: %s refused: %d connections open", peer, self.open_connections)
+        client = client_address(peer)
+        if self.allowed and not any(client in network for network in self.allowed):
+            log.debug("http: %s refused: not an allowed client", peer)
+            writer.close()
+            return
+        key = str(client)
+        if self.open_connections >= MAX_CONNECTIONS or self._by_client.get(key, 0) >= MAX_CONNECTIONS_PER_CLIENT:
+            log.debug("http: %s refused: %d connections open, %d of its own", peer, self.open_connections,
+                      self._by_client.get(key, 0))  # fmt: skip
             writer.close()
             return
         self.open_connections += 1
+        self._by_client[key] = self._by_client.get(key, 0) + 1
         try:
-            while await self._one_request(reader, writer):
-                pass
+            first = True
+            while await self._one_request(reader, writer, first):
+                first = False
         except (ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError, ssl.SSLError) as error:
             log.debug("http: client %s went away: %r", peer, error)
         except asyncio.CancelledError:
@@ -125,11 +145,15 @@ class MetricsServer:
             await self._reply(writer, 400, "text/plain; charset=utf-8", b"request head too large\n", close=True)
         finally:
             self.open_connections -= 1
+            self._by_client[key] -= 1
+            if not self._by_client[key]:
+                del self._by_client[key]
             writer.close()
 
-    async def _one_request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        """Reads and answers one request; False when the connection is done."""
-        first = await asyncio.wait_for(reader.read(1), IDLE_SECONDS)
+    async def _one_request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, opening: bool) -> bool:
+        """Reads and answers one request; False when the connection is done. A new connection (`opening`) must send
+        within HEAD_SECONDS: a silent one is closed, not kept IDLE_SECONDS as a keep-alive between scrapes is."""
+        first = await asyncio.wait_for(reader.read(1), HEAD_SECONDS if opening else IDLE_SECONDS)
         if not first:
             return False
         # The whole head within HEAD_SECONDS, in at most MAX_HEAD_BYTES (the reader's limit raises beyond).
@@ -232,3 +256,25 @@ def notify_systemd(state: str, environ: dict[str, str] | None = None) -> bool:
         log.warning("cannot tell systemd %s: %s", state, error)
         return False
     return True
+
+
+def client_address(peer: object) -> IPAddress:
+    """A connection's client address, an IPv4 client of a dual-stack socket (::ffff:10.0.0.1) as IPv4."""
+    host = peer[0] if isinstance(peer, tuple) and peer else "::"
+    address = ipaddress.ip_address(str(host).split("%", 1)[0])
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def allowed_networks(values: object) -> tuple[IPNetwork, ...]:
+    """web.allowed_clients as networks: CIDRs or single addresses (ValueError naming a bad one)."""
+    if not isinstance(values, list):
+        raise ValueError("expected a list of addresses or networks (CIDR), e.g. [10.0.0.5, 10.0.0.0/24]")
+    networks = []
+    for value in values:
+        try:
+            networks.append(ipaddress.ip_network(str(value), strict=False))
+        except ValueError as error:
+            raise ValueError(f"{value!r} is no address or network: {error}") from error
+    return tuple(networks)
