@@ -91,9 +91,18 @@ MANAGER = "/user.slice/user-1000.slice/user@1000.service/app.slice"  # a user's 
         ("0::/system.slice/a b.service", "/system.slice/a b.service", ""),
         ("0::/app.slice/x.service:0::/system.slice/y.service", "/app.slice/x.service:0::/system.slice/y.service", ""),
         ("garbage\n12:devices:/system.slice/dcgm.service", "", ""),  # v1 without systemd's hierarchy: no path
+        # systemd in a container that sees the host's cgroup tree (podman on cgroup v1): its root is the container's.
+        ("1:name=systemd:/libpod_parent/libpod-ab12/system.slice/gpu-standin.service",
+         "/libpod_parent/libpod-ab12/system.slice/gpu-standin.service", "gpu-standin.service"),
+        # A user's manager may make a system.slice of its own: never systemd's root.
+        (f"0::{MANAGER}/../system.slice/nvidia-persistenced.service",
+         f"{MANAGER}/../system.slice/nvidia-persistenced.service", ""),
+        ("0::/user.slice/user-1000.slice/user@1000.service/system.slice/nvidia-persistenced.service",
+         "/user.slice/user-1000.slice/user@1000.service/system.slice/nvidia-persistenced.service", ""),
     ],
     ids=["service", "below-it", "instance", "v1-job", "v1", "user-manager-colon", "user-manager", "slurm-step",
-         "nested-slice", "dash-H", "dash-dash-force", "space", "colons", "no-systemd-hierarchy"],
+         "nested-slice", "dash-H", "dash-dash-force", "space", "colons", "no-systemd-hierarchy", "container-root",
+         "user-system-slice-dots", "user-system-slice"],
 )  # fmt: skip
 def test_a_holders_unit_is_a_system_service_read_strictly(lines, path, unit):
     """Issue 64, point 6: each line is ID:CONTROLLERS:PATH split at its first two colons; systemd's hierarchy (v1's
@@ -357,3 +366,21 @@ def test_a_node_back_from_its_reboot_waits_for_its_fabric(tmp_path):
     assert any("not in the NVLink fabric yet" in line for line in lines), lines
     reset_loop(tmp_path, cluster, procfs).run(passing(), lambda r: passing())
     assert cluster.node(NODE) == {"state": "IDLE", "reason": ""}
+
+
+@pytest.mark.parametrize(
+    ("cgroup", "confirms"),
+    [
+        ("/system.slice/gpu-standin.service", True),
+        ("/system.slice/gpu-standin.service/worker", True),
+        ("/libpod_parent/libpod-ab12/system.slice/gpu-standin.service", True),  # systemd's root is the container's
+        ("/system.slice/gpu-standin.service-other", False),
+        ("/user.slice/user-1000.slice/user@1000.service/system.slice/gpu-standin.service", False),
+    ],
+)
+def test_systemd_confirms_a_holder_from_its_own_root(cgroup, confirms):
+    """The Molecule cluster's systemd runs in a container that sees the host's cgroup tree (cgroup v1): /proc names
+    the stand-in holder /libpod_parent/libpod-ID/system.slice/gpu-standin.service while systemd says
+    /system.slice/gpu-standin.service. Read strictly from the root, it was never stopped and every reset failed."""
+    holder = Holder(900, "python3", "gpu-standin.service", cgroup, 0)
+    assert gpu_reset.confirmed(holder, "/system.slice/gpu-standin.service") is confirms

@@ -20,7 +20,11 @@ from accelmon.nvidia import driver_gpu_entries
 # The only services a holder's unit may be: a system service, `/system.slice/NAME.service` (or a cgroup of its own
 # below it). A user's session or manager (user.slice, user@UID.service and its app.slice: a user names what it makes
 # there), a Slurm step (slurmstepd.scope/job_N/...) or a unit in a nested slice is never accelmon's to stop.
-SYSTEM_SERVICE = re.compile(r"/system\.slice/([^/]+\.service)(?:/.*)?")
+# Below systemd's own root: "" on a host, the container's cgroup where systemd runs in a container that sees the
+# host's cgroup tree (podman on cgroup v1: /libpod_parent/libpod-ID or /machine.slice/libpod-ID.scope). Never below a
+# service or a user's slice (a user's delegated subtree lies under user.slice/.../user@UID.service, where the user
+# names what it makes, /system.slice included).
+SYSTEM_SERVICE = re.compile(r"(?P<root>(?:/[^/]+)*?)/system\.slice/(?P<unit>[^/]+\.service)(?:/.*)?")
 # A unit name as systemd accepts it (systemd.unit(5): ASCII letters, digits, ":", "-", "_", ".", "\\", one "@"
 # before an instance), at most 255 characters, and never starting with "-": systemctl would read it as an option.
 UNIT_NAME = re.compile(r"[A-Za-z0-9:_.\\][A-Za-z0-9:_.\\-]*(?:@[A-Za-z0-9:_.\\-]+)?\.service")
@@ -126,9 +130,16 @@ def systemd_cgroup(groups: dict[str, str]) -> str:
 def service(path: str) -> str:
     """The system service of a cgroup path (SYSTEM_SERVICE, its name valid: UNIT_NAME), "" when none."""
     found = SYSTEM_SERVICE.fullmatch(path)
-    if found and len(found.group(1)) <= 255 and UNIT_NAME.fullmatch(found.group(1)):
-        return found.group(1)
-    return ""
+    if found is None or not systemd_root(found.group("root")):
+        return ""
+    unit = found.group("unit")
+    return unit if len(unit) <= 255 and UNIT_NAME.fullmatch(unit) else ""
+
+
+def systemd_root(prefix: str) -> bool:
+    """Whether a cgroup path's part above /system.slice can be systemd's root: none of its components a service or a
+    user's slice."""
+    return not any(".service" in part or ":" in part or part.startswith("user") for part in prefix.split("/") if part)
 
 
 def unit_of(directory: str) -> str:

@@ -120,7 +120,11 @@ class GpuReset:
 
 
 def confirmed(holder: gpu_holders.Holder, group: str) -> bool:
-    """Whether systemd places the holder's unit where /proc puts the holder: the unit's ControlGroup (`group`) is
-    /system.slice/UNIT and the holder's cgroup is it or one below it. A unit that does not run, or a systemctl that
-    does not answer (""), confirms nothing."""
-    return group == f"/system.slice/{holder.unit}" and (holder.cgroup == group or holder.cgroup.startswith(group + "/"))
+    """Whether systemd places the holder's unit where /proc puts the holder: the unit's ControlGroup (`group`, as
+    systemd sees it from its own root) is /system.slice/UNIT and the holder's cgroup is it, or one below it, under
+    systemd's root (a container's systemd sees its tree from the container's cgroup). A unit that does not run, or a
+    systemctl that does not answer (""), confirms nothing."""
+    if group != f"/system.slice/{holder.unit}":
+        return False
+    root, found, below = holder.cgroup.partition(group)
+    return bool(found) and gpu_holders.systemd_root(root) and (below == "" or below.startswith("/"))
