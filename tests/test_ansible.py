@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -500,3 +501,108 @@ def test_workers_roll_out_in_checked_batches_and_masters_one_at_a_time():
     tasks = yaml.safe_load((ROOT / "ansible/roles/accelmon_exporter/tasks/main.yml").read_text())
     names = [task["name"] for task in tasks]
     assert names.index("Restart now what changed") < names.index("Check the exporter runs and listens after the deploy")
+
+
+# Issue 65, point 4: the wheel is built on whichever controller runs the deploy, with whichever setuptools it has.
+OTHER_SETUPTOOLS = "84.0.0"
+
+
+def build_system_setuptools() -> str:
+    """The build backend pyproject.toml pins: setuptools==X."""
+    import tomllib
+
+    (requirement,) = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
+    assert requirement.startswith("setuptools=="), requirement
+    return requirement.removeprefix("setuptools==")
+
+
+def build_wheel(source: Path, into: Path, setuptools_dir: Path | None = None) -> Path:
+    """The role's build (tasks/install.yml) of `source`, with the venv's setuptools or the one in setuptools_dir."""
+    shutil.rmtree(source / "build", ignore_errors=True)
+    env = {**os.environ, "SOURCE_DATE_EPOCH": "315532800"}
+    if setuptools_dir:
+        env["PYTHONPATH"] = str(setuptools_dir)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "--wheel-dir",
+         str(into), str(source)],
+        check=True, capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    (wheel,) = into.glob("accelmon-*.whl")
+    return wheel
+
+
+def wheel_identity(wheel: Path) -> str:
+    script = ROOT / "ansible/roles/accelmon_exporter/files/wheel_digest.py"
+    return subprocess.run(
+        [sys.executable, str(script), str(wheel)], check=True, capture_output=True, text=True, timeout=60
+    ).stdout.strip()
+
+
+def task_results(output: str, task: str) -> list[str]:
+    """The result lines (ok:, changed:, skipping:, fatal:) of every run of a task of the worker role."""
+    results, inside = [], False
+    for line in output.splitlines():
+        if line.startswith("TASK ["):
+            inside = line.startswith(f"TASK [accelmon_exporter : {task}]")
+        elif inside and line.split(":", 1)[0] in ("ok", "changed", "skipping", "fatal"):
+            results.append(line.split(":", 1)[0])
+    return results
+
+
+@pytest.fixture(scope="module")
+def source_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What the role builds the wheel from (the collection's files/source): a copy, built in without touching ours."""
+    source = tmp_path_factory.mktemp("source")
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, source / name)
+    ignored = shutil.ignore_patterns("__pycache__", "*.egg-info", "*.pyc")
+    shutil.copytree(ROOT / "exporters", source / "exporters", ignore=ignored)
+    return source
+
+
+def test_a_wheel_rebuilt_by_another_setuptools_is_not_reinstalled(tmp_path, source_copy):
+    """The same source built by the pinned setuptools and by another release: other bytes (WHEEL names its
+    generator), the same identity, and the worker role, finding the other one installed, neither copies nor
+    reinstalls the wheel (so the exporter is not restarted)."""
+    import setuptools
+
+    assert setuptools.__version__ == build_system_setuptools(), "the venv's setuptools is the pinned build backend"
+    other = tmp_path / "setuptools"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--target", str(other), f"setuptools=={OTHER_SETUPTOOLS}"],
+        check=True, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    pinned = build_wheel(source_copy, tmp_path / "pinned")
+    rebuilt = build_wheel(source_copy, tmp_path / "other", other)
+    assert pinned.read_bytes() != rebuilt.read_bytes(), "the premise: another setuptools makes other bytes"
+    assert wheel_identity(pinned) == wheel_identity(rebuilt)
+    assert wheel_identity(pinned).startswith("accelmon 0.1.0 ")
+
+    # A worker on which the wheel another controller built (the other setuptools) is installed.
+    install = tmp_path / "opt"
+    (install / "dist").mkdir(parents=True)
+    shutil.copy(rebuilt, install / "dist")
+    (install / "dist" / "installed-wheel").write_text(wheel_identity(rebuilt) + "\n")
+    result = deploy(tmp_path, f"accelmon_exporter_install_dir={install}")
+    output = result.stdout + result.stderr
+    assert task_results(output, "Copy the wheel") == ["skipping"], output[-3000:]
+    assert task_results(output, "Reinstall accelmon from a changed wheel") == ["skipping"], output[-3000:]
+    assert task_results(output, "Record which wheel is installed") == ["ok"], output[-3000:]
+
+
+def test_a_changed_source_changes_the_wheels_identity(tmp_path, source_copy):
+    """What the wheel installs changes its identity: a module's code, a dependency (pyproject.toml)."""
+    before = wheel_identity(build_wheel(source_copy, tmp_path / "before"))
+    module = source_copy / "exporters" / "accelmon" / "__init__.py"
+    original = module.read_text()
+    pyproject = (source_copy / "pyproject.toml").read_text()
+    try:
+        module.write_text(original + "\n# changed\n")
+        code = wheel_identity(build_wheel(source_copy, tmp_path / "code"))
+        module.write_text(original)
+        (source_copy / "pyproject.toml").write_text(pyproject.replace('"PyYAML>=5.4"', '"PyYAML>=6"'))
+        dependency = wheel_identity(build_wheel(source_copy, tmp_path / "dependency"))
+    finally:
+        module.write_text(original)
+        (source_copy / "pyproject.toml").write_text(pyproject)
+    assert len({before, code, dependency}) == 3
