@@ -5,7 +5,8 @@
 #     poppler-utils and chromium (the job report's PDF is rendered to images, its HTML opened in a headless browser);
 #   - Prometheus, promtool, node_exporter, VictoriaMetrics and vmalert binaries, unpacked from Debian's packages into
 #     .tools/ rather than installed: installing the packages would enable and start servers where systemd runs;
-#   - a virtualenv (.venv) with the project and its Python tools.
+#   - a virtualenv (.venv) with the project and its Python tools, and the build backend pyproject.toml pins (the
+#     deploy builds the exporter's wheel with it, without network: docs/deploying.md, "Air-gapped clusters").
 # Safe to run again; quick when all is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -60,14 +60,17 @@ def test_each_role_has_a_readme_whose_variables_are_its_argument_spec(role):
         assert f"| `{name}` |" in readme, name
 
 
-def deploy(tmp_path: Path, *variables: str, group: str = "worker") -> subprocess.CompletedProcess[str]:
-    """ansible-playbook --check of deploy.yaml with this machine as the only host of `group`."""
+def deploy(
+    tmp_path: Path, *variables: str, group: str = "worker", env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """ansible-playbook --check of deploy.yaml with this machine as the only host of `group` (and `env` added to
+    the controller's environment)."""
     host = f"localhost ansible_connection=local ansible_python_interpreter={sys.executable}"
     inventory = tmp_path / "host.ini"
     inventory.write_text(
         "".join(f"[{name}]\n{host if group == name else ''}\n\n" for name in ("master", "worker", "store"))
     )
-    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "NO_COLOR": "1"}
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "NO_COLOR": "1", **(env or {})}
     args = [arg for variable in variables for arg in ("-e", variable)]
     return subprocess.run(
         [
@@ -606,3 +609,31 @@ def test_a_changed_source_changes_the_wheels_identity(tmp_path, source_copy):
         module.write_text(original)
         (source_copy / "pyproject.toml").write_text(pyproject)
     assert len({before, code, dependency}) == 3
+
+
+# Issue 65, point 3 (the wheel's part): the controller builds the wheel without network.
+def offline(tmp_path: Path) -> dict[str, str]:
+    """A controller that reaches no package index: pip reads no config, has no index, no links, a dead proxy."""
+    (tmp_path / "no-links").mkdir(exist_ok=True)
+    dead = "http://127.0.0.1:9"
+    return {"PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(tmp_path / "no-links"),
+            "HTTP_PROXY": dead, "HTTPS_PROXY": dead, "http_proxy": dead, "https_proxy": dead}  # fmt: skip
+
+
+def test_the_wheel_builds_without_network(tmp_path):
+    """With no index reachable the wheel still builds: the build backend is the controller venv's own, pinned
+    (before, pip fetched setuptools into an isolated build environment and the build failed offline)."""
+    result = deploy(tmp_path, env=offline(tmp_path))
+    output = result.stdout + result.stderr
+    assert task_results(output, "Build the wheel") == ["ok"], output[-3000:]
+    assert task_results(output, "Stop when the controller cannot build the wheel") == ["ok"], output[-3000:]
+    assert task_results(output, "Copy the wheel") == ["changed"], output[-3000:]
+
+
+def test_the_controllers_build_backend_is_the_pinned_one():
+    """pip install ".[deploy]" (and so scripts/setup.sh) gives the controller the setuptools [build-system] pins."""
+    import tomllib
+
+    deploy_extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["deploy"]
+    assert f"setuptools=={build_system_setuptools()}" in deploy_extra
+    assert "'.[test,deploy,report]'" in (ROOT / "scripts" / "setup.sh").read_text()

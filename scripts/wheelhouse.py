@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""Makes the wheelhouse of an air-gapped fleet: every wheel the exporter's dependencies and its optional extras
+(auth: bcrypt; cloudwatch: boto3; amd: amdsmi) need, for every Python version and architecture the workers run.
+
+    .venv/bin/python scripts/wheelhouse.py wheels                        # 3.9-3.12 x x86_64, aarch64
+    .venv/bin/python scripts/wheelhouse.py wheels --python 3.11 --platform aarch64
+    .venv/bin/python scripts/wheelhouse.py wheels --dry-run              # the pip commands, nothing downloaded
+
+One `pip download --only-binary=:all:` per (Python version, architecture), resolved for that target, into one
+directory: set accelmon_exporter_wheelhouse_dir to it, and each worker installs from it with --no-index (pip there
+picks the wheels of its own Python and architecture). The requirements are pyproject.toml's own (dependencies and
+the extras above), so the wheelhouse follows them. docs/deploying.md, "Air-gapped clusters".
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+try:
+    import tomllib
+except ImportError:  # Python < 3.11: pip's own copy
+    from pip._vendor import tomli as tomllib  # type: ignore[no-redef]
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHONS = ("3.9", "3.10", "3.11", "3.12")
+ARCHITECTURES = ("x86_64", "aarch64")
+# The extras the worker role installs where they are used (vars/main.yml's __accelmon_exporter_extras).
+EXTRAS = ("auth", "cloudwatch", "amd")
+# The manylinux tags a worker's pip accepts, down to the oldest glibc of the supported systems (RHEL 8: 2.28);
+# pure-Python wheels (py3-none-any) match every target.
+MANYLINUX = ("manylinux_2_28", "manylinux_2_17", "manylinux2014")
+
+
+def requirements(pyproject: Path = ROOT / "pyproject.toml", extras: tuple[str, ...] = EXTRAS) -> list[str]:
+    project = tomllib.loads(pyproject.read_text())["project"]
+    optional = project.get("optional-dependencies", {})
+    unknown = [extra for extra in extras if extra not in optional]
+    if unknown:
+        raise SystemExit(f"wheelhouse: pyproject.toml has no extra {', '.join(unknown)}")
+    return [*project["dependencies"], *(r for extra in extras for r in optional[extra])]
+
+
+def python_version(value: str) -> str:
+    if not re.fullmatch(r"3\.(9|1[0-9])", value):
+        raise argparse.ArgumentTypeError(f"{value!r}: a Python version 3.9 or later, such as 3.11")
+    return value
+
+
+def download_command(dest: Path, python: str, architecture: str, wanted: list[str]) -> list[str]:
+    platforms = [arg for tag in MANYLINUX for arg in ("--platform", f"{tag}_{architecture}")]
+    return [
+        sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+        "--only-binary=:all:", "--implementation", "cp", "--python-version", python,
+        *platforms, "--dest", str(dest), *wanted,
+    ]  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("dest", type=Path, help="the wheelhouse directory (made if missing)")
+    parser.add_argument(
+        "--python",
+        nargs="+",
+        type=python_version,
+        default=list(PYTHONS),
+        metavar="X.Y",
+        help=f"the workers' Python versions (default: {' '.join(PYTHONS)})",
+    )
+    parser.add_argument(
+        "--platform",
+        nargs="+",
+        choices=ARCHITECTURES,
+        default=list(ARCHITECTURES),
+        help=f"the workers' architectures (default: {' '.join(ARCHITECTURES)})",
+    )
+    parser.add_argument("--no-extras", action="store_true", help="no bcrypt, boto3, amdsmi")
+    parser.add_argument("--dry-run", action="store_true", help="print the pip commands, download nothing")
+    args = parser.parse_args(argv)  # fmt: skip
+
+    wanted = requirements(extras=() if args.no_extras else EXTRAS)
+    targets = [(python, architecture) for python in dict.fromkeys(args.python) for architecture in args.platform]
+    for python, architecture in targets:
+        command = download_command(args.dest, python, architecture, wanted)
+        print(f"wheelhouse: Python {python} {architecture}: {' '.join(command[1:])}", flush=True)
+        if not args.dry_run:
+            args.dest.mkdir(parents=True, exist_ok=True)
+            if subprocess.run(command).returncode != 0:
+                print(f"wheelhouse: Python {python} {architecture}: pip download failed", file=sys.stderr)
+                return 1
+    if not args.dry_run:
+        wheels = sorted(args.dest.glob("*.whl"))
+        size = sum(wheel.stat().st_size for wheel in wheels)
+        print(f"wheelhouse: {len(wheels)} wheels, {size / 2**20:.1f} MiB in {args.dest}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
