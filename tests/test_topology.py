@@ -141,3 +141,67 @@ def test_a_healthy_idle_node_records_no_path_fault(tmp_path):
             series(scrapes[-1], "accelmon_gpu_nic_nearest_info")}  # fmt: skip
     assert used == {("0", "mlx5_0", "1"), ("1", "mlx5_0", "1")}
     assert path_faults_test(scrapes, [], tmp_path) == ""
+
+
+# Issue 68, point 6: the error, saturation and congestion reasons, by promtool over the collector's own scrapes of the
+# healthy idle node (both GPUs leave by mlx5_0 port 1) as its port's counters move, one scrape a minute.
+def scrapes_as_counters_move(tmp_path, move, gone: tuple[str, ...] = ()) -> list[str]:
+    """12 scrapes a minute apart; before scrape `minute`, move(minute) gives mlx5_0 port 1's counters/ files that
+    change (name -> value); the files in `gone` are removed first (a driver that has not got them)."""
+    sysfs, procfs = healthy_idle_node(tmp_path)
+    counters = sysfs / "class" / "infiniband" / "mlx5_0" / "ports" / "1" / "counters"
+    for name in gone:
+        (counters / name).unlink()
+    collector = InfinibandCollector(sysfs=str(sysfs), procfs=str(procfs), nccl_conf=str(tmp_path / "none"))
+    scrapes = []
+    for minute in range(12):
+        for name, value in move(minute).items():
+            (counters / name).write_text(f"{value}\n")
+        scrapes.append(text_of(collector))
+    return scrapes
+
+
+def nic_fault(reason: str) -> list[dict[str, object]]:
+    """accelmon:gpu_path_fault for both GPUs of the healthy idle node, their port mlx5_0 at fault for `reason`."""
+    return [
+        {"labels": f'accelmon:gpu_path_fault{{device="mlx5_0",gpu="{gpu}",instance="n1:19470",node="n1",'
+                   f'part="nic_port",reason="{reason}",uuid="{uuid(gpu)}"}}', "value": 1}
+        for gpu in (0, 1)
+    ]  # fmt: skip
+
+
+def test_a_saturated_symbol_counter_is_seen_as_saturated(tmp_path):
+    """symbol_error is 16 bits (Linux sysfs.c PORT_PMA_ATTR(symbol_error, 0, 16, 32)) and stops at 65535: once there
+    its rate reads 0, which must not pass for a sound port (before: no fault at all)."""
+    scrapes = scrapes_as_counters_move(tmp_path, lambda minute: {"symbol_error": min(65_000 + 300 * minute, 65_535)})
+    served = series(scrapes[-1], "accelmon_infiniband_port_saturated")
+    assert served == [({"device": "mlx5_0", "port": "1", "counter": "symbol_error"}, 1.0)]
+    assert series(scrapes[0], "accelmon_infiniband_port_saturated") == []
+    assert path_faults_test(scrapes, nic_fault("counters_saturated"), tmp_path) == ""
+
+
+def test_a_missing_counter_does_not_hide_another_counters_errors(tmp_path):
+    """A driver without link_downed (before: the sum of the four rates was empty, so no error was ever seen)."""
+    scrapes = scrapes_as_counters_move(tmp_path, lambda minute: {"symbol_error": 100 * minute}, gone=("link_downed",))
+    assert path_faults_test(scrapes, nic_fault("errors"), tmp_path) == ""
+
+
+def test_one_symbol_error_does_not_fire(tmp_path):
+    """One symbol error in 10 minutes is no fault (before: errors for 10 minutes); a link gone down once is."""
+    one = scrapes_as_counters_move(tmp_path / "one", lambda minute: {"symbol_error": int(minute >= 8)})
+    assert path_faults_test(one, [], tmp_path) == ""
+    downed = scrapes_as_counters_move(tmp_path / "downed", lambda minute: {"link_downed": int(minute >= 8)})
+    assert path_faults_test(downed, nic_fault("errors"), tmp_path) == ""
+
+
+def test_heavy_xmit_wait_without_errors_is_congested(tmp_path):
+    """No error counted, but the port waits to send (port_xmit_wait, ticks of 8 bytes) for 12 % of what it sends and
+    0.08 % of its 400 Gb/s: congested (before: no fault). The same data sent without waiting is none."""
+
+    def busy(wait: int):
+        return lambda minute: {"port_xmit_data": 5_000_000_000 * minute, "port_xmit_wait": wait * minute}
+
+    congested = scrapes_as_counters_move(tmp_path / "congested", busy(300_000_000))
+    assert path_faults_test(congested, nic_fault("congested"), tmp_path) == ""
+    clean = scrapes_as_counters_move(tmp_path / "clean", busy(1_000_000))
+    assert path_faults_test(clean, [], tmp_path) == ""

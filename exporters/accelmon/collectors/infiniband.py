@@ -8,7 +8,8 @@ Reads `<sysfs>/class/infiniband/<device>/{board_id,fw_ver,hca_type}` and per por
 `rate`, `link_layer`, `counters/*`, `counters_ext/*` and `hw_counters/*`. The data counters count 4-octet
 words and are multiplied by 4. Values a port cannot give (`N/A (no PMA)`, unreadable files, a device removed
 while it is read) are left out without dropping the other ports. Beyond node_exporter: the HCA's PCI address
-and NUMA node (GPUDirect RDMA placement), the link layer, and every hw_counters file.
+and NUMA node (GPUDirect RDMA placement), the link layer, every hw_counters file, and which of the narrow error
+and congestion counters (4 to 32 bits, SATURATING) stands at its maximum, where it stops counting.
 
 What a device's tree holds (its identity, placement, ports and counter files) is listed once and trusted until its
 class link or firmware changes or LAYOUT_SECONDS pass; the values are read every sample.
@@ -46,7 +47,7 @@ CATALOGUE = Catalogue(
     "Source: sysfs `class/infiniband`. Names are node_exporter's infiniband collector with `accelmon_` for "
     "`node_`, values equal on the same tree (tested against Debian's node_exporter 1.5); the data counters "
     "count 4-octet words and are multiplied by 4. Beyond node_exporter: placement (PCI address, NUMA node), "
-    "link layer and every hw_counters file.",
+    "link layer, every hw_counters file and the narrow counters at their maximum (saturated).",
 )
 C = CATALOGUE
 INFO = C.gauge(
@@ -146,6 +147,26 @@ COUNTER_SPECS = {
     for table in (COUNTERS, LEGACY_COUNTERS)
     for file, (name, text, multiplier) in table.items()
 }
+# The counters/ files the kernel reads from the PortCounters attribute at less than 64 bits, by their width (Linux
+# drivers/infiniband/core/sysfs.c, PORT_PMA_ATTR(name, counter, width, offset)): the InfiniBand architecture has
+# them stop at all ones rather than wrap, so one at its maximum counts nothing more (rate() reads 0) until cleared
+# (perfquery -R). The data and packet counters are left out: where the port has extended counters the kernel serves
+# the 64-bit PortCountersExtended values under the same names.
+SATURATING: dict[str, int] = {
+    **dict.fromkeys(("symbol_error", "port_rcv_errors", "port_rcv_remote_physical_errors"), 16),
+    **dict.fromkeys(("port_rcv_switch_relay_errors", "port_xmit_discards", "VL15_dropped"), 16),
+    **dict.fromkeys(("link_error_recovery", "link_downed"), 8),
+    **dict.fromkeys(("port_rcv_constraint_errors", "port_xmit_constraint_errors"), 8),
+    **dict.fromkeys(("local_link_integrity_errors", "excessive_buffer_overrun_errors"), 4),
+    "port_xmit_wait": 32,
+}
+SATURATED = C.gauge(
+    "accelmon_infiniband_port_saturated",
+    "1 for a counters/ file at its maximum (symbol_error 65535, link_downed 255, port_xmit_wait 4294967295, ...): "
+    "it counts nothing more until cleared (perfquery -R); served only while so. counter is the file's name.",
+    [*PORT, "counter"],
+    read="every interval, while a counter is at its maximum",
+)
 HW_COUNTER = C.counter(
     "accelmon_infiniband_hw_events_total",
     "A driver's hw_counters file (e.g. out_of_buffer, np_ecn_marked_roce_packets), by file name.",
@@ -199,6 +220,12 @@ def _counter(text: str | None) -> int | None:
     return int(text)
 
 
+def _saturating(folder: str, file: str) -> tuple[str, int] | None:
+    """(file, its maximum) for a counters/ file that stops at all ones below 64 bits (SATURATING), else None."""
+    width = SATURATING.get(file) if folder == "counters" else None
+    return None if width is None else (file, (1 << width) - 1)
+
+
 @dataclass
 class _Layout:
     """What one HCA's sysfs tree holds that does not change while it is the same device: its identity, placement,
@@ -209,7 +236,8 @@ class _Layout:
     info: list[str]
     placement: list[str]
     ports: list[tuple[str, str]] = field(default_factory=list)  # (port, its directory)
-    counters: dict[str, list[tuple[str, MetricSpec, int]]] = field(default_factory=dict)  # port -> (file, spec, x)
+    # port -> (path, spec, multiplier, its file's name and maximum where it saturates below 64 bits, else None)
+    counters: dict[str, list[tuple[str, MetricSpec, int, tuple[str, int] | None]]] = field(default_factory=dict)
     hw_counters: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # port -> (file, counter name)
 
 
@@ -276,10 +304,13 @@ class InfinibandCollector(Collector):
         for port, directory in layout.ports:
             labels = (device, port)
             if self._sample_port(labels, directory, out):
-                for file, spec, multiplier in layout.counters[port]:
+                for file, spec, multiplier, saturating in layout.counters[port]:
                     value = _counter(_read(file))
                     if value is not None:
                         out.add(spec, labels, value * multiplier)
+                        # At its maximum exactly: a driver whose file counts past the width is not that counter.
+                        if saturating is not None and value == saturating[1]:
+                            out.add(SATURATED, (*labels, saturating[0]), 1)
                 for file, counter in layout.hw_counters[port]:
                     value = _counter(_read(file))
                     if value is not None:
@@ -312,7 +343,7 @@ class InfinibandCollector(Collector):
             directory = os.path.join(ports, port)
             layout.ports.append((port, directory))
             layout.counters[port] = [
-                (f"{directory}/{folder}/{file}", *COUNTER_SPECS[file])
+                (f"{directory}/{folder}/{file}", *COUNTER_SPECS[file], _saturating(folder, file))
                 for folder in ("counters", "counters_ext")
                 for file in _listdir(f"{directory}/{folder}")
                 if file in COUNTER_SPECS
