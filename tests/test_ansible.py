@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -637,3 +638,266 @@ def test_the_controllers_build_backend_is_the_pinned_one():
     deploy_extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["deploy"]
     assert f"setuptools=={build_system_setuptools()}" in deploy_extra
     assert "'.[test,deploy,report]'" in (ROOT / "scripts" / "setup.sh").read_text()
+
+
+# Issue 65, point 5: adding workers as documented, and --check on a host not deployed yet.
+ADD_WORKERS = "ansible-playbook -i host.ini ansible/deploy.yaml --limit 'NEW_WORKERS,master'"
+
+
+def test_check_mode_works_on_a_host_not_deployed_yet(tmp_path):
+    """This machine has no accelmon (no group, unit, venv or node_exporter): --check reports the install and
+    passes, nothing asks systemd about a unit the run has not written (before: the stale check and the service
+    tasks failed)."""
+    result = deploy(tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert task_results(output, "Create the group") == ["changed"]
+    assert task_results(output, "Ensure accelmon-exporter is enabled and running") == ["skipping"]
+
+
+def test_new_workers_are_deployed_fully_and_no_other_worker_is_touched(tmp_path):
+    """The documented command on an inventory with a deployed worker and a new one (this machine): the new one gets
+    the install steps and its configuration; the other is not contacted (an address nothing answers on)."""
+    assert ADD_WORKERS in (ROOT / "docs" / "deploying.md").read_text()
+    inventory = tmp_path / "host.ini"
+    inventory.write_text(
+        "[master]\n\n[store]\n\n[worker]\nold-worker ansible_host=192.0.2.1 ansible_connection=ssh\n"
+        f"new-worker ansible_connection=local ansible_python_interpreter={sys.executable}\n"
+    )
+    command = ADD_WORKERS.replace("host.ini", str(inventory)).replace("NEW_WORKERS", "new-worker").split()
+    command = [str(Path(sys.executable).parent / "ansible-playbook"), *command[1:], "--check"]
+    command = [part.strip("'") for part in command]
+    result = subprocess.run(
+        command, capture_output=True, text=True, cwd=ROOT, timeout=300,
+        env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "NO_COLOR": "1"},
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert "old-worker" not in output
+    for task in ("Create the group", "Create the user", "Create the virtualenv", "Write the exporter configuration"):
+        assert task_results(output, task) == ["changed"], task
+
+
+MASTER_ROLE = ROOT / "ansible" / "roles" / "accelmon_master"
+
+
+def render_masters(work: Path, hosts: dict[str, dict[str, Any]], group_vars: dict[str, Any]) -> dict[str, dict]:
+    """The master role's compose and Prometheus templates, rendered by Ansible for each master of an inventory: the
+    role's defaults at the bottom (group all), the masters' group and host variables over them, as in a deploy."""
+    inventory = {
+        "all": {
+            "vars": yaml.safe_load((MASTER_ROLE / "defaults" / "main.yml").read_text()),
+            "children": {"master": {"hosts": {name: {"ansible_connection": "local", **own}
+                                              for name, own in hosts.items()}, "vars": group_vars}},
+        }
+    }  # fmt: skip
+    (work / "hosts.yml").write_text(yaml.safe_dump(inventory))
+    templates = {"compose": "compose.yaml.j2", "prometheus": "prometheus.yml.j2"}
+    play = [{"hosts": "master", "gather_facts": False, "vars_files": [str(MASTER_ROLE / "vars" / "main.yml")],
+             "tasks": [{"ansible.builtin.template": {"src": str(MASTER_ROLE / "templates" / template),
+                                                    "dest": f"{work}/{{{{ inventory_hostname }}}}-{kind}.yml",
+                                                    "mode": "0644"}}
+                       for kind, template in templates.items()]}]  # fmt: skip
+    (work / "play.yml").write_text(yaml.safe_dump(play))
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(work / "hosts.yml"),
+         "-e", f"ansible_python_interpreter={sys.executable}", str(work / "play.yml")],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+        env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "NO_COLOR": "1"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:]
+    return {
+        name: {kind: yaml.safe_load((work / f"{name}-{kind}.yml").read_text()) for kind in templates} for name in hosts
+    }
+
+
+def alertmanager_of(rendered: dict) -> dict:
+    return rendered["compose"]["services"]["alertmanager"]
+
+
+def alerting_targets(rendered: dict) -> list[str]:
+    [alertmanagers] = rendered["prometheus"]["alerting"]["alertmanagers"]
+    return [target for config in alertmanagers["static_configs"] for target in config["targets"]]
+
+
+@pytest.mark.parametrize("network", ["accelmon", "host"])
+def test_an_ha_pairs_alertmanagers_gossip_and_each_prometheus_sends_to_both(tmp_path, network):
+    """Issue 65, point 6: the two Alertmanagers of a pair cluster (gossip on the pair's addresses alone, each the
+    other's peer) and each Prometheus sends to both, so that Alertmanager's deduplication notifies once."""
+    pair = {"monitor-a": "10.0.0.1", "monitor-b": "10.0.0.2"}
+    rendered = render_masters(
+        tmp_path,
+        {name: {"accelmon_master_alertmanager_cluster_address": address} for name, address in pair.items()},
+        {"accelmon_master_replicas": 2, "accelmon_master_alertmanager_enabled": True,
+         "accelmon_master_network": network},
+    )  # fmt: skip
+    local = "127.0.0.1:9093" if network == "host" else "accelmon-alertmanager:9093"
+    for name, partner in (("monitor-a", "monitor-b"), ("monitor-b", "monitor-a")):
+        service = alertmanager_of(rendered[name])
+        flags = service["command"]
+        assert f"--cluster.peer={pair[partner]}:9094" in flags
+        assert f"--cluster.advertise-address={pair[name]}:9094" in flags
+        assert "--cluster.listen-address=" not in flags
+        assert alerting_targets(rendered[name]) == [local, f"{pair[partner]}:9093"]
+        assert rendered[name]["prometheus"]["alerting"]["alert_relabel_configs"] == [
+            {"action": "labeldrop", "regex": "replica"}
+        ]
+        if network == "host":
+            assert f"--cluster.listen-address={pair[name]}:9094" in flags
+            # Loopback for this host's Prometheus, the pair's address for the partner's.
+            assert {"--web.listen-address=127.0.0.1:9093", f"--web.listen-address={pair[name]}:9093"} <= set(flags)
+        else:
+            assert "--cluster.listen-address=0.0.0.0:9094" in flags
+            # The gossip published on the pair's address alone, never on every interface.
+            assert sorted(service["ports"]) == sorted(
+                ["127.0.0.1:9093:9093", f"{pair[name]}:9093:9093",
+                 f"{pair[name]}:9094:9094/tcp", f"{pair[name]}:9094:9094/udp"]
+            )  # fmt: skip
+
+
+def test_mutual_tls_gossip_is_tcp_alone_with_its_config_mounted(tmp_path):
+    pair = {"monitor-a": "10.0.0.1", "monitor-b": "10.0.0.2"}
+    rendered = render_masters(
+        tmp_path,
+        {name: {"accelmon_master_alertmanager_cluster_address": address} for name, address in pair.items()},
+        {"accelmon_master_replicas": 2, "accelmon_master_alertmanager_enabled": True,
+         "accelmon_master_alertmanager_cluster_tls_ca": "CA", "accelmon_master_alertmanager_cluster_tls_cert": "C",
+         "accelmon_master_alertmanager_cluster_tls_key": "K"},
+    )  # fmt: skip
+    service = alertmanager_of(rendered["monitor-a"])
+    assert "--cluster.tls-config=/etc/alertmanager/cluster/tls.yml" in service["command"]
+    assert "/opt/accelmon-master/alertmanager/cluster:/etc/alertmanager/cluster:ro,Z" in service["volumes"]
+    assert not [port for port in service["ports"] if port.endswith("/udp")]
+
+
+def test_a_single_alertmanager_keeps_clustering_off(tmp_path):
+    """One master, or a pair where one master alone runs Alertmanager (the Molecule store scenario): no gossip, no
+    port beyond loopback, and the Prometheus without an Alertmanager sends nowhere."""
+    rendered = render_masters(
+        tmp_path,
+        {"monitor-a": {"accelmon_master_alertmanager_enabled": True}, "monitor-b": {}, "solo": {}},
+        {"accelmon_master_replicas": 1, "accelmon_master_shards": 1},
+    )
+    service = alertmanager_of(rendered["monitor-a"])
+    assert "--cluster.listen-address=" in service["command"]
+    assert not [flag for flag in service["command"] if flag.startswith("--cluster.peer")]
+    assert service["ports"] == ["127.0.0.1:9093:9093"]
+    assert alerting_targets(rendered["monitor-a"]) == ["accelmon-alertmanager:9093"]
+    assert "alerting" not in rendered["solo"]["prometheus"]
+    paired = render_masters(
+        tmp_path,
+        {"monitor-a": {"accelmon_master_alertmanager_enabled": True}, "monitor-b": {}},
+        {"accelmon_master_replicas": 2},
+    )
+    assert "--cluster.listen-address=" in alertmanager_of(paired["monitor-a"])["command"]
+    assert "alerting" not in paired["monitor-b"]["prometheus"]
+
+
+ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+needs_alertmanager = pytest.mark.skipif(
+    not ALERTMANAGER, reason="no alertmanager binary (Debian's prometheus-alertmanager)"
+)
+
+
+def start_alertmanager(work: Path, config: str, *flags: str) -> tuple[subprocess.Popen[bytes], int]:
+    """An Alertmanager on loopback, its own storage under `work`; the caller stops it."""
+    from tests.support.processes import free_port, wait_until_serving
+
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "alertmanager.yml").write_text(config)
+    port = free_port()
+    process = subprocess.Popen(
+        [str(ALERTMANAGER), f"--config.file={work / 'alertmanager.yml'}", f"--storage.path={work}",
+         f"--web.listen-address=127.0.0.1:{port}", *flags],
+        stdout=subprocess.DEVNULL, stderr=(work / "log").open("wb"),
+    )  # fmt: skip
+    try:
+        wait_until_serving(port, path="/-/ready")
+    except AssertionError:
+        process.kill()
+        raise
+    return process, port
+
+
+@needs_alertmanager
+def test_a_failed_alertmanager_reload_fails_the_play_naming_the_error(tmp_path):
+    """The role's reload handler against a real Alertmanager: a file it refuses fails the play with its error (the
+    SIGHUP the role sent before was ignored whatever it did); a good one reloads."""
+    from tests.support.ansible import run_local_play
+    from tests.support.processes import stop
+
+    good = "route: {receiver: default}\nreceivers: [{name: default}]\n"
+    process, port = start_alertmanager(tmp_path / "am", good, "--cluster.listen-address=")
+    try:
+        play = {"tasks": [{"ansible.builtin.include_tasks": str(MASTER_ROLE / "tasks" / "reload-alertmanager.yml")}]}
+        url = {"__accelmon_master_alertmanager_local_url": f"http://127.0.0.1:{port}"}
+        reloaded = run_local_play(play, url, tmp_path)
+        assert reloaded.returncode == 0, reloaded.stdout[-3000:]
+        (tmp_path / "am" / "alertmanager.yml").write_text("route: {receiver: nobody}\nreceivers: [{name: default}]\n")
+        refused = run_local_play(play, url, tmp_path)
+        assert refused.returncode != 0
+        assert "Alertmanager did not reload its configuration" in refused.stdout
+        assert 'undefined receiver "nobody"' in refused.stdout, refused.stdout[-3000:]
+    finally:
+        stop(process)
+
+
+@needs_alertmanager
+def test_two_clustered_alertmanagers_notify_an_alert_sent_to_both_once(tmp_path):
+    """Two Alertmanagers clustered as the role runs an HA pair's (gossip on their own addresses, each the other's
+    peer), each sent the same alert by its Prometheus: the receiver gets one notification."""
+    import http.server
+    import threading
+    import urllib.request
+
+    from tests.support.processes import free_port, stop
+    from tests.support.waiting import wait_until
+
+    received: list[bytes] = []
+
+    class Receiver(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            received.append(self.rfile.read(int(self.headers["Content-Length"])))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    config = (
+        "route: {receiver: hook, group_by: [alertname], group_wait: 1s, group_interval: 1m, repeat_interval: 1h}\n"
+        f"receivers: [{{name: hook, webhook_configs: [{{url: 'http://127.0.0.1:{server.server_port}/'}}]}}]\n"
+    )
+    gossip = [free_port(), free_port()]
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        ports = []
+        for own, peer in ((0, 1), (1, 0)):
+            process, port = start_alertmanager(
+                tmp_path / f"am{own}", config, f"--cluster.listen-address=127.0.0.1:{gossip[own]}",
+                f"--cluster.peer=127.0.0.1:{gossip[peer]}", "--cluster.peer-timeout=2s", "--cluster.settle-timeout=5s",
+                "--cluster.gossip-interval=100ms",
+            )  # fmt: skip
+            processes.append(process)
+            ports.append(port)
+
+        def members(port: int) -> int:
+            status = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v2/status", timeout=2).read())
+            return len(status["cluster"]["peers"]) == 2 and status["cluster"]["status"] == "ready"
+
+        wait_until(lambda: all(members(port) for port in ports), timeout=30, every=0.5, what="a cluster of two")
+        alert = json.dumps([{"labels": {"alertname": "AccelmonTest", "node": "n1"}}]).encode()
+        for port in ports:  # each Prometheus of the pair sends it to both; once to each is the same to them
+            urllib.request.urlopen(urllib.request.Request(
+                f"http://127.0.0.1:{port}/api/v2/alerts", data=alert, headers={"Content-Type": "application/json"}
+            ), timeout=5)  # fmt: skip
+        wait_until(lambda: received, timeout=30, every=0.2, what="a notification")
+        time.sleep(6)  # past the second's turn (peer timeout 2 s x its position) and the first's gossip
+        assert len(received) == 1, [json.loads(body)["alerts"] for body in received]
+    finally:
+        for process in processes:
+            stop(process)
+        server.shutdown()
+        server.server_close()
