@@ -901,3 +901,41 @@ def test_two_clustered_alertmanagers_notify_an_alert_sent_to_both_once(tmp_path)
             stop(process)
         server.shutdown()
         server.server_close()
+
+
+# Issue 65, point 5: adding workers as documented, and --check on a host not deployed yet.
+ADD_WORKERS = "ansible-playbook -i host.ini ansible/deploy.yaml --limit 'NEW_WORKERS,master'"
+
+
+def test_check_mode_works_on_a_host_not_deployed_yet(tmp_path):
+    """This machine has no accelmon (no group, unit, venv or node_exporter): --check reports the install and
+    passes, nothing asks systemd about a unit the run has not written (before: the stale check and the service
+    tasks failed)."""
+    result = deploy(tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert task_results(output, "Create the group") == ["changed"]
+    assert task_results(output, "Ensure accelmon-exporter is enabled and running") == ["skipping"]
+
+
+def test_new_workers_are_deployed_fully_and_no_other_worker_is_touched(tmp_path):
+    """The documented command on an inventory with a deployed worker and a new one (this machine): the new one gets
+    the install steps and its configuration; the other is not contacted (an address nothing answers on)."""
+    assert ADD_WORKERS in (ROOT / "docs" / "deploying.md").read_text()
+    inventory = tmp_path / "host.ini"
+    inventory.write_text(
+        "[master]\n\n[store]\n\n[worker]\nold-worker ansible_host=192.0.2.1 ansible_connection=ssh\n"
+        f"new-worker ansible_connection=local ansible_python_interpreter={sys.executable}\n"
+    )
+    command = ADD_WORKERS.replace("host.ini", str(inventory)).replace("NEW_WORKERS", "new-worker").split()
+    command = [str(Path(sys.executable).parent / "ansible-playbook"), *command[1:], "--check"]
+    command = [part.strip("'") for part in command]
+    result = subprocess.run(
+        command, capture_output=True, text=True, cwd=ROOT, timeout=300,
+        env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "NO_COLOR": "1"},
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert "old-worker" not in output
+    for task in ("Create the group", "Create the user", "Create the virtualenv", "Write the exporter configuration"):
+        assert task_results(output, task) == ["changed"], task
