@@ -13,8 +13,8 @@ cd "$(dirname "$0")/.."
 
 packages=(gcc libc6-dev python3-venv python3-dev podman runc golang-github-containernetworking-plugin-dnsname
           debootstrap uidmap slirp4netns fuse-overlayfs iproute2 curl poppler-utils chromium)
-tool_packages=(prometheus prometheus-node-exporter victoria-metrics)
-tool_binaries=(prometheus promtool prometheus-node-exporter victoria-metrics vmalert)
+tool_packages=(prometheus prometheus-node-exporter victoria-metrics prometheus-alertmanager)
+tool_binaries=(prometheus promtool prometheus-node-exporter victoria-metrics vmalert prometheus-alertmanager)
 tools=.tools
 
 missing=()
@@ -49,6 +49,11 @@ if $need_tools; then
   for binary in "${tool_binaries[@]}"; do  # the binaries alone: no configs, units or examples
     cp "$downloads/root/usr/bin/$binary" "$tools/usr/bin/"
   done
+  # Debian's Alertmanager reads its default notification templates from there, and will not start without them.
+  if [ ! -d /usr/share/prometheus/alertmanager ]; then
+    $sudo_cmd mkdir -p /usr/share/prometheus
+    $sudo_cmd cp -r "$downloads/root/usr/share/prometheus/alertmanager" /usr/share/prometheus/
+  fi
   rm -rf "$downloads"
 fi
 
