@@ -62,6 +62,21 @@ def check(
     return said
 
 
+def erase_every_comment(cluster: Cluster) -> None:
+    """An administrator's `scontrol update NodeName=ALL Comment=`, through the fake's scontrol."""
+    subprocess.run([str(cluster.command), "update", "NodeName=ALL", "Comment="], check=True, timeout=30)
+    assert not any(cluster.raw(node)["comment"] for node in cluster.nodes())
+
+
+def test_the_fakes_hostlists_are_slurms():
+    from tests.support.fake_scontrol import hostlist
+
+    known = ["gpu-01", "gpu-02", "gpu-03", "gpu-07"]
+    assert hostlist("ALL", known) == known
+    assert hostlist("gpu-[01-03],gpu-07", known) == ["gpu-01", "gpu-02", "gpu-03", "gpu-07"]
+    assert hostlist("gpu-7", known) == ["gpu-7"]
+
+
 def records(tmp_path: Path, node: str) -> list[tuple[str, str]]:
     return [(r.event, r.outcome) for r in Journal.read(str(tmp_path / f"{node}.jsonl")).records]
 
@@ -329,8 +344,7 @@ def test_a_pause_erased_from_every_comment_holds_on_the_nodes_that_saw_it_until_
     Fleet(str(cluster.command), run, Limits()).pause("bad driver, INC-42")
     check(tmp_path, cluster, "gpu-7", failing("reboot_node"))  # held: paused
     assert not drained(cluster, "gpu-7") and records(tmp_path, "gpu-7")[-1] == ("breaker_held", "paused")
-    for node in cluster.nodes():  # scontrol update NodeName=ALL Comment=""
-        cluster.edit(node, comment="")
+    erase_every_comment(cluster)
     said = check(tmp_path, cluster, "gpu-7", failing("reboot_node"))
     assert not drained(cluster, "gpu-7"), said
     assert any("vanished" in line for line in said), said
@@ -460,8 +474,7 @@ def test_a_pause_erased_while_every_node_was_healthy_still_holds(tmp_path):
     cluster = Cluster(tmp_path, {f"gpu-{n}": "IDLE" for n in range(20)})
     Fleet(str(cluster.command), run, Limits()).pause("INC-42")
     check(tmp_path, cluster, "gpu-7", healthy())
-    for node in cluster.nodes():
-        cluster.edit(node, comment="")
+    erase_every_comment(cluster)
     said = check(tmp_path, cluster, "gpu-7", failing("reboot_node"))
     assert not drained(cluster, "gpu-7") and any("vanished" in line for line in said), said
 

@@ -27,6 +27,7 @@ The faults of a loaded controller, as settings (`Cluster.change`):
     update NodeName=NAME State=UNDRAIN                     DRAIN and the reason gone, the base state kept
     update NodeName=NAME State=RESUME                      DRAIN, DOWN, the reboot flags and the reason gone
     update NodeName=NAME Reason=... | Comment=...          set
+    update NodeName=ALL ... | NodeName=gpu-[1-3,7] ...     every node, or those of a range, as Slurm's hostlists
     reboot [ASAP] [nextstate=S] [reason=R] NAME            the reboot issued at once (the node is idle): the node
                                                            DOWN+DRAIN+REBOOT_ISSUED, its reason + " : reboot issued";
                                                            ASAP without nextstate sets NextState=RESUME (as 22.05 does)
@@ -39,6 +40,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -184,6 +186,43 @@ def as_json(name: str, node: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def update(node: dict[str, Any], fields: dict[str, str], data: dict[str, Any]) -> None:
+    """`scontrol update` of one node, as 22.05 applies it (23.11+ keeping the reason where `keep_reason`)."""
+    flags = node["state"].split("+")
+    if fields.get("State") == "DRAIN":
+        node["state"] = "+".join([*[f for f in flags if f != "DRAIN"], "DRAIN"])
+    elif fields.get("State") == "UNDRAIN":
+        node["state"] = "+".join(f for f in flags if f != "DRAIN") or "IDLE"
+        node["reason"] = node["reason"] if data.get("keep_reason") else ""
+    elif fields.get("State") == "RESUME":
+        gone = ("DRAIN", "DOWN", "REBOOT_REQUESTED", "REBOOT_ISSUED")
+        node["state"] = "+".join(f for f in flags if f not in gone) or "IDLE"
+        node["reason"] = node["reason"] if data.get("keep_reason") else ""
+    if "Reason" in fields:
+        node["reason"], node["stamp"] = fields["Reason"], stamp()
+    if "Comment" in fields:
+        node["comment"] = fields["Comment"]
+
+
+def hostlist(expression: str, known: list[str]) -> list[str]:
+    """Slurm's node expressions as `update NodeName=` takes them: ALL, a name, comma lists and ranges
+    (gpu-[1-3,7])."""
+    if expression == "ALL":
+        return known
+    names = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?", expression):
+        found = re.fullmatch(r"(.*)\[([^\]]*)\]", part)
+        if found is None:
+            names.append(part)
+            continue
+        prefix, ranges = found.groups()
+        for item in ranges.split(","):
+            low, _, high = item.partition("-")
+            width = len(low)
+            names += [f"{prefix}{n:0{width}d}" for n in range(int(low), int(high or low) + 1)]
+    return names
+
+
 def meet(path: Path) -> None:
     """The first `meet` listings wait until that many have arrived (outside the controller's lock)."""
     with Locked(path) as data:
@@ -241,21 +280,8 @@ def main(state_path: str, args: list[str]) -> int:
                 print("slurm_update error: Invalid node state specified", file=sys.stderr)
                 return 1
             fields = dict(arg.split("=", 1) for arg in args[1:])
-            node = nodes[fields["NodeName"]]
-            flags = node["state"].split("+")
-            if fields.get("State") == "DRAIN":
-                node["state"] = "+".join([*[f for f in flags if f != "DRAIN"], "DRAIN"])
-            elif fields.get("State") == "UNDRAIN":
-                node["state"] = "+".join(f for f in flags if f != "DRAIN") or "IDLE"
-                node["reason"] = node["reason"] if data.get("keep_reason") else ""
-            elif fields.get("State") == "RESUME":
-                gone = ("DRAIN", "DOWN", "REBOOT_REQUESTED", "REBOOT_ISSUED")
-                node["state"] = "+".join(f for f in flags if f not in gone) or "IDLE"
-                node["reason"] = node["reason"] if data.get("keep_reason") else ""
-            if "Reason" in fields:
-                node["reason"], node["stamp"] = fields["Reason"], stamp()
-            if "Comment" in fields:
-                node["comment"] = fields["Comment"]
+            for name in hostlist(fields["NodeName"], list(nodes)):
+                update(nodes[name], fields, data)
             if any(arg in data.get("lose", []) for arg in args):
                 lost = True
         elif args[:1] == ["reboot"]:
