@@ -80,3 +80,25 @@ def test_bad_arguments_change_nothing(node, args, says):
     refused = drill(config, "nic", *args)
     assert refused.returncode == 2 and says in refused.stderr and "nothing changed" in refused.stderr
     assert not drills.exists() or not os.listdir(drills)
+
+
+def test_a_drill_names_the_gpus_that_use_the_port_and_refuses_one_no_gpu_uses(tmp_path):
+    """Issue 68, point 9: `accelmon-drill nic` accepted any device and never said which GPUs use it. On a node where
+    NCCL sends both GPUs' traffic by mlx5_0 port 1, the storage HCA (mlx5_6) and the uncabled second port are
+    refused (a drill of them rehearses nothing the rules show), and the compute port's drill names GPU 0 and 1."""
+    from tests.support.pci_tree import healthy_idle_node
+
+    sysfs, procfs = healthy_idle_node(tmp_path)
+    config = tmp_path / "exporter.yml"
+    config.write_text(f"paths: {{sysfs: {sysfs}, procfs: {procfs}}}\n"
+                      f"collectors: {{health: {{drill_dir: {tmp_path / 'drills'}}}}}\n")  # fmt: skip
+    for device, port in (("mlx5_6", "1"), ("mlx5_0", "2")):
+        refused = drill(config, "nic", "--device", device, "--port", port)
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert (
+            f"--device {device} --port {port}: no GPU's traffic leaves by it (NCCL's: mlx5_0 port 1)" in refused.stderr
+        )
+    assert not drill_store.nic_drills(str(tmp_path / "drills"))
+    started = drill(config, "nic", "--device", "mlx5_0")
+    assert started.returncode == 0, started.stderr
+    assert "GPU 0, 1 use it" in started.stdout

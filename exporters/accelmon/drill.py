@@ -39,8 +39,9 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Optional
 
-from accelmon import drill_store, nccl_drill
+from accelmon import drill_store, nccl_drill, topology
 from accelmon.checks import ActiveDrill, Drill
+from accelmon.collectors.infiniband import NCCL_CONF
 from accelmon.config import load
 from accelmon.drill_store import DRILL_DIR, nic_drills, read, remove, write
 from accelmon.registry import collectors
@@ -157,10 +158,22 @@ def start_nic(args: argparse.Namespace, now: float) -> int:
         return refuse(f"--device {args.device!r}: this node's RDMA devices are {', '.join(found) or 'none'}")
     if not args.port.isdigit() or not os.path.isdir(os.path.join(ports, args.device, "ports", args.port)):
         return refuse(f"--port {args.port!r}: {args.device} has no such port")
+    # Which GPUs' traffic leaves by it, as NCCL chooses (accelmon.topology.nccl_local): a drill of a port no GPU uses
+    # (a storage HCA, an uncabled second port) would rehearse nothing the rules show.
+    sysfs, procfs = settings.paths.sysfs, settings.paths.procfs
+    chosen = topology.nccl_local(sysfs, procfs, topology.active_ports(sysfs), topology.nccl_conf_value(NCCL_CONF))
+    users = sorted({local.gpu for local in chosen if (local.device, local.port) == (args.device, args.port)}, key=int)
+    if chosen and not users:
+        used = ", ".join(sorted({f"{local.device} port {local.port}" for local in chosen}))
+        return refuse(f"--device {args.device} --port {args.port}: no GPU's traffic leaves by it (NCCL's: {used})")
     drill_dir = drill_dir_of(args.config)  # one setting: the infiniband collector reads the same (drill_store)
     record = {"device": args.device, "port": args.port, "started": now, "expires": now + args.minutes * 60}
     path = drill_store.write_record(drill_dir, drill_store.nic_file_name(args.device, args.port), record)
     print(f"drill started: {args.device} port {args.port} at fault, until {clock(record['expires'])} ({path}).")
+    if users:
+        print(f"GPU {', '.join(users)} use it: their NCCL jobs' stragglers are explained by it, saying DRILL.")
+    else:
+        print("No GPU was found beside it (no NVIDIA driver listing GPUs here): the rules may show nothing.")
     print("The exporter serves it within its interval; `accelmon-drill stop` ends it now.")
     return 0
 
