@@ -14,6 +14,7 @@ from tests.support.exposition import sample_value, series, text_of
 from tests.support.fake_ras import TEXT_ANSWER, FakeRas
 from tests.support.ras_corpus import (
     BROKEN_MISSING_RANK,
+    GARBLED_WALK,
     LIST_RELEASES,
     RELEASES,
     Comm,
@@ -23,6 +24,7 @@ from tests.support.ras_corpus import (
     TextComm,
     answer,
     text_answer,
+    walked,
 )  # fmt: skip
 from tests.test_nccl import Gpus, job_record, procfs
 
@@ -236,3 +238,33 @@ def test_a_dead_process_is_placed_on_its_nvml_gpu(tmp_path):
     assert [(d["pid"], d["nvml_dev"], d["uuid"]) for d, _ in series(text, "accelmon_nccl_process_dead")] == [
         ("4242", "5", "GPU-00000005"), ("4243", "2", "GPU-00000002"),
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize("tag", (*GARBLED_WALK, "v2.29.2-1"))
+def test_a_phantom_communicator_of_the_garbled_walk_is_never_served(tmp_path, tag):
+    """Issue 67, point 2: 2.26.2-2.28.9's text answer walks the communicators without stepping over a missing-rank
+    array (client_support.cc v2.26.2-1:939-945; fixed v2.29.2-1:1035-1041): after a communicator with a missing rank
+    on GPU 3 comes a phantom (hash: rank 3, AF_INET, the port; 0 ranks; 771 missing) and the last real one is never
+    read. The phantom was served as an incomplete communicator of 0 ranks with 771 missing."""
+    hurt = TextComm(0x1111, 4, errors="INCOMPLETE", missing=[(3, 3, 7003, B)])
+    later = TextComm(0x9999, 8, kinds=[Kind("AllReduce", [(7, 1000, []), (1, 990, [(5, 5, 7005, B)])])])
+    comms = walked([hurt, later], tag)
+    said = text_answer(comms, tag=tag)
+    read = nccl_ras.parse_text(said, 8)
+    assert [c.hash for c in read.communicators] == ["0x1111"] + (["0x9999"] if tag not in GARBLED_WALK else [])
+    assert read.communicators[0].missing_count == 1 and read.communicators[0].size == 4
+    if tag in GARBLED_WALK:
+        assert "(7c6d000200000003) INCOMPLETE\n  Missing communicator data from 771 ranks\n" in said
+        assert read.phantoms == 1
+        text = served(tmp_path, "6", FakeRas(answer=said, json_format=False))
+        assert sample_value(text, "accelmon_nccl_communicators_garbled", job_id="6", reason="missing_rank_walk") == 1
+        assert {d["communicator"] for d, _ in series(text, "accelmon_nccl_communicator_size")} == {"0x1111"}
+    else:
+        assert read.phantoms == 0 and "7c6d" not in said
+
+
+def test_a_real_communicator_is_not_a_phantom_on_other_releases():
+    """The phantom's marks are judged only where NCCL made phantoms: a 2.24 answer whose hash looks like one stays."""
+    comm = TextComm(0x7C6D000200000003, 4, errors="INCOMPLETE", missing=[(3, 3, 7003, B)])
+    (read,) = nccl_ras.parse_text(text_answer([comm], tag="v2.24.3-1"), 8).communicators
+    assert read.hash == "0x7c6d000200000003"

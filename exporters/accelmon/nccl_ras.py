@@ -91,6 +91,7 @@ class JobStatus:
     repaired: bool = False  # NCCL 2.28.7-2.28.9's invalid JSON, read after putting its missing comma back
     timeouts: int = 0  # RAS's own legs that timed out while collecting this answer (`timeouts_count`)
     dropped: int = 0  # communicators of the answer past max_communicators, not kept
+    phantoms: int = 0  # communicators NCCL 2.26.2-2.28.9's walk made up (PHANTOM_WALK), not served
 
 
 class Kept:
@@ -380,6 +381,33 @@ LINE_BUFFER = 1024
 TIMEOUTS = re.compile(r"Encountered (\d+) communication timeouts? while gathering communicator data")
 
 
+# NCCL 2.26.2-2.28.9's text answer walks the collected communicators stepping over each one's ranks but not its
+# missing-rank array (rasClientRunComms, src/ras/client_support.cc v2.26.2-1:939-945, v2.28.7-1 and v2.28.9-1:988-994;
+# fixed in v2.29.2-1:1035-1041; 2.28.7's JSON writer steps right, v2.28.7-1:2126-2127). After the first communicator
+# (by commId) with a missing rank, each entry is read from that array (ras_internal.h v2.26.2-1:279-314): a phantom
+# whose hash is a missing rank's commRank, address family (AF_INET 2, AF_INET6 10) and port, whose size is bytes of
+# its address (0 for IPv4, millions for IPv6) and whose missing-rank count its GPU's numbers (cudaDev + 256 x nvmlDev),
+# and as many real communicators, the last by commId, are never read. The version is the answer's first line.
+VERSION = re.compile(r"NCCL version (\d+)\.(\d+)\.(\d+)")
+PHANTOM_WALK = ((2, 26, 2), (2, 29, 2))  # from, before
+PLAUSIBLE_RANKS = 1 << 20
+
+
+def release(text: str) -> Optional[tuple[int, int, int]]:
+    found = VERSION.search(text[:200])
+    return (int(found.group(1)), int(found.group(2)), int(found.group(3))) if found else None
+
+
+def phantom(comm: Communicator, sized: bool) -> bool:
+    """A communicator of a 2.26.2-2.28.9 text answer that the walk made up: counts no communicator can have, or a
+    hash that is a missing rank's commRank, address family and port."""
+    unreached = comm.missing_count if comm.missing_count is not None else len(comm.missing)
+    if sized and (comm.size == 0 or comm.size > PLAUSIBLE_RANKS or unreached > comm.size):
+        return True
+    value = int(comm.hash, 16)
+    return unreached > 0 and (value >> 32) & 0xFFFF in (2, 10) and value & 0xFFFFFFFF < PLAUSIBLE_RANKS
+
+
 def placed(number: int, where: str) -> Rank:
     """A rank from `Rank N -- GPU g (NVML n) managed by process P on node H` (or `[process information not
     found]`: its number alone)."""
@@ -402,6 +430,7 @@ def parse_text(text: str, max_ranks: int, max_communicators: int = MAX_COMMUNICA
     if "Communicators" not in text and "Job summary" not in text:
         raise RasError("malformed", "not a RAS status answer")
     sizes: dict[int, int] = {}
+    garbled = PHANTOM_WALK[0] <= (release(text) or (0, 0, 0)) < PHANTOM_WALK[1]
     for line in text.splitlines():
         row = SUMMARY.match(line)
         if row:
@@ -411,6 +440,7 @@ def parse_text(text: str, max_ranks: int, max_communicators: int = MAX_COMMUNICA
     tops: dict[str, dict[str, int]] = {}  # comm -> kind -> the highest count any group of ranks reached
     dead: list[Rank] = []
     dropped: set[str] = set()
+    sized: set[str] = set()  # communicators whose size the summary table gave
     current: Optional[Communicator] = None
     section, block, kind = "", "", ""
     launched: Optional[int] = None  # the count of the group whose ranks are listed next
@@ -432,6 +462,8 @@ def parse_text(text: str, max_ranks: int, max_communicators: int = MAX_COMMUNICA
                 current = None
                 continue
             current = communicators.setdefault(key, Communicator(key, size=sizes.get(int(found.group(1)), 0)))
+            if int(found.group(1)) in sizes:
+                sized.add(key)
             for word in re.split(r"[\s,]+", found.group(4)):
                 if word.lower() in STATUSES:
                     current.status = max(current.status, word.lower(), key=STATUSES.index)
@@ -484,6 +516,11 @@ def parse_text(text: str, max_ranks: int, max_communicators: int = MAX_COMMUNICA
             current.missing.append(placed(int(listed.group(1)), listed.group(2)))
         elif listed and kind and launched is not None:
             counts[current.hash][kind][int(listed.group(1))] = (placed(int(listed.group(1)), listed.group(2)), launched)
+    phantoms = 0
+    for key, comm in list(communicators.items()):
+        if garbled and phantom(comm, key in sized):
+            del communicators[key]  # no one's counts: never served, counted
+            phantoms += 1
     for comm in communicators.values():
         behind: dict[int, Rank] = {}
         for kind_name, ranks in counts.get(comm.hash, {}).items():
@@ -499,4 +536,5 @@ def parse_text(text: str, max_ranks: int, max_communicators: int = MAX_COMMUNICA
         comm.answering = max(0, comm.size - unreached) if comm.size else 0
         if comm.missing and comm.status == "ok":
             comm.status = "incomplete"
-    return JobStatus("text", list(communicators.values()), dead, timeouts=timeouts, dropped=len(dropped))
+    return JobStatus("text", list(communicators.values()), dead, timeouts=timeouts, dropped=len(dropped),
+                     phantoms=phantoms)  # fmt: skip

@@ -15,6 +15,8 @@ AllReduce. `init_state` and `async_error` are ncclResult_t values: 7 is ncclInPr
 
 from __future__ import annotations
 
+import socket
+import struct
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -215,8 +217,9 @@ def text_answer(
                 numbers = [f"{',' if n else ''}{rank}" for n, (rank, _, _, _) in enumerate(comm.missing)]
                 out(f"  The missing rank{'s' if count > 1 else ''}: {c_buffer(numbers)}\n")
             else:
-                for rank, gpu, pid, host in comm.missing:
-                    out(f"  Rank {rank} -- GPU {gpu} managed by process {pid} on node {host}\n")
+                for rank, gpu, pid, host in comm.missing:  # a rank rasPeerFind does not know: 1288
+                    out(f"  Rank {rank} -- GPU {gpu} managed by process {pid} on node {host}\n" if host
+                        else f"  Rank {rank} -- [process information not found]\n")  # fmt: skip
             out("\n")
     out("Warnings\n========\n\n")
     for group, comm in enumerate(comms):
@@ -239,3 +242,53 @@ def text_answer(
                         out(f"  Rank {rank} has not launched any operations -- {place}\n")
             out("\n")
     return "".join(parts)
+
+
+# NCCL 2.26.2-2.28.9's walk over the collected communicators (rasClientRunComms, client_support.cc v2.26.2-1:939-945,
+# v2.28.7-1 and v2.28.9-1:988-994) steps over each one's ranks but not its missing-rank array; 2.29.2 steps over both
+# (v2.29.2-1:1035-1041; the JSON writer of 2.28.7 already did, v2.28.7-1:2126-2127). The collected data are laid out
+# as ras_internal.h says (v2.26.2-1:279-314): `nComms`, then each communicator sorted by commId (hash, host hash, pid
+# hash) as a 40-byte header (three uint64 hashes; commNRanks, nRanks, nMissingRanks), its ranks (56 bytes each) and
+# its missing ranks (40 bytes, aligned as rasCollComms: commRank, a 28-byte ncclSocketAddress, cudaDev, nvmlDev), in
+# a buffer allocated zeroed and "pessimistically" (collectives.cc v2.26.2-1:761-762): past the data, zeros.
+HEADER, RANK, MISSING = struct.Struct("<QQQiii4x"), 56, struct.Struct("<iHH4s20xbb6x")
+
+
+def collected(comms: list[TextComm], port: int = 28028) -> bytes:
+    """The RAS collection's data for these communicators (IPv4 peers, RAS listening on `port`)."""
+    data = struct.pack("<i4x", len(comms))
+    for comm in sorted(comms, key=lambda c: c.hash):
+        data += HEADER.pack(comm.hash, 0, 0, comm.ranks, comm.ranks - len(comm.missing), len(comm.missing))
+        data += bytes(RANK * (comm.ranks - len(comm.missing)))
+        for rank, gpu, _, host in comm.missing:
+            data += MISSING.pack(rank, socket.AF_INET, socket.htons(port), socket.inet_aton(host), gpu, gpu)
+    return data + bytes(len(data))
+
+
+def walked(comms: list[TextComm], tag: str = "v2.26.2-1") -> list[TextComm]:
+    """The communicators rasClientRunComms prints at `tag`: at 2.26.2-2.28.9 each after the first with missing ranks is
+    read from that one's missing-rank array (a phantom: its hash is a missing rank's commRank, address family and
+    port; its counts are the address's bytes and the rank's GPU), and as many real ones, the last by commId, are never
+    read. A phantom's missing ranks are read from what follows it (every one unanswered: INCOMPLETE)."""
+    if tag not in GARBLED_WALK:
+        return comms
+    data, seen, offset = collected(comms), [], 8
+    places = {rank: (gpu, pid, host) for comm in comms for rank, gpu, pid, host in comm.missing}
+    real = {comm.hash: comm for comm in comms}
+    for _ in comms:
+        commhash, _, _, size, n_ranks, n_missing = HEADER.unpack_from(data.ljust(offset + HEADER.size, b"\0"), offset)
+        if commhash in real and size == real[commhash].ranks:
+            seen.append(real[commhash])
+        else:
+            listed = []
+            for slot in range(n_missing):
+                at = offset + HEADER.size + n_ranks * RANK + slot * MISSING.size
+                rank = MISSING.unpack_from(data.ljust(at + MISSING.size, b"\0"), at)[0]
+                gpu, pid, host = places.get(rank, (-1, -1, ""))
+                listed.append((rank, gpu, pid, host))
+            seen.append(TextComm(commhash, size, errors="INCOMPLETE" if n_missing else "OK", missing=listed))
+        offset += HEADER.size + n_ranks * RANK  # the bug: + n_missing * MISSING.size is not added
+    return seen
+
+
+GARBLED_WALK = ("v2.26.2-1", "v2.27.7-1", "v2.28.3-1", "v2.28.7-1", "v2.28.9-1")

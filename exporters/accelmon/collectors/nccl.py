@@ -125,6 +125,12 @@ COMM_DROPPED = C.gauge(
     "largest, are served).",
     ["job_id"],
 )
+GARBLED = C.gauge(
+    "accelmon_nccl_communicators_garbled",
+    "Communicators NCCL made up in the job's latest RAS answer, not served, by reason: missing_rank_walk (NCCL "
+    "2.26.2-2.28.9's text answer after a communicator with a missing rank: as many real ones were never read).",
+    ["job_id", "reason"],
+)
 DRILL_ACTIVE = C.gauge(
     "accelmon_nccl_drill_active",
     "1 while the job's RAS answer is a drill's (accelmon-drill nccl), not NCCL's: its missing rank is no real fault.",
@@ -337,6 +343,7 @@ class NcclCollector(Collector):
         if status.drill:
             out.add(DRILL_ACTIVE, (job,), 1)
         out.add(COMM_DROPPED, (job,), status.dropped)
+        out.add(GARBLED, (job, "missing_rank_walk"), status.phantoms)
         out.add(COLLECTION_TIMEOUTS, (job,), status.timeouts)
 
         def labels(comm: str, rank: Rank) -> list[str]:
