@@ -764,7 +764,8 @@ def test_a_reset_whose_rescan_cannot_read_nvml_keeps_the_node_drained_and_its_co
             journal = worker.run("tail -n 6 /var/lib/accelmon/remediation.jsonl").stdout
             assert escalated, node_line(controller, name) + journal
             line = node_line(controller, name)
-            assert "DRAIN" in line and "hardware_service" in line and "not answering its driver library" in line, line
+            # The reason is cut at Slurm's 200 characters: "GPU 0, 1, ..., 7 not answering its driver library".
+            assert "DRAIN" in line and "hardware_service" in line and "GPU 0, 1, 2, 3, 4, 5, 6, 7 not answering" in line
             assert f"Comment={comment} accelmon-" in line, line  # kept whole beside accelmon's tokens
         finally:
             worker.run(f"mv -f /etc/fake-nvml.conf.before /etc/fake-nvml.conf; rm -f {BROKEN_RESET}; "
