@@ -1,0 +1,49 @@
+"""The controller's wheel build (ansible/roles/accelmon_exporter/files/build_wheel.py): two deploys from one checkout
+at once (the CI's Molecule scenarios run in parallel) removed each other's setuptools build/ mid-build and one failed
+("rmtree failed: No such file or directory"). Under the lock each build removes build/ and builds as one step."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from tests.support.paths import ROOT
+
+BUILD = ROOT / "ansible" / "roles" / "accelmon_exporter" / "files" / "build_wheel.py"
+
+
+def project(root: Path) -> Path:
+    """A small setuptools project with many modules (a build that takes a moment, as accelmon's does)."""
+    (root / "pkg").mkdir(parents=True)
+    for n in range(200):
+        (root / "pkg" / f"m{n}.py").write_text(f"VALUE = {n}\n")
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "pkg"\nversion = "1.0"\n[tool.setuptools]\npackages = ["pkg"]\n'
+    )
+    return root
+
+
+def test_builds_from_one_checkout_at_once_both_succeed_and_stale_modules_go(tmp_path):
+    source = project(tmp_path / "src")
+    (source / "build" / "lib" / "pkg").mkdir(parents=True)
+    (source / "build" / "lib" / "pkg" / "removed.py").write_text("STALE = True\n")  # a module since removed
+    results: list[int] = []
+
+    def build(wheels: str) -> None:
+        command = [sys.executable, str(BUILD), str(source), str(tmp_path / wheels), "--quiet", "--no-deps",
+                   "--no-build-isolation", "--no-index"]  # fmt: skip
+        results.append(subprocess.run(command, capture_output=True, text=True, timeout=300).returncode)
+
+    threads = [threading.Thread(target=build, args=(f"wheels-{n}",)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == [0, 0, 0, 0]
+    wheel = next((tmp_path / "wheels-0").glob("pkg-1.0-*.whl"))
+    listed = subprocess.run([sys.executable, "-m", "zipfile", "-l", str(wheel)], capture_output=True, text=True)
+    assert "pkg/m199.py" in listed.stdout and "removed.py" not in listed.stdout
