@@ -166,6 +166,12 @@ MASTER_CASES = [
         "a PEM certificate, for an https:// URL",
     ),
     ("accelmon_master_query_headers=secret", "accelmon_master_query_headers"),
+    # Issue 66, point 3: Grafana's certificate goes with its key (neither value printed).
+    (
+        '{"accelmon_master_grafana_tls_cert": "-----BEGIN CERTIFICATE-----secret"}',
+        "accelmon_master_grafana_tls_cert and accelmon_master_grafana_tls_key go together",
+    ),
+    ("accelmon_master_grafana_secret_key=secret", "16 characters or more"),
     ("accelmon_master_live_jobs_straggler_sm_clock_ratio=1.5", "must be a ratio above 0 and at most 1"),
     ("accelmon_master_live_jobs_idle_utilization=0", "must be a ratio above 0 and at most 1"),
     ("accelmon_master_live_jobs_interval=often", "must be empty or a Prometheus duration such as 30s or 1m"),
@@ -273,7 +279,8 @@ def test_bad_scale_out_variable_fails_in_preflight(preflight, number, case):
     lines, output = preflight("master")
     assert case[1] in lines[number], lines[number] or output[-3000:]
     assert "PLAY [Masters]" not in output
-    assert "secret" not in output and '"p"' not in output
+    # No value printed ("secret" is every case's); the one variable named so may be named.
+    assert "secret" not in output.replace("accelmon_master_grafana_secret_key", "") and '"p"' not in output
 
 
 def test_more_shards_than_masters_fails_in_preflight(tmp_path):
@@ -901,3 +908,103 @@ def test_two_clustered_alertmanagers_notify_an_alert_sent_to_both_once(tmp_path)
             stop(process)
         server.shutdown()
         server.server_close()
+
+
+# Issue 66, points 3 and 6: Grafana's secret key and TLS, and the master's secret files.
+def grafana_of(rendered: dict) -> dict:
+    return rendered["compose"]["services"]["grafana"]
+
+
+def test_grafana_reads_its_secret_key_from_a_file_never_an_argument(tmp_path):
+    """The key reaches Grafana as a mounted file (GF_SECURITY_SECRET_KEY__FILE): no command line, no environment
+    value holds it."""
+    rendered = render_masters(tmp_path, {"monitor-a": {}}, {"accelmon_master_grafana_secret_key": "k" * 32})
+    service = grafana_of(rendered["monitor-a"])
+    assert service["environment"]["GF_SECURITY_SECRET_KEY__FILE"] == "/run/secrets/grafana_secret_key"
+    assert "/opt/accelmon-master/grafana/secret_key:/run/secrets/grafana_secret_key:ro,Z" in service["volumes"]
+    assert "GF_SECURITY_SECRET_KEY" not in service["environment"]
+    assert "k" * 32 not in json.dumps(rendered)
+    # Plain HTTP on every interface by default, as documented; no TLS files mounted.
+    assert service["ports"] == ["0.0.0.0:3000:3000"]
+    assert "GF_SERVER_PROTOCOL" not in service["environment"]
+
+
+@pytest.mark.parametrize("network", ["accelmon", "host"])
+def test_grafana_serves_https_with_its_certificate_and_key_mounted_read_only(tmp_path, network):
+    rendered = render_masters(
+        tmp_path,
+        {"monitor-a": {}},
+        {"accelmon_master_grafana_tls_cert": "-----BEGIN CERTIFICATE-----", "accelmon_master_grafana_tls_key": "K",
+         "accelmon_master_grafana_listen_address": "127.0.0.1", "accelmon_master_network": network},
+    )  # fmt: skip
+    service = grafana_of(rendered["monitor-a"])
+    environment = service["environment"]
+    assert environment["GF_SERVER_PROTOCOL"] == "https"
+    assert environment["GF_SERVER_CERT_FILE"] == "/etc/grafana/tls/cert.crt"
+    assert environment["GF_SERVER_CERT_KEY"] == "/etc/grafana/tls/key.key"
+    assert environment["GF_SECURITY_COOKIE_SECURE"] == "true"
+    assert "/opt/accelmon-master/grafana/tls:/etc/grafana/tls:ro,Z" in service["volumes"]
+    if network == "host":
+        assert environment["GF_SERVER_HTTP_ADDR"] == "127.0.0.1"
+    else:
+        assert service["ports"] == ["127.0.0.1:3000:3000"]
+
+
+def test_grafanas_secret_key_is_generated_once_on_the_controller_never_logged(tmp_path):
+    """The role's configuration tasks in --check on this machine, twice, HOME in tmp_path: the key file is made once
+    (0600, in a 0700 directory), kept the second time, and its value is in no output."""
+    play = [{"hosts": "localhost", "gather_facts": False,
+             "tasks": [{"ansible.builtin.include_role": {"name": "accelmon_master", "tasks_from": "configure.yml"}}]}]
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
+    home = tmp_path / "home"
+    home.mkdir()
+    variables = {"__accelmon_master_engine": "podman", "accelmon_master_dir": str(tmp_path / "master"),
+                 "accelmon_master_grafana_admin_password": "unused-here-1234"}
+    outputs, keys = [], []
+    for _ in range(2):
+        result = subprocess.run(
+            [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local", "--check",
+             "--diff", "-e", f"ansible_python_interpreter={sys.executable}", "-e", json.dumps(variables),
+             str(tmp_path / "play.yml")],
+            capture_output=True, text=True, cwd=ROOT, timeout=300,
+            env={**os.environ, "HOME": str(home), "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "NO_COLOR": "1",
+                 "ANSIBLE_ROLES_PATH": str(ROOT / "ansible" / "roles")},
+        )  # fmt: skip
+        outputs.append(result.stdout + result.stderr)
+        assert result.returncode == 0, outputs[-1][-3000:]
+        key_file = home / ".accelmon" / "grafana-secret-key"
+        assert key_file.stat().st_mode & 0o777 == 0o600
+        assert (home / ".accelmon").stat().st_mode & 0o777 == 0o700
+        keys.append(key_file.read_text().strip())
+    assert keys[0] == keys[1] and len(keys[0]) >= 32
+    assert not [output for output in outputs if keys[0] in output]
+    assert "Write Grafana's secret key for the container" in outputs[0]
+
+
+def secret_file_tasks() -> list[dict]:
+    """The master role's tasks that write a file holding a secret (no_log): the copies and templates."""
+    tasks = yaml.safe_load((MASTER_ROLE / "tasks" / "configure.yml").read_text())
+    flat = [inner for task in tasks for inner in task.get("block", [task])]
+    return [task for task in flat if task.get("no_log") and ({"ansible.builtin.copy", "ansible.builtin.template"}
+                                                             & set(task))]  # fmt: skip
+
+
+def test_no_secret_file_of_the_master_is_shared_with_group_65534():
+    """Each secret the master writes is readable by its service alone: owned by Prometheus's or Alertmanager's uid
+    65534 (group root, 0400), or root:root 0440 for Grafana (uid 472 in group 0); none with group 65534 (nogroup),
+    and docs/security.md's table says the same."""
+    written = {}
+    for task in secret_file_tasks():
+        module = task.get("ansible.builtin.copy") or task["ansible.builtin.template"]
+        mode = (str(module["owner"]), str(module["group"]), str(module["mode"]))
+        assert mode in {("65534", "root", "0400"), ("root", "root", "0440")}, (task["name"], mode)
+        written[task["name"]] = mode
+    assert len(written) >= 8, written
+    role = "\n".join(p.read_text() for p in (MASTER_ROLE / "tasks").glob("*.yml"))
+    assert 'group: "65534"' not in role and "group: 65534" not in role
+    security = (ROOT / "docs" / "security.md").read_text()
+    for row in ("| `alertmanager/alertmanager.yml` (receivers' tokens and passwords) | 65534:root | 0400 |",
+                "| `grafana/admin_password`, `grafana/secret_key` | root:root | 0440 |",
+                "| `grafana/tls/cert.crt`, `key.key` | root:root | 0440 |"):  # fmt: skip
+        assert row in security, row
+    assert "65534 0640" not in security and "root:65534" not in security
