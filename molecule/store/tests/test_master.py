@@ -89,8 +89,9 @@ def test_alertmanager_runs_with_receivers_from_variables_and_gets_prometheus_ale
 def test_secrets_and_containers_are_locked_down(host):
     """Alertmanager's config can hold webhook tokens and SMTP passwords: it was 0644. The containers ran with a
     writable root, every capability and no no-new-privileges, published on every interface."""
+    # Owned by the uid Alertmanager runs as, not shared with group 65534 (nogroup: every `nobody` process).
     config = host.file("/opt/accelmon-master/alertmanager/alertmanager.yml")
-    assert config.mode == 0o640 and config.user == "root" and config.gid == 65534
+    assert config.mode == 0o400 and config.uid == 65534 and config.gid == 0
     for name in ("accelmon-prometheus", "accelmon-alertmanager"):
         settings = json.loads(host.check_output(f"podman inspect {name}"))[0]["HostConfig"]
         assert settings["ReadonlyRootfs"] is True, name
