@@ -953,13 +953,21 @@ def test_grafana_serves_https_with_its_certificate_and_key_mounted_read_only(tmp
 def test_grafanas_secret_key_is_generated_once_on_the_controller_never_logged(tmp_path):
     """The role's configuration tasks in --check on this machine, twice, HOME in tmp_path: the key file is made once
     (0600, in a 0700 directory), kept the second time, and its value is in no output."""
-    play = [{"hosts": "localhost", "gather_facts": False,
-             "tasks": [{"ansible.builtin.include_role": {"name": "accelmon_master", "tasks_from": "configure.yml"}}]}]
+    play = [
+        {
+            "hosts": "localhost",
+            "gather_facts": False,
+            "tasks": [{"ansible.builtin.include_role": {"name": "accelmon_master", "tasks_from": "configure.yml"}}],
+        }
+    ]
     (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
     home = tmp_path / "home"
     home.mkdir()
-    variables = {"__accelmon_master_engine": "podman", "accelmon_master_dir": str(tmp_path / "master"),
-                 "accelmon_master_grafana_admin_password": "unused-here-1234"}
+    variables = {
+        "__accelmon_master_engine": "podman",
+        "accelmon_master_dir": str(tmp_path / "master"),
+        "accelmon_master_grafana_admin_password": "unused-here-1234",
+    }
     outputs, keys = [], []
     for _ in range(2):
         result = subprocess.run(

@@ -379,8 +379,13 @@ def test_a_node_back_from_its_reboot_waits_for_its_fabric(tmp_path):
     ],
 )
 def test_systemd_confirms_a_holder_from_its_own_root(cgroup, confirms):
-    """The Molecule cluster's systemd runs in a container that sees the host's cgroup tree (cgroup v1): /proc names
-    the stand-in holder /libpod_parent/libpod-ID/system.slice/gpu-standin.service while systemd says
-    /system.slice/gpu-standin.service. Read strictly from the root, it was never stopped and every reset failed."""
+    """The Molecule cluster's systemd runs in a container that sees the host's cgroup tree (cgroup v1): /proc and
+    systemd both name the stand-in holder /libpod_parent/libpod-ID/system.slice/gpu-standin.service (measured in the
+    image: `systemctl show -p ControlGroup` gives the full path). Read strictly from the root, it was never stopped
+    and every reset failed."""
     holder = Holder(900, "python3", "gpu-standin.service", cgroup, 0)
-    assert gpu_reset.confirmed(holder, "/system.slice/gpu-standin.service") is confirms
+    root = cgroup.split("/system.slice/")[0] if cgroup.startswith("/libpod_parent") else ""
+    assert gpu_reset.confirmed(holder, f"{root}/system.slice/gpu-standin.service") is confirms
+    user = "/user.slice/user-1000.slice/user@1000.service"  # a user's manager's "system.slice" is never systemd's
+    assert not gpu_reset.confirmed(Holder(900, "x", "gpu-standin.service", f"{user}/system.slice/gpu-standin.service",
+                                          0), f"{user}/system.slice/gpu-standin.service")  # fmt: skip

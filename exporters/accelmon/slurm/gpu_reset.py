@@ -120,11 +120,11 @@ class GpuReset:
 
 
 def confirmed(holder: gpu_holders.Holder, group: str) -> bool:
-    """Whether systemd places the holder's unit where /proc puts the holder: the unit's ControlGroup (`group`, as
-    systemd sees it from its own root) is /system.slice/UNIT and the holder's cgroup is it, or one below it, under
-    systemd's root (a container's systemd sees its tree from the container's cgroup). A unit that does not run, or a
-    systemctl that does not answer (""), confirms nothing."""
-    if group != f"/system.slice/{holder.unit}":
+    """Whether systemd places the holder's unit where /proc puts the holder: the unit's ControlGroup (`group`) is
+    ROOT/system.slice/UNIT, ROOT systemd's own root ("" on a host; a container's cgroup where systemd runs in a
+    container that sees the host's tree: podman on cgroup v1 gives /libpod_parent/libpod-ID), and the holder's cgroup
+    is it or one below it. A unit that does not run, or a systemctl that does not answer (""), confirms nothing."""
+    root, found, rest = group.rpartition(f"/system.slice/{holder.unit}")
+    if not found or rest or not gpu_holders.systemd_root(root):
         return False
-    root, found, below = holder.cgroup.partition(group)
-    return bool(found) and gpu_holders.systemd_root(root) and (below == "" or below.startswith("/"))
+    return holder.cgroup == group or holder.cgroup.startswith(group + "/")

@@ -291,7 +291,8 @@ def test_a_nic_drill_explains_a_straggler_its_own_gpu_does_not(host):
         {"query": f'accelmon_gpu_nic_nearest_info{{node="{name}",gpu="3"}}'}
     )
     devices = lambda: {r["metric"]["device"] for r in query(host, nearest)["result"]}  # noqa: E731
-    assert wait_for(lambda: devices() == {"mlx4_0", "mlx5_0"}, 30), devices()  # PHB both: one root complex
+    # Both PHB (one root complex): NCCL takes the faster, mlx5_0, over mlx4_0 (bandwidth first: issue 68, point 1).
+    assert wait_for(lambda: devices() == {"mlx5_0"}, 30), devices()
     job = controller.check_output(
         f"su alice -c 'sbatch --parsable --chdir=/tmp --nodelist={name} --gres=gpu:2 --wrap \"srun sleep 150\"'"
     ).strip()
@@ -955,17 +956,19 @@ def test_a_redeploy_whose_exporter_cannot_start_stops_at_the_canary(host):
     started = "systemctl show --property=ActiveEnterTimestampMonotonic --value accelmon-exporter"
     other_started = other.check_output(started)
     scrape_config = master.check_output(f"md5sum {MASTER_PROMETHEUS_CONFIG}")
-    broken = run_playbook("deploy.yaml", "-e", "accelmon_exporter_listen_address=:6818")
-    recap = broken.stdout.split("PLAY RECAP")[-1]
-    assert broken.returncode != 0, recap
-    assert re.search(rf"{CLUSTER}-worker-1\s*:.*failed=1", recap), broken.stdout[-4000:]
-    assert re.search(rf"{CLUSTER}-worker-2\s*:.*changed=0.*failed=0", recap), recap  # only its preflight ran
-    assert re.search(rf"{CLUSTER}-master\s*:.*changed=0.*failed=0", recap), recap
-    assert other.check_output(started) == other_started  # worker-2's exporter untouched
-    assert master.check_output(f"md5sum {MASTER_PROMETHEUS_CONFIG}") == scrape_config
-    # The canary is down; the rest serve as before.
-    assert wait_for(lambda: up_workers(host) == {f"{CLUSTER}-worker-2"}, timeout=60), up_workers(host)
-    playbook("deploy.yaml")
+    try:
+        broken = run_playbook("deploy.yaml", "-e", "accelmon_exporter_listen_address=:6818")
+        recap = re.sub(r"\x1b\[[0-9;]*m", "", broken.stdout.split("PLAY RECAP")[-1])  # without its colours
+        assert broken.returncode != 0, recap
+        assert re.search(rf"{CLUSTER}-worker-1\s*:.*failed=1", recap), broken.stdout[-4000:]
+        assert re.search(rf"{CLUSTER}-worker-2\s*:.*changed=0.*failed=0", recap), recap  # only its preflight ran
+        assert re.search(rf"{CLUSTER}-master\s*:.*changed=0.*failed=0", recap), recap
+        assert other.check_output(started) == other_started  # worker-2's exporter untouched
+        assert master.check_output(f"md5sum {MASTER_PROMETHEUS_CONFIG}") == scrape_config
+        # The canary is down; the rest serve as before.
+        assert wait_for(lambda: up_workers(host) == {f"{CLUSTER}-worker-2"}, timeout=60), up_workers(host)
+    finally:  # a plain redeploy brings all back, whatever failed above (the next tests need both workers)
+        playbook("deploy.yaml")
     assert wait_for(lambda: up_workers(host) == WORKERS, timeout=90), up_workers(host)
 
 
