@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.support.paths import ROOT
 
@@ -21,7 +22,10 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import check_grafana
 
 pytestmark = pytest.mark.unit
-IMAGE = "docker.io/grafana/grafana-oss:11.6.0"
+# The image the master role deploys (its default), which the demo pulls.
+IMAGE = yaml.safe_load((ROOT / "ansible/roles/accelmon_master/defaults/main.yml").read_text())[
+    "accelmon_master_grafana_image"
+]
 
 
 def fake_podman(bin_dir: Path, *, exists: bool, pull: str) -> None:
@@ -50,7 +54,7 @@ def decide(tmp_path: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_pull_that_fails_leaves_grafana_out_and_says_why(tmp_path):
-    error = "Error: initializing source docker://grafana/grafana-oss:11.6.0: pinging container registry: no such host"
+    error = f"Error: initializing source docker://{IMAGE}: pinging container registry: no such host"
     fake_podman(tmp_path / "bin", exists=False, pull=error)
     done = decide(tmp_path)
     assert done.stdout.strip() == "status=1 grafana= image= port="
