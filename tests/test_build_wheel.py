@@ -9,7 +9,12 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
+
 from tests.support.paths import ROOT
+
+# The controller's build: its Python has the pinned build backend (the deploy extra), the e2e tier's venv.
+pytestmark = pytest.mark.e2e
 
 BUILD = ROOT / "ansible" / "roles" / "accelmon_exporter" / "files" / "build_wheel.py"
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import shutil
 
+import pytest
+
 from accelmon import topology
 from accelmon.collectors.infiniband import InfinibandCollector
 from tests.support.exposition import promtool_check, series, text_of
@@ -22,6 +24,10 @@ from tests.support.pci_tree import (
     pcie_server,
     two_nics_under_one_switch,
 )
+
+# promtool over the master's rules, the live job rules rendered by the role through Ansible (tests/support/rules.py):
+# the e2e tier, where Ansible is installed (the Python 3.9 tier has only the exporter's dependencies).
+ROLE_RULES = pytest.mark.e2e
 
 
 def nccl_choice(sysfs, procfs, ib_hca: str = "") -> list[tuple[str, str, str, str]]:
@@ -131,6 +137,7 @@ def test_a_port_in_use_that_goes_down_stays_the_gpus_and_one_never_up_is_never_u
     assert used() == [("mlx5_0", "1")]
 
 
+@ROLE_RULES
 def test_a_healthy_idle_node_records_no_path_fault(tmp_path):
     """promtool over the collector's own scrapes (issue 68, point 2): a second port uncabled, VFs down and a slower
     storage HCA of the same model are on no GPU's path, so none is a fault (before: not_active and slow_rate)."""
@@ -170,6 +177,7 @@ def nic_fault(reason: str) -> list[dict[str, object]]:
     ]  # fmt: skip
 
 
+@ROLE_RULES
 def test_a_saturated_symbol_counter_is_seen_as_saturated(tmp_path):
     """symbol_error is 16 bits (Linux sysfs.c PORT_PMA_ATTR(symbol_error, 0, 16, 32)) and stops at 65535: once there
     its rate reads 0, which must not pass for a sound port (before: no fault at all)."""
@@ -180,12 +188,14 @@ def test_a_saturated_symbol_counter_is_seen_as_saturated(tmp_path):
     assert path_faults_test(scrapes, nic_fault("counters_saturated"), tmp_path) == ""
 
 
+@ROLE_RULES
 def test_a_missing_counter_does_not_hide_another_counters_errors(tmp_path):
     """A driver without link_downed (before: the sum of the four rates was empty, so no error was ever seen)."""
     scrapes = scrapes_as_counters_move(tmp_path, lambda minute: {"symbol_error": 100 * minute}, gone=("link_downed",))
     assert path_faults_test(scrapes, nic_fault("errors"), tmp_path) == ""
 
 
+@ROLE_RULES
 def test_one_symbol_error_does_not_fire(tmp_path):
     """One symbol error in 10 minutes is no fault (before: errors for 10 minutes); a link gone down once is."""
     one = scrapes_as_counters_move(tmp_path / "one", lambda minute: {"symbol_error": int(minute >= 8)})
@@ -194,6 +204,7 @@ def test_one_symbol_error_does_not_fire(tmp_path):
     assert path_faults_test(downed, nic_fault("errors"), tmp_path) == ""
 
 
+@ROLE_RULES
 def test_heavy_xmit_wait_without_errors_is_congested(tmp_path):
     """No error counted, but the port waits to send (port_xmit_wait, ticks of 8 bytes) for 12 % of what it sends and
     0.08 % of its 400 Gb/s: congested (before: no fault). The same data sent without waiting is none."""
