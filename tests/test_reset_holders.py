@@ -55,11 +55,11 @@ def test_who_holds_a_gpu_is_read_from_its_device_file(tmp_path):
     holding(procfs, 902, "dcgm-exporter", "12:devices:/system.slice/dcgm-exporter.service", "/dev/nvidiactl")
     holding(procfs, 903, "accelmon-export", "1:name=systemd:/system.slice/accelmon-exporter.service", "/dev/nvidia3")
     assert holders(str(procfs), {"/dev/nvidia3"}) == [
-        Holder(900, "nvidia-persiste", "nvidia-persistenced.service", "/system.slice/nvidia-persistenced.service", 0),
+        Holder(900, "nvidia-persiste", "nvidia-persistenced.service", "/system.slice/nvidia-persistenced.service"),
         # a job's process: named, never stopped by accelmon
-        Holder(901, "python3", "", "/system.slice/slurmstepd.scope/job_12/step_0/user/task_0", 0, job=True),
+        Holder(901, "python3", "", "/system.slice/slurmstepd.scope/job_12/step_0/user/task_0", job=True),
         # cgroup v1's named hierarchy
-        Holder(903, "accelmon-export", "accelmon-exporter.service", "/system.slice/accelmon-exporter.service", 0),
+        Holder(903, "accelmon-export", "accelmon-exporter.service", "/system.slice/accelmon-exporter.service"),
     ]
 
 
@@ -383,9 +383,9 @@ def test_systemd_confirms_a_holder_from_its_own_root(cgroup, confirms):
     systemd both name the stand-in holder /libpod_parent/libpod-ID/system.slice/gpu-standin.service (measured in the
     image: `systemctl show -p ControlGroup` gives the full path). Read strictly from the root, it was never stopped
     and every reset failed."""
-    holder = Holder(900, "python3", "gpu-standin.service", cgroup, 0)
+    holder = Holder(900, "python3", "gpu-standin.service", cgroup)
     root = cgroup.split("/system.slice/")[0] if cgroup.startswith("/libpod_parent") else ""
     assert gpu_reset.confirmed(holder, f"{root}/system.slice/gpu-standin.service") is confirms
     user = "/user.slice/user-1000.slice/user@1000.service"  # a user's manager's "system.slice" is never systemd's
-    assert not gpu_reset.confirmed(Holder(900, "x", "gpu-standin.service", f"{user}/system.slice/gpu-standin.service",
-                                          0), f"{user}/system.slice/gpu-standin.service")  # fmt: skip
+    mimic = f"{user}/system.slice/gpu-standin.service"
+    assert not gpu_reset.confirmed(Holder(900, "x", "gpu-standin.service", mimic), mimic)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import Optional
 
 from accelmon.nvidia import driver_gpu_entries
 
@@ -49,7 +48,6 @@ class Holder:
     command: str  # its comm
     unit: str  # the system service it runs in (SYSTEM_SERVICE), "" when none (a job's step, a session, a user's)
     cgroup: str = ""  # its cgroup path in systemd's hierarchy (v2's unified one, v1's name=systemd)
-    uid: Optional[int] = None  # its real uid (/proc/PID/status), None when unread
     job: bool = False  # in a Slurm job's cgroup in some hierarchy: named, never stopped
 
     def words(self) -> str:
@@ -102,7 +100,7 @@ def holders(procfs: str, devices: set[str]) -> list[Holder]:
             path = systemd_cgroup(groups)
             job = any(SLURM_JOB.search(group) for group in groups.values())
             command = read(os.path.join(directory, "comm"))
-            found.append(Holder(int(entry), command, service(path), path, real_uid(directory), job))
+            found.append(Holder(int(entry), command, service(path), path, job))
     return sorted(found, key=lambda holder: holder.pid)
 
 
@@ -150,15 +148,6 @@ def unit_of(directory: str) -> str:
 def own_unit(procfs: str) -> str:
     """The system service this process (the health check) runs in, read as a holder's is."""
     return unit_of(os.path.join(procfs, "self"))
-
-
-def real_uid(directory: str) -> Optional[int]:
-    """A process's real uid, the first of /proc/PID/status's `Uid:` line (real, effective, saved, filesystem)."""
-    for line in read(os.path.join(directory, "status")).splitlines():
-        if line.startswith("Uid:"):
-            fields = line.split()
-            return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
-    return None
 
 
 def not_stopped(holder: Holder, own: str) -> str:
