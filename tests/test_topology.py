@@ -14,13 +14,23 @@ from tests.support.exposition import promtool_check, series, text_of
 from tests.support.jobs_tree import uuid
 from tests.support.path_rules import path_faults_test
 from tests.support.pci_tree import (
+    DGX_H100_COMPUTE,
     DOWN,
+    GEN5,
     PCIE_EXPECTED,
+    cpuinfo,
+    dgx_a100,
+    dgx_h100,
     dual_port_card_with_vfs,
     far_compute_hca,
+    gpu,
+    gpus_without_nics_on_one_socket,
     healthy_idle_node,
     hgx_expected,
     hgx_h100,
+    nic,
+    number_gpus,
+    nvswitches,
     pcie_server,
     two_nics_under_one_switch,
 )
@@ -135,6 +145,78 @@ def test_a_port_in_use_that_goes_down_stays_the_gpus_and_one_never_up_is_never_u
     for file, text in DOWN.items():
         (sysfs / "class" / "infiniband" / "mlx5_0" / "ports" / "1" / file).write_text(text + "\n")
     assert used() == [("mlx5_0", "1")]
+
+
+# Issue 68, point 3: PXN, NCCL's one NIC a GPU of a pair, both the PHB and the NODE NIC, rails.
+def served(collector: InfinibandCollector, name: str) -> list[tuple[str, ...]]:
+    return [tuple(labels[key] for key in ("gpu", "device", "path") if key in labels)
+            for labels, _ in series(text_of(collector), name)]  # fmt: skip
+
+
+def test_a_gpu_without_a_nic_of_its_own_sends_by_its_nvlink_peers_nics(tmp_path):
+    """GPUs 2 and 3 have no NIC on their socket: NCCL sends through GPU 0 or 1 over NVLink and out of their HCA (PXN
+    at their 48 GB/s against the UPI's 22; paths.cc ncclTopoComputePaths), never by mlx5_2, which no GPU is near to
+    relay for (before: all three HCAs, SYS). Without NVLink (no NVSwitch) or with NCCL_PXN_DISABLE=1: all three."""
+    sysfs, procfs = gpus_without_nics_on_one_socket(tmp_path / "switched")
+    assert nccl_choice(sysfs, procfs) == [
+        ("0", "mlx5_0", "1", "PIX"), ("1", "mlx5_1", "1", "PIX"), ("2", "mlx5_0", "1", "PXN"),
+        ("2", "mlx5_1", "1", "PXN"), ("3", "mlx5_0", "1", "PXN"), ("3", "mlx5_1", "1", "PXN"),
+    ]  # fmt: skip
+    far = [(str(g), f"mlx5_{n}", "1", "SYS") for g in (2, 3) for n in range(3)]
+    assert nccl_choice(*gpus_without_nics_on_one_socket(tmp_path / "unswitched", switches=False))[2:] == far
+    conf = tmp_path / "nccl.conf"
+    conf.write_text("NCCL_PXN_DISABLE=1\n")
+    collector = InfinibandCollector(sysfs=str(sysfs), procfs=str(procfs), nccl_conf=str(conf))
+    assert [row for row in served(collector, "accelmon_gpu_nic_nearest_info") if row[0] in "23"] == [
+        (gpu, device, path) for gpu, device, _, path in far
+    ]
+
+
+def test_a_dgx_a100_gives_each_gpu_of_a_pair_one_of_its_two_hcas(tmp_path):
+    """Two GPUs and two HCAs behind one two-level switch complex, all PXB: NCCL's local nets are both HCAs, but each
+    GPU leaves by one, from its mirrored index (topo.cc ncclTopoGetLocalNet: netsPerGpu = 2 nets / 2 GPUs); before,
+    both GPUs used both, so one HCA's fault was blamed on two GPUs."""
+    sysfs, procfs = dgx_a100(tmp_path)
+    links = {(p.gpu, p.device): p.link for p in topology.gpu_nic_pairs(str(sysfs), str(procfs))}
+    assert [links[(str(g), f"mlx5_{n}")] for g in (0, 1) for n in (0, 1)] == ["PXB"] * 4
+    assert nccl_choice(sysfs, procfs) == [(str(g), f"mlx5_{g}", "1", "PXB") for g in range(8)]
+
+
+def test_nccl_uses_both_the_phb_and_the_node_nic_of_one_bandwidth(tmp_path):
+    """nvidia-smi: one HCA PHB (the GPU's root complex), the other NODE (another root complex of its NUMA node);
+    NCCL has one CPU node per NUMA node, so both are PHB and, at one bandwidth, both are the GPU's."""
+    sysfs, procfs = tmp_path / "sys", tmp_path / "proc"
+    gpu(sysfs, procfs, ["pci0000:00", "0000:00:01.0", "0000:01:00.0"], 0, GEN5)
+    nic(sysfs, "mlx5_0", ["pci0000:00", "0000:00:02.0", "0000:02:00.0"], 0, None, GEN5)
+    nic(sysfs, "mlx5_1", ["pci0000:20", "0000:20:01.0", "0000:21:00.0"], 0, None, GEN5)
+    number_gpus(procfs)
+    cpuinfo(procfs)
+    links = {p.device: p.link for p in topology.gpu_nic_pairs(str(sysfs), str(procfs))}
+    assert links == {"mlx5_0": "PHB", "mlx5_1": "NODE"}
+    assert nccl_choice(sysfs, procfs) == [("0", "mlx5_0", "1", "PHB"), ("0", "mlx5_1", "1", "PHB")]
+
+
+def test_point_to_point_sends_may_leave_by_every_rails_nic_on_an_nvswitch_node(tmp_path):
+    """A DGX H100 (12 RDMA devices, each GPU PXB to its compute HCA): NCCL's own choice is that HCA; a send to GPU d
+    of another node goes by GPU d's HCA through GPU d (NCCL_P2P_PXN_LEVEL=2, search.cc ncclTopoGetNetDev), so every
+    compute HCA is on every GPU's point-to-point path: served apart (accelmon_gpu_nic_rail_info). None without
+    NVLink or with NCCL_P2P_PXN_LEVEL=0."""
+    sysfs, procfs = dgx_h100(tmp_path)
+    assert len(topology.nics(str(sysfs))) == 12
+    assert nccl_choice(sysfs, procfs) == [(str(g), name, "1", "PXB") for g, name in enumerate(DGX_H100_COMPUTE)]
+    collector = InfinibandCollector(sysfs=str(sysfs), procfs=str(procfs), nccl_conf=str(tmp_path / "none"))
+    rails = served(collector, "accelmon_gpu_nic_rail_info")
+    assert sorted(device for gpu_, device in rails if gpu_ == "0") == sorted(DGX_H100_COMPUTE[1:])
+    assert len(rails) == 8 * 7
+    conf = tmp_path / "nccl.conf"
+    conf.write_text("NCCL_P2P_PXN_LEVEL=0\n")
+    collector = InfinibandCollector(sysfs=str(sysfs), procfs=str(procfs), nccl_conf=str(conf))
+    assert served(collector, "accelmon_gpu_nic_rail_info") == []
+    sysfs, procfs = hgx_h100(tmp_path / "no-switch")
+    collector = InfinibandCollector(sysfs=str(sysfs), procfs=str(procfs), nccl_conf=str(tmp_path / "none"))
+    assert served(collector, "accelmon_gpu_nic_rail_info") == []
+    nvswitches(procfs)  # the NVSwitch driver loaded later: worked out again
+    assert len(served(collector, "accelmon_gpu_nic_rail_info")) == 8 * 7
 
 
 @ROLE_RULES

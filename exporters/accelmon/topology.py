@@ -27,11 +27,17 @@ fact below cites the file and function at that tag):
   from the lower of `max_link_speed` and the narrower of `max_link_width` of the function and its parent port
   (`ncclTopoGetXmlFromSys`; topo.cc `ncclTopoAddPci`, `kvDictPciGen`); the CPUs' interconnect's by CPU model
   (topo.cc `ncclTopoGetInterCpuBw`); the NIC's own, its speed in Mb/s / 8000 (topo.cc `ncclTopoAddNet`).
-- For a GPU, NCCL keeps the devices of the highest path bandwidth and, among them, of the nearest path type
-  (topo.cc `ncclTopoGetLocal`): a 400G HCA behind two switches beats a 200G port behind one, a far socket's
-  compute HCA beats a 25G NIC on the GPU's own.
-Left out: PXN (a GPU far from every NIC sending by an NVLink peer's NIC, paths.cc `ncclTopoComputePaths`), Broadcom
-switch flattening, C2C (Grace) and NCCL_TOPO_FILE.
+- PXN: a GPU reaches a device through the NVLink peer GPU that uses it, where that peer is PIX or PXB from it and
+  has more bandwidth to it than the GPU's own path, or the GPU's own path crosses a CPU (paths.cc
+  `ncclTopoComputePaths`, NCCL_PXN_DISABLE); NVLink joins every GPU where NVSwitches are listed (`nvswitch_groups`).
+- For a GPU, NCCL keeps the devices of the highest path bandwidth and, among them, of the nearest path type (PIX,
+  PXB, PXN, PHB, SYS; topo.cc `ncclTopoGetLocal`): a 400G HCA behind two switches beats a 200G port behind one, a
+  far socket's compute HCA beats a 25G NIC on the GPU's own; and of those, the ones its channels pick from its
+  mirrored index (topo.cc `ncclTopoGetLocalNet`): two GPUs sharing two HCAs take one each.
+- Point-to-point sends to a GPU of another node leave by the device of that GPU's rail, through the local GPU that
+  uses it (search.cc `ncclTopoGetNetDev`, NCCL_P2P_PXN_LEVEL=2): `rail` ports.
+Left out: Broadcom switch flattening, C2C (Grace), direct NVLink without NVSwitches (bridged pairs, which need
+NVML), NCCL_NETDEVS_POLICY other than AUTO and NCCL_TOPO_FILE.
 
 A PCIe switch shows in sysfs as its upstream port with one bridge function a downstream port below it
 (`.../0000:01:00.0/0000:02:08.0/0000:05:00.0`): two endpoints whose paths part below a common upstream port, each one
@@ -131,7 +137,6 @@ def gpu_nic_pairs(sysfs: str, procfs: str) -> list[Pair]:
     return pairs
 
 
-NCCL_PATHS = ("PIX", "PXB", "PHB", "SYS")  # NCCL's path types between a GPU and a NIC, nearest first (graph/topo.h)
 # Per-lane PCIe rates in units of 100 Mb/s by max_link_speed's GT/s, anything else 60 (topo.cc `kvDictPciGen`).
 PCI_GEN = {2.5: 15, 5.0: 30, 8.0: 60, 16.0: 120, 32.0: 240, 64.0: 480}
 LOC_BW = 5000.0  # GB/s: NCCL's "no limit", its inter-CPU bandwidth for a CPU it does not know (graph/topo.h)
@@ -149,13 +154,14 @@ class Port:
 
 @dataclass(frozen=True)
 class Local:
-    """A port of a device NCCL uses for a GPU by default, and NCCL's path type to it (one of NCCL_PATHS)."""
+    """A port of a device NCCL uses for a GPU by default, and NCCL's path type to it (one of PATH_ORDER)."""
 
     gpu: str
     uuid: str
     device: str
     port: str
     path: str
+    rail: bool = False  # only point-to-point sends to another GPU's rail leave by it (through that GPU, PXN)
 
 
 @dataclass
@@ -336,23 +342,140 @@ def _nets(sysfs: str, ports: list[Port], ib_hca: str) -> list[_Net]:
     return list(nets.values())
 
 
-def nccl_local(sysfs: str, procfs: str, ports: list[Port], ib_hca: str = "") -> list[Local]:
-    """For each GPU the driver lists, the ports of the devices NCCL uses for it by default (topo.cc
-    `ncclTopoGetLocal`): of the highest path bandwidth, then of the nearest path type; ties all kept."""
-    nets = _nets(sysfs, ports, ib_hca)
-    inter_cpu = inter_cpu_bandwidth(procfs)
+NVSWITCH_DEVICES = ("driver", "nvidia-nvswitch", "devices")
+MAXCHANNELS = 64  # src/include/device.h
+PXN_SOURCES = ("PIX", "PXB")  # a peer GPU relays for a NIC at most PXB away (paths.cc: pxnType, P2C only on C2C)
+PATH_ORDER = ("PIX", "PXB", "PXN", "PHB", "SYS")  # NCCL's types between a GPU and a NIC, nearest first (topo.h)
+
+
+def nvswitch_groups(procfs: str) -> list[frozenset[str]]:
+    """The GPUs NVLink joins, as one group of every GPU the driver lists where the nvidia-nvswitch driver lists an
+    NVSwitch (`<procfs>/driver/nvidia-nvswitch/devices/<function>`, made per switch by open-gpu-kernel-modules'
+    procfs_nvswitch.c `nvswitch_procfs_device_add`): through the switches each GPU is one NVLink hop from every
+    other (NCCL's PATH_NVL, paths.cc). None listed (no switch, or its driver not loaded): no group."""
+    if not _listdir(os.path.join(procfs, *NVSWITCH_DEVICES)):
+        return []
+    return [frozenset(bus.lower() for bus, _, _ in driver_gpu_entries(procfs))]
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return []
+
+
+def _natural(name: str) -> tuple[str, int]:
+    """mlx5_2 before mlx5_10: the order ibv_get_device_list gives on the usual naming (NCCL's device numbers)."""
+    stem = name.rstrip("0123456789")
+    return stem, int(name[len(stem) :] or -1)
+
+
+def _mirror(value: int, pow2: int) -> int:
+    """topo.h `mirrorBits`: the bits of `value` reversed over log2(pow2) bits."""
+    mirror, bit, mirrored = 0, 1, pow2 >> 1
+    while bit < pow2:
+        if value & bit:
+            mirror |= mirrored
+        bit, mirrored = bit << 1, mirrored >> 1
+    return mirror
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Per GPU (NVML index order), the nets NCCL leaves by: `own` for its collectives and point-to-point by default
+    (topo.cc `ncclTopoGetLocalNet` over every channel), `rails` the others its point-to-point sends may leave by
+    through the NVLink peer beside them (search.cc `ncclTopoGetNetDev`, NCCL_P2P_PXN_LEVEL=2); each with its path."""
+
+    own: dict[int, list[tuple[int, str]]]
+    rails: dict[int, list[tuple[int, str]]]
+
+
+def nccl_choice(
+    gpus: list[Place], nets: list[tuple[Place, float]], inter_cpu: float, nvlink: list[frozenset[str]],
+    pxn: bool = True, p2p_pxn_level: int = 2,
+) -> Choice:  # fmt: skip
+    """NCCL's choice for GPUs at `gpus` (their index is NVML's) among `nets` (each its place and GB/s), in its steps:
+    the direct paths (`ncclTopoSetPaths`); PXN (paths.cc `ncclTopoComputePaths`): GPU g reaches net n through the
+    GPU p that uses n (`ncclTopoGetLocalGpu`) where p is NVLink-joined to g, p's path to n is PIX or PXB, and p has
+    more bandwidth to n or g's own path crosses a CPU (PHB, SYS); the path is then PXN, at p's bandwidth (NVLink's,
+    12 or more links of 20 GB/s and up, is never the narrower); the local nets by bandwidth, then type
+    (`ncclTopoGetLocal`); of those, one per channel from the GPU's mirrored index, netsPerGpu of them
+    (`ncclTopoGetLocalNet`, NCCL_NETDEVS_POLICY AUTO)."""
+
+    def joined(a: int, b: int) -> bool:
+        return any(gpus[a].path.rsplit(os.sep, 1)[-1] in group and gpus[b].path.rsplit(os.sep, 1)[-1] in group
+                   for group in nvlink)  # fmt: skip
+
+    paths: list[list[tuple[float, str]]] = []
+    for gpu in gpus:
+        row = []
+        for where, bandwidth in nets:
+            kind, bw = nccl_path(gpu, where, inter_cpu)
+            row.append((min(bw, bandwidth), kind))
+        paths.append(row)
+    direct = [list(row) for row in paths]
+
+    def local(rows: list[list[tuple[float, str]]], of: list[int], column: Optional[int] = None) -> list[int]:
+        """ncclTopoGetLocal: the highest bandwidth, then the nearest type (over a GPU's row, or a net's column)."""
+        entries = [rows[of[0]][i] for i in range(len(nets))] if column is None else [rows[g][column] for g in of]
+        best = max(bw for bw, _ in entries)
+        nearest = min(PATH_ORDER.index(kind) for bw, kind in entries if bw == best)
+        return [i for i, (bw, kind) in enumerate(entries) if bw == best and PATH_ORDER.index(kind) == nearest]
+
+    every = list(range(len(gpus)))
+    net_gpus = [local(direct, every, n) for n in range(len(nets))]  # net-to-GPU paths: PXN never changes them
+
+    def local_net(rows: list[list[tuple[float, str]]], g: int, channel: int) -> int:
+        mine = local(rows, [g])
+        per_gpu = -(-len(mine) // len(net_gpus[mine[0]]))
+        start = _mirror(g, len(mine)) if len(mine) & (len(mine) - 1) == 0 else g
+        return mine[(start + channel % per_gpu) % len(mine)]
+
+    def user(n: int) -> int:
+        """ncclTopoGetLocalGpu: the first of the net's local GPUs, channel by channel, that leaves by it."""
+        return next((g for c in range(MAXCHANNELS) for g in net_gpus[n] if local_net(direct, g, c) == n), -1)
+
+    users = [user(n) for n in range(len(nets))]
+    for n, peer in enumerate(users):
+        for g in every:
+            if pxn and peer not in (g, -1) and joined(g, peer) and direct[peer][n][1] in PXN_SOURCES and (
+                    direct[peer][n][0] > direct[g][n][0] or direct[g][n][1] in ("PHB", "SYS")):  # fmt: skip
+                paths[g][n] = (direct[peer][n][0], "PXN")
+    own: dict[int, list[tuple[int, str]]] = {}
+    rails: dict[int, list[tuple[int, str]]] = {}
+    for g in every:
+        chosen = sorted({local_net(paths, g, c) for c in range(MAXCHANNELS)})
+        own[g] = [(n, paths[g][n][1]) for n in chosen]
+        rail = set()
+        if pxn and p2p_pxn_level == 2:  # a send to GPU d of another node goes by d's rail: the net our GPU d uses
+            for d in every:
+                for n in {local_net(paths, d, c) for c in range(MAXCHANNELS)} - set(chosen):
+                    peer = users[n]
+                    if peer != -1 and (peer == g or joined(g, peer)) and direct[peer][n][1] in PXN_SOURCES:
+                        rail.add(n)
+        rails[g] = [(n, "PXN" if users[n] != g else direct[g][n][1]) for n in sorted(rail)]
+    return Choice(own, rails)
+
+
+def nccl_local(
+    sysfs: str, procfs: str, ports: list[Port], ib_hca: str = "", nvlink: Optional[list[frozenset[str]]] = None,
+    pxn: bool = True, p2p_pxn_level: int = 2, rails: bool = False,
+) -> list[Local]:  # fmt: skip
+    """For each GPU the driver lists, the ports NCCL leaves by (`nccl_choice`); with `rails`, also those only its
+    point-to-point sends to another GPU's rail use (`rail` set). `nvlink`: the groups of GPU functions NVLink joins
+    (default: the NVSwitch group, `nvswitch_groups`)."""
+    nets = sorted(_nets(sysfs, ports, ib_hca), key=lambda net: min(_natural(p.device) for p in net.ports))
+    gpus = [(gpu, place(sysfs, bus)) for bus, gpu, _ in driver_gpu_entries(procfs)]
+    known = [(gpu, where) for gpu, where in gpus if where is not None]
+    if not nets or not known:
+        return []
+    groups = nvswitch_groups(procfs) if nvlink is None else nvlink
+    choice = nccl_choice([where for _, where in known], [(net.place, net.bandwidth) for net in nets],
+                         inter_cpu_bandwidth(procfs), groups, pxn, p2p_pxn_level)  # fmt: skip
     out: list[Local] = []
-    for bus, gpu, _ in driver_gpu_entries(procfs):
-        mine = place(sysfs, bus)
-        if mine is None or not nets:
-            continue
-        paths = []
-        for net in nets:
-            kind, bandwidth = nccl_path(mine, net.place, inter_cpu)
-            paths.append((min(bandwidth, net.bandwidth), kind, net))
-        best = max(bw for bw, _, _ in paths)
-        nearest = min(NCCL_PATHS.index(kind) for bw, kind, _ in paths if bw == best)
-        for bw, kind, net in paths:
-            if bw == best and NCCL_PATHS.index(kind) == nearest:
-                out.extend(Local(gpu.index, gpu.uuid, p.device, p.port, kind) for p in net.ports)
+    for g, (gpu, _) in enumerate(known):
+        for rail, picked in ((False, choice.own[g]), (True, choice.rails[g] if rails else [])):
+            for n, kind in picked:
+                out.extend(Local(gpu.index, gpu.uuid, p.device, p.port, kind, rail) for p in nets[n].ports)
     return out

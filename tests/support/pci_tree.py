@@ -194,3 +194,92 @@ def healthy_idle_node(root: Path) -> tuple[Path, Path]:
     number_gpus(procfs)
     cpuinfo(procfs)
     return sysfs, procfs
+
+
+def nvswitches(procfs: Path, functions: tuple[str, ...] = ("0000:05:00.0", "0000:06:00.0")) -> None:
+    """The NVSwitches as the nvidia-nvswitch driver lists them (`driver/nvidia-nvswitch/devices/<function>/
+    information`, open-gpu-kernel-modules procfs_nvswitch.c): every GPU of the node one NVLink hop from the others."""
+    for name in functions:
+        folder = procfs / "driver" / "nvidia-nvswitch" / "devices" / name
+        folder.mkdir(parents=True)
+        (folder / "information").write_text("BIOS Version: 96.10.6d.00.01\n")
+
+
+def gpus_without_nics_on_one_socket(root: Path, switches: bool = True) -> tuple[Path, Path]:
+    """Four GPUs (Gen5) joined by NVSwitches; on socket 0, GPU 0 and GPU 1 each with a 400G HCA behind its switch
+    (PIX) and a third 400G HCA (mlx5_2) on a root complex of its own, no GPU near it; on socket 1, GPU 2 and GPU 3
+    with no NIC at all (every NIC SYS, 22 GB/s on Sapphire Rapids)."""
+    sysfs, procfs = root / "sys", root / "proc"
+    for index, bus in enumerate((0x10, 0x20)):
+        top = [f"pci0000:{bus:02x}", f"0000:{bus:02x}:01.0", f"0000:{bus + 1:02x}:00.0"]
+        gpu(sysfs, procfs, [*top, f"0000:{bus + 2:02x}:00.0", f"0000:{bus + 3:02x}:00.0"], 0, GEN5)
+        nic(sysfs, f"mlx5_{index}", [*top, f"0000:{bus + 2:02x}:01.0", f"0000:{bus + 4:02x}:00.0"], 0, None, GEN5)
+    nic(sysfs, "mlx5_2", ["pci0000:30", "0000:30:01.0", "0000:31:00.0"], 0, None, GEN5)
+    for bus in (0x90, 0xA0):
+        top = [f"pci0000:{bus:02x}", f"0000:{bus:02x}:01.0", f"0000:{bus + 1:02x}:00.0"]
+        gpu(sysfs, procfs, [*top, f"0000:{bus + 2:02x}:00.0", f"0000:{bus + 3:02x}:00.0"], 1, GEN5)
+    number_gpus(procfs)
+    cpuinfo(procfs)
+    if switches:
+        nvswitches(procfs)
+    return sysfs, procfs
+
+
+def dgx_a100(root: Path) -> tuple[Path, Path]:
+    """A DGX A100's compute side: two sockets, four PCIe switch complexes, each a top switch above leaf switches
+    with two GPUs (Gen4) and two 200G HCAs (ConnectX-6, Gen4) each on a leaf of its own, so every GPU is PXB to both
+    HCAs of its complex (nvidia-smi topo -m prints PXB for GPU0-mlx5_0 and GPU0-mlx5_1 there), and six NVSwitches.
+    NCCL gives each GPU one of the pair (ncclTopoGetLocalNet: 2 nets over 2 local GPUs, one net a GPU, by its
+    mirrored index)."""
+    sysfs, procfs = root / "sys", root / "proc"
+    hdr = {1: {"rate": "200 Gb/sec (4X HDR)"}}
+    for complex_, bus in enumerate((0x07, 0x47, 0x87, 0xC7)):
+        numa = 0 if complex_ < 2 else 1
+        top = [f"pci0000:{bus - 7:02x}", f"0000:{bus - 7:02x}:01.0", f"0000:{bus:02x}:00.0"]
+        for leaf in range(4):  # GPU, GPU, HCA, HCA: each below a downstream port of the top switch and a leaf switch
+            below = [f"0000:{bus + 2 + 3 * leaf + step:02x}:00.0" for step in range(3)]  # up, down, the endpoint
+            chain = [*top, f"0000:{bus + 1:02x}:{leaf:02x}.0", *below]
+            if leaf < 2:
+                gpu(sysfs, procfs, chain, numa, GEN4)
+            else:
+                nic(sysfs, f"mlx5_{2 * complex_ + leaf - 2}", chain, numa, hdr, GEN4, "MT4123")
+    number_gpus(procfs)
+    cpuinfo(procfs, "AuthenticAMD", 23, 0x31)
+    nvswitches(procfs, tuple(f"0000:{bus:02x}:00.0" for bus in (0xC4, 0xC5, 0xC6, 0xC8, 0xC9, 0xCA)))
+    return sysfs, procfs
+
+
+# A DGX H100's RDMA devices in the order its mlx5 names run: the 8 compute HCAs (ConnectX-7, 400G InfiniBand) and the
+# two ports each of two dual-port ConnectX-7 cards (storage and in-band, Ethernet here), 12 in all.
+DGX_H100_COMPUTE = ("mlx5_0", "mlx5_3", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_9", "mlx5_10", "mlx5_11")
+DGX_H100_STORAGE = (("mlx5_1", "mlx5_2"), ("mlx5_7", "mlx5_8"))
+
+
+def dgx_h100(root: Path, switches: bool = True) -> tuple[Path, Path]:
+    """A DGX H100: two sockets, a PCIe switch complex per GPU (a top switch above leaves), the GPU (Gen5) on one leaf
+    and its compute HCA on another, so PXB; a dual-port 200G Ethernet card on a root complex of each socket (NODE
+    or SYS to every GPU); four NVSwitches."""
+    sysfs, procfs = root / "sys", root / "proc"
+    for index, bus in enumerate((0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)):
+        numa = 0 if index < 4 else 1
+        top = [f"pci0000:{bus - 1:02x}", f"0000:{bus - 1:02x}:01.0", f"0000:{bus:02x}:00.0"]
+        for leaf in range(2):
+            chain = [
+                *top,
+                f"0000:{bus + 1:02x}:{leaf:02x}.0",
+                *(f"0000:{bus + 2 + 3 * leaf + s:02x}:00.0" for s in range(3)),
+            ]
+            if leaf == 0:
+                gpu(sysfs, procfs, chain, numa, GEN5)
+            else:
+                nic(sysfs, DGX_H100_COMPUTE[index], chain, numa, None, GEN5)
+    ethernet = {1: {"rate": "200 Gb/sec (4X HDR)", "link_layer": "Ethernet"}}
+    for numa, (bus, names) in enumerate(zip((0x0F, 0x8F), DGX_H100_STORAGE)):
+        for function, name in enumerate(names):
+            nic(sysfs, name, [f"pci0000:{bus - 1:02x}", f"0000:{bus - 1:02x}:01.0", f"0000:{bus:02x}:00.{function}"],
+                numa, ethernet, GEN5)  # fmt: skip
+    number_gpus(procfs)
+    cpuinfo(procfs)
+    if switches:
+        nvswitches(procfs, tuple(f"0000:{bus:02x}:00.0" for bus in (0x05, 0x06, 0x07, 0x08)))
+    return sysfs, procfs

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -39,6 +40,7 @@ log = logging.getLogger("accelmon.infiniband")
 
 PORT = ("device", "port")
 NCCL_CONF = "/etc/nccl.conf"  # where a site sets NCCL_IB_HCA for every job of the node (NCCL's param.cc)
+NCCL_SETTINGS = ("NCCL_IB_HCA", "NCCL_PXN_DISABLE", "NCCL_P2P_PXN_LEVEL")  # read from it: the NICs NCCL leaves by
 LAYOUT_SECONDS = 300.0  # how long a device's listed files are trusted without a sign that it changed
 PER_DEVICE = "when a device or its firmware changes, and every 5 minutes"
 CATALOGUE = Catalogue(
@@ -86,8 +88,16 @@ GPU_NIC = C.gauge(
 GPU_NIC_NEAREST = C.gauge(
     "accelmon_gpu_nic_nearest_info",
     "The RDMA ports NCCL uses for a GPU by default (the highest path bandwidth, then the nearest path; a card's "
-    "ports in service merged; the node's NCCL_IB_HCA), with NCCL's path type: PIX, PXB, PHB or SYS; value 1.",
+    "ports in service merged; the node's NCCL_IB_HCA; through an NVLink peer's port, PXN), with NCCL's path type: "
+    "PIX, PXB, PXN, PHB or SYS; value 1.",
     ["gpu", "uuid", "device", "port", "path"],
+    read="when a GPU, a device, a port in service or its rate comes, goes or changes",
+)
+GPU_NIC_RAIL = C.gauge(
+    "accelmon_gpu_nic_rail_info",
+    "Further RDMA ports a GPU's point-to-point sends may leave by: a peer GPU's own port, reached over NVLink "
+    "(NCCL's PXN, NCCL_P2P_PXN_LEVEL 2: a send goes by the port of the destination GPU's rail); value 1.",
+    ["gpu", "uuid", "device", "port"],
     read="when a GPU, a device, a port in service or its rate comes, goes or changes",
 )
 DRILL_ACTIVE = C.gauge(
@@ -279,19 +289,22 @@ class InfinibandCollector(Collector):
         """The GPU-to-device paths, worked out again only when the GPUs, the devices, the ports in service (and
         their rates) or NCCL_IB_HCA changed."""
         gpus = _listdir(os.path.join(self.procfs, "driver", "nvidia", "gpus"))
-        ib_hca = topology.nccl_conf_value(self.nccl_conf)
-        key = (tuple(devices), tuple(gpus), tuple(sorted(self._in_service.values(), key=str)), ib_hca)
+        conf = tuple(topology.nccl_conf_value(self.nccl_conf, name) for name in NCCL_SETTINGS)
+        switches = _listdir(os.path.join(self.procfs, *topology.NVSWITCH_DEVICES))
+        key = (tuple(devices), tuple(gpus), tuple(sorted(self._in_service.values(), key=str)), conf, tuple(switches))
         if key != self._topology[0]:
             ports = list(self._in_service.values())
-            self._topology = (
-                key,
-                topology.gpu_nic_pairs(self.sysfs, self.procfs),
-                topology.nccl_local(self.sysfs, self.procfs, ports, ib_hca),
-            )
+            ib_hca, pxn_disable, pxn_level = conf
+            pxn = _int_or(pxn_disable, 0) != 1
+            chosen = topology.nccl_local(self.sysfs, self.procfs, ports, ib_hca, None, pxn, _int_or(pxn_level, 2), True)
+            self._topology = (key, topology.gpu_nic_pairs(self.sysfs, self.procfs), chosen)
         for pair in self._topology[1]:
             out.add(GPU_NIC, [pair.gpu, pair.uuid, pair.device, pair.link], 1)
         for local in self._topology[2]:
-            out.add(GPU_NIC_NEAREST, [local.gpu, local.uuid, local.device, local.port, local.path], 1)
+            if local.rail:
+                out.add(GPU_NIC_RAIL, [local.gpu, local.uuid, local.device, local.port], 1)
+            else:
+                out.add(GPU_NIC_NEAREST, [local.gpu, local.uuid, local.device, local.port, local.path], 1)
 
     def _sample_device(self, device: str, out: Samples) -> None:
         path = os.path.join(self.root, device)
@@ -374,6 +387,18 @@ class InfinibandCollector(Collector):
             if known is None or known.gbps < gbps or known.link_layer != link_layer:
                 self._in_service[labels] = topology.Port(*labels, link_layer, gbps)
         return True
+
+
+def _int_or(text: str, default: int) -> int:
+    """An integer setting as NCCL reads it (param.cc `ncclLoadParam`: unset or empty, the default; else strtoll's
+    leading number, 0 where there is none)."""
+    if not text:
+        return default
+    match = re.match(r"\s*[+-]?(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)", text)
+    if match is None:
+        return 0
+    digits = match.group(1)
+    return int(match.group(0), 16 if digits[:2] in ("0x", "0X") else 8 if digits[:1] == "0" else 10)
 
 
 def _has_class(paths: Paths, options: dict[str, object]) -> bool:
