@@ -166,6 +166,27 @@ MASTER_CASES = [
         "a PEM certificate, for an https:// URL",
     ),
     ("accelmon_master_query_headers=secret", "accelmon_master_query_headers"),
+    # Issue 66, point 4: a password or token never crosses the network in clear, nor sits in a URL.
+    (
+        '{"accelmon_master_remote_write": [{"url": "http://vm:8428/api/v1/write", "basic_auth_username": "u",'
+        ' "basic_auth_password": "secret"}]}',
+        "a password or token only over https://",
+    ),
+    (
+        '{"accelmon_master_remote_write": [{"url": "http://mimir/api/v1/push", "bearer_token": "secret"}]}',
+        "a password or token only over https://",
+    ),
+    ('{"accelmon_master_remote_write": [{"url": "https://u:secret@vm/api/v1/write"}]}', "never inside the URL"),
+    (
+        '{"accelmon_master_query_url": "http://vm:8428", "accelmon_master_query_basic_auth_username": "u",'
+        ' "accelmon_master_query_basic_auth_password": "secret"}',
+        "a password or token only over https://",
+    ),
+    (
+        '{"accelmon_master_query_url": "http://vm:8428", "accelmon_master_query_bearer_token": "secret"}',
+        "only over https",
+    ),
+    ("accelmon_master_query_url=https://u:secret@vm:8428", "never inside the URL"),
     # Issue 66, point 3: Grafana's certificate goes with its key (neither value printed).
     (
         '{"accelmon_master_grafana_tls_cert": "-----BEGIN CERTIFICATE-----secret"}',
@@ -207,6 +228,28 @@ STORE_CASES = [
         "a password of 12 or more",
     ),
     (("accelmon_store_listen_address=10.0.0.5", "accelmon_store_tls_cert=secret"), "a PEM certificate"),
+    # Issue 66, point 4: off the loopback, basic auth and TLS both (VictoriaMetrics authenticates nothing itself).
+    (("accelmon_store_listen_address=10.0.0.5",), "is not a loopback address"),
+    (
+        (
+            "accelmon_store_listen_address=0.0.0.0",
+            "accelmon_store_basic_auth_username=fleet",
+            "accelmon_store_basic_auth_password=secret-secret-1",
+        ),
+        "is not a loopback address",
+    ),
+    (
+        (
+            "accelmon_store_listen_address=::",
+            "accelmon_store_tls_cert='-----BEGIN CERTIFICATE-----secret'",
+            "accelmon_store_tls_key='-----BEGIN PRIVATE KEY-----secret'",
+        ),
+        "is not a loopback address",
+    ),
+    (
+        ("accelmon_store_listen_address=127.0.0.1", "accelmon_store_vmalert_listen_address=0.0.0.0"),
+        "must be a loopback address (vmalert serves plain HTTP)",
+    ),
 ]
 
 
