@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Iterator
 
+import pynvml
 import pytest
 
 from accelmon import health
@@ -84,6 +85,44 @@ def test_what_each_link_leads_to_is_asked_once_and_served_every_interval(make_co
         again = read(collector)
     assert fake_nvml.calls_of("nvmlDeviceGetNvLinkRemotePciInfo_v2") == asked
     assert again.count("accelmon_gpu_nvlink_remote_info{") == 4
+
+
+def test_a_pcie_gpu_without_a_bridge_has_no_link_down(make_collector, fake_nvml):
+    """An A100 PCIe without an NVLink bridge answers each of its 12 links down (DCGM's health watch reports all 12
+    down there: NVIDIA/DCGM#49, NVIDIA/NVSentinel#1481) and names nothing at their other end: no link series, so no
+    link_down fault and no nvlink failure, and the 12 counted as unconnected (before: 12 links down, a failure).
+    Its neighbour, bridged to GPU 0 by links 0-3, serves those four; the other eight are unconnected too."""
+    collector = make_collector("gpus 2\nnvlink_unbridged 0 12\nnvlink_unbridged 1 12\n"
+                               + "".join(f"nvlink_peer 1 {link} 0\n" for link in range(4)))  # fmt: skip
+    text = read(collector)
+    assert sample_value(text, "accelmon_gpu_nvlink_link_up", gpu="0") is None
+    assert 'accelmon_gpu_nvlink_link_up{gpu="0"' not in text
+    assert sample_value(text, "accelmon_gpu_nvlink_links_unconnected", gpu="0") == 12
+    assert [sample_value(text, "accelmon_gpu_nvlink_link_up", gpu="1", link=str(link)) for link in range(12)] == [
+        1, 1, 1, 1, None, None, None, None, None, None, None, None,
+    ]  # fmt: skip
+    assert sample_value(text, "accelmon_gpu_nvlink_links_unconnected", gpu="1") == 8
+    promtool_check(text)
+    node = health.evaluate([nvml_only([]), collector.sample()], now=0, registrations=CHECKED)
+    assert check(node, "0", "nvlink").verdict == "ok"
+
+
+def test_a_bridged_link_seen_up_that_goes_down_is_a_link_lost(make_collector, fake_nvml):
+    """A link once up stays served when it goes down, even where NVML then names nothing at its other end: a bridge
+    that lost its links is a fault (link_down), not a GPU without NVLink."""
+    bridge = "".join(f"nvlink_peer 0 {link} 1\n" for link in range(4))
+    collector = make_collector("gpus 2\nnvlink_unbridged 0 12\n" + bridge)
+    assert sample_value(read(collector), "accelmon_gpu_nvlink_link_up", gpu="0", link="2") == 1
+    fake_nvml.configure("gpus 2\nnvlink_unbridged 0 12\n")  # the bridge gone: read by the fake at the next init
+    pynvml.nvmlInit()  # another reader's init; the collector's handles stay valid
+    try:
+        text = read(collector)
+    finally:
+        pynvml.nvmlShutdown()
+    assert [sample_value(text, "accelmon_gpu_nvlink_link_up", gpu="0", link=str(link)) for link in range(5)] == [
+        0, 0, 0, 0, None,
+    ]  # fmt: skip
+    assert sample_value(text, "accelmon_gpu_nvlink_links_unconnected", gpu="0") == 8
 
 
 def test_driver_without_per_link_counters_still_reports_link_states(make_collector, fake_nvml):

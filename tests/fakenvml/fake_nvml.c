@@ -28,6 +28,13 @@
  *   nvlink I LINKS              GPU I has LINKS NVLink links, all up (default: none, as a PCIe GPU: the NVLink calls
  *                               answer NOT_SUPPORTED; an H100 SXM has 18)
  *   nvlink_down I L             GPU I's link L is down
+ *   nvlink_unbridged I LINKS    GPU I has LINKS NVLink links wired to nothing, as a PCIe GPU without an NVLink bridge
+ *                               (an A100 PCIe has 12): each answers SUCCESS and inactive, its remote device type
+ *                               UNKNOWN and its remote PCI info zero, except links a later `nvlink_peer` line
+ *                               bridges to another GPU (up). Unmeasured (no PCIe GPU with NVLink was lent): DCGM's
+ *                               health watch reports such a GPU's 12 links down (NVIDIA/DCGM#49, NVIDIA/NVSentinel
+ *                               #1481 on an A100 80GB PCIe, driver 570.133.20), which needs the state call to
+ *                               answer; what the remote calls answer there is nowhere reported
  *   nvlink_errors I L TYPE N    GPU I's link L has counted N errors of TYPE (0 replay, 1 recovery, 2 CRC flit,
  *                               3 CRC data: nvmlNvLinkErrorCounter_t) since the driver loaded
  *   nvlink_peer I L J           GPU I's link L leads straight to GPU J (an NVLink bridge, or a board without
@@ -110,6 +117,7 @@ static int pcie_gen[MAX_GPUS], pcie_width[MAX_GPUS];  /* 0: the default link */
 static int nvlinks[MAX_GPUS];                        /* links per GPU; 0 = no NVLink */
 static int nvlink_down[MAX_GPUS][MAX_LINKS];
 static int nvlink_peer[MAX_GPUS][MAX_LINKS];        /* GPU index + 1 at the link's other end; 0 = a switch */
+static int nvlink_unwired[MAX_GPUS][MAX_LINKS];     /* 1: the link leads nowhere (a PCIe GPU without a bridge) */
 static int capability[MAX_GPUS][2];                   /* compute capability; {0, 0} = 9.0 */
 static unsigned long long nvlink_errors[MAX_GPUS][MAX_LINKS][4];
 static struct { int state, status; unsigned mask; } fabric[MAX_GPUS];
@@ -150,6 +158,7 @@ static void read_config(void) {
     memset(nvlink_down, 0, sizeof nvlink_down);
     memset(nvlink_errors, 0, sizeof nvlink_errors);
     memset(nvlink_peer, 0, sizeof nvlink_peer);
+    memset(nvlink_unwired, 0, sizeof nvlink_unwired);
     memset(capability, 0, sizeof capability);
     memset(fabric, 0, sizeof fabric);
     for (int i = 0; i < MAX_GPUS; i++) n_procs[i] = -1;
@@ -199,6 +208,10 @@ static void read_config(void) {
         }
         else if (!strcmp(key, "nvlink") && sscanf(arg, "%d %d", &a, &b) == 2 && a >= 0 && a < MAX_GPUS)
             nvlinks[a] = b < 0 ? 0 : b > MAX_LINKS ? MAX_LINKS : b;
+        else if (!strcmp(key, "nvlink_unbridged") && sscanf(arg, "%d %d", &a, &b) == 2 && a >= 0 && a < MAX_GPUS) {
+            nvlinks[a] = b < 0 ? 0 : b > MAX_LINKS ? MAX_LINKS : b;
+            for (int link = 0; link < MAX_LINKS; link++) nvlink_unwired[a][link] = 1;
+        }
         else if (!strcmp(key, "nvlink_down") && sscanf(arg, "%d %d", &a, &b) == 2 && a >= 0 && a < MAX_GPUS
                  && b >= 0 && b < MAX_LINKS)
             nvlink_down[a][b] = 1;
@@ -206,8 +219,10 @@ static void read_config(void) {
                  && a < MAX_GPUS && b >= 0 && b < MAX_LINKS && c >= 0 && c < 4)
             nvlink_errors[a][b][c] = count;
         else if (!strcmp(key, "nvlink_peer") && sscanf(arg, "%d %d %d", &a, &b, &c) == 3 && a >= 0 && a < MAX_GPUS
-                 && b >= 0 && b < MAX_LINKS && c >= 0 && c < MAX_GPUS)
+                 && b >= 0 && b < MAX_LINKS && c >= 0 && c < MAX_GPUS) {
             nvlink_peer[a][b] = c + 1;
+            nvlink_unwired[a][b] = 0;
+        }
         else if (!strcmp(key, "capability") && sscanf(arg, "%d %d %d", &a, &b, &c) == 3 && a >= 0 && a < MAX_GPUS) {
             capability[a][0] = b;
             capability[a][1] = c;
@@ -669,7 +684,7 @@ static nvmlReturn_t link_of(const device_t *d, unsigned link) {
 nvmlReturn_t nvmlDeviceGetNvLinkState(device_t *d, unsigned int link, unsigned int *active) {
     DEVICE(d);
     nvmlReturn_t r = link_of(d, link);
-    if (r == OK) *active = !nvlink_down[d->index][link];
+    if (r == OK) *active = !nvlink_down[d->index][link] && !nvlink_unwired[d->index][link];
     return r;
 }
 nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(device_t *d, unsigned int link, int counter, unsigned long long *value) {
@@ -685,7 +700,7 @@ nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(device_t *d, unsigned int link, int
 nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(device_t *d, unsigned int link, unsigned int *type) {
     DEVICE(d);
     nvmlReturn_t r = link_of(d, link);
-    if (r == OK) *type = nvlink_peer[d->index][link] ? 0 : 2;
+    if (r == OK) *type = nvlink_unwired[d->index][link] ? 0xFF : nvlink_peer[d->index][link] ? 0 : 2;
     return r;
 }
 nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(device_t *d, unsigned int link, pci_info_t *p) {
@@ -694,6 +709,11 @@ nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(device_t *d, unsigned int link,
     if (r != OK) return r;
     int peer = nvlink_peer[d->index][link];
     memset(p, 0, sizeof *p);
+    if (nvlink_unwired[d->index][link]) {
+        snprintf(p->busId, sizeof p->busId, "00000000:00:00.0");
+        snprintf(p->busIdLegacy, sizeof p->busIdLegacy, "0000:00:00.0");
+        return OK;
+    }
     p->bus = peer ? 0x18 + (unsigned)(peer - 1) * 0x10 : 0xC0 + link % 4;
     snprintf(p->busId, sizeof p->busId, "00000000:%02X:00.0", p->bus);
     snprintf(p->busIdLegacy, sizeof p->busIdLegacy, "0000:%02X:00.0", p->bus);

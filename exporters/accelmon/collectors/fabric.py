@@ -55,6 +55,12 @@ LINK_REMOTE = C.gauge(
     "prints it; value is 1. Which GPUs a reset must take together is read from it (docs/health.md).",
     [*LINK, "remote_type", "remote_pci_bus_id"],
 )
+LINKS_UNCONNECTED = C.gauge(
+    "accelmon_gpu_nvlink_links_unconnected",
+    "NVLink links the GPU has that lead nowhere: never up since the exporter started and no device named at the "
+    "other end (a PCIe GPU without an NVLink bridge: 12 on an A100 PCIe); they have no link series.",
+    GPU,
+)
 FABRIC_STATE = C.gauge(
     "accelmon_gpu_fabric_state",
     "The GPU's registration with its NVLink fabric: 1 not started, 2 in progress, 3 completed.",
@@ -104,6 +110,7 @@ class Gpu:
     uuid: str = ""
     links: Optional[list[int]] = None  # learnt at the first read; [] = no NVLink
     remotes: dict[int, tuple[str, str]] = field(default_factory=dict)  # link -> (remote type, bus id), learnt once
+    trained: set[int] = field(default_factory=set)  # links seen up since the exporter started
     unsupported: set[str] = field(default_factory=set)
 
 
@@ -150,15 +157,26 @@ class FabricCollector(OwnSessionCollector):
         nvml = self.nvml
         if gpu.links is None:
             gpu.links = self._find_links(gpu)
+        unconnected = 0
         for link in gpu.links:
             labels = [str(gpu.index), gpu.uuid, str(link)]
+            up = None
             try:
-                out.add(LINK_UP, labels, 1 if nvml.nvmlDeviceGetNvLinkState(gpu.handle, link) else 0)
+                up = 1 if nvml.nvmlDeviceGetNvLinkState(gpu.handle, link) else 0
             except (nvml.NVMLError_GpuIsLost, nvml.NVMLError_Unknown):
                 raise
             except nvml.NVMLError as error:
                 log.debug("GPU %d link %d state: %s", gpu.index, link, error)
+            if up:
+                gpu.trained.add(link)
             remote = self._remote(gpu, link)
+            if link not in gpu.trained and not _leads_somewhere(remote):
+                # Never up and wired to nothing NVML names: a PCIe GPU without a bridge (an A100 PCIe answers all 12
+                # links down), not a link lost. A link once up, or one NVML names the other end of, stays served.
+                unconnected += 1
+                continue
+            if up is not None:
+                out.add(LINK_UP, labels, up)
             if remote is not None:
                 out.add(LINK_REMOTE, [*labels, *remote], 1)
             if "errors" in gpu.unsupported:
@@ -176,6 +194,8 @@ class FabricCollector(OwnSessionCollector):
                     log.debug("GPU %d link %d %s: %s", gpu.index, link, kind, error)
                     continue
                 out.add(LINK_ERRORS, [*labels, kind], value)
+        if gpu.links:
+            out.add(LINKS_UNCONNECTED, [str(gpu.index), gpu.uuid], unconnected)
 
     def _remote(self, gpu: Gpu, link: int) -> Optional[tuple[str, str]]:
         """What the link leads to, asked until it answers and then kept (the wiring of a board does not change while
@@ -262,6 +282,13 @@ class FabricCollector(OwnSessionCollector):
 
 def _uuid_text(hex32: str) -> str:
     return f"{hex32[:8]}-{hex32[8:12]}-{hex32[12:16]}-{hex32[16:20]}-{hex32[20:]}"
+
+
+def _leads_somewhere(remote: Optional[tuple[str, str]]) -> bool:
+    """Whether NVML names what a link leads to: a GPU, a switch or an NPU at a PCI address other than all zeros."""
+    if remote is None or remote[0] == "unknown":
+        return False
+    return any(digit not in "0:." for digit in remote[1])
 
 
 def fabric_manager_running(procfs: str) -> bool:
