@@ -298,3 +298,56 @@ def test_heavy_xmit_wait_without_errors_is_congested(tmp_path):
     assert path_faults_test(congested, nic_fault("congested"), tmp_path) == ""
     clean = scrapes_as_counters_move(tmp_path / "clean", busy(1_000_000))
     assert path_faults_test(clean, [], tmp_path) == ""
+
+
+# Issue 68, point 7: the HCA's own PCIe link and GPUDirect RDMA's peer-memory module.
+def test_the_hcas_own_pcie_link_is_served_against_what_it_and_its_slot_allow(tmp_path):
+    """mlx5_0 (Gen5 x16, its port above Gen5 x16) trained at Gen4 x8: served now and at best; a Gen5 HCA in a Gen4
+    slot is at its best at Gen4 (the lower max_link_speed of the function and the port above it)."""
+    sysfs, procfs = healthy_idle_node(tmp_path)
+    pci = (sysfs / "class" / "infiniband" / "mlx5_0" / "device").resolve()
+    (pci / "current_link_speed").write_text("16.0 GT/s PCIe\n")
+    (pci / "current_link_width").write_text("8\n")
+    (pci.parent / "max_link_speed").write_text("32.0 GT/s PCIe\n")
+    storage = (sysfs / "class" / "infiniband" / "mlx5_6" / "device").resolve()
+    (storage.parent / "max_link_speed").write_text("16.0 GT/s PCIe\n")  # a Gen4 slot
+    (storage / "current_link_speed").write_text("16.0 GT/s PCIe\n")
+    text = text_of(InfinibandCollector(sysfs=str(sysfs), procfs=str(procfs), nccl_conf=str(tmp_path / "none")))
+    promtool_check(text)
+
+    def link(name: str, device: str) -> float | None:
+        found = [value for labels, value in series(text, name) if labels["device"] == device]
+        return found[0] if found else None
+
+    assert [link("accelmon_infiniband_pcie_link_" + name, "mlx5_0") for name in (
+        "transfers_per_second", "transfers_per_second_max", "width", "width_max")] == [16e9, 32e9, 8, 16]  # fmt: skip
+    assert link("accelmon_infiniband_pcie_link_transfers_per_second_max", "mlx5_6") == 16e9
+    assert link("accelmon_infiniband_pcie_link_transfers_per_second", "mlx5_6") == 16e9
+
+
+def test_gpudirect_rdmas_peer_memory_module_as_nccl_looks_for_it(tmp_path):
+    """NCCL's files (net_ib.cc ibGdrSupportInitOnce): /sys/module/nvidia_peermem/version or nv_peer_mem's
+    /sys/kernel/mm/memory_peers/nv_mem[_nc]/version. Served only where the node has GPUs and RDMA devices."""
+    sysfs, procfs = healthy_idle_node(tmp_path)
+    collector = InfinibandCollector(sysfs=str(sysfs), procfs=str(procfs), nccl_conf=str(tmp_path / "none"))
+    assert series(text_of(collector), "accelmon_gpudirect_rdma_peer_memory_loaded") == [({}, 0.0)]
+    (sysfs / "module" / "nvidia_peermem").mkdir(parents=True)
+    (sysfs / "module" / "nvidia_peermem" / "version").write_text("580.95.05\n")
+    assert series(text_of(collector), "accelmon_gpudirect_rdma_peer_memory_loaded") == [({}, 1.0)]
+    no_gpus = InfinibandCollector(sysfs=str(sysfs), procfs=str(tmp_path / "none"), nccl_conf=str(tmp_path / "none"))
+    assert series(text_of(no_gpus), "accelmon_gpudirect_rdma_peer_memory_loaded") == []
+
+
+@ROLE_RULES
+def test_an_hca_trained_below_its_pcie_link_is_a_fault_of_the_gpus_that_use_it(tmp_path):
+    """promtool over the collector's own scrapes: mlx5_0, which both GPUs leave by, at x8 of x16 is nic_pcie narrow
+    for both (before: no fault); the healthy idle node's HCAs at their best are none (the test above this block)."""
+    sysfs, procfs = healthy_idle_node(tmp_path)
+    (sysfs / "class" / "infiniband" / "mlx5_0" / "device" / "current_link_width").write_text("8\n")
+    collector = InfinibandCollector(sysfs=str(sysfs), procfs=str(procfs), nccl_conf=str(tmp_path / "none"))
+    expected = [
+        {"labels": f'accelmon:gpu_path_fault{{device="mlx5_0",gpu="{gpu}",instance="n1:19470",node="n1",'
+                   f'part="nic_pcie",reason="narrow",uuid="{uuid(gpu)}"}}', "value": 1}
+        for gpu in (0, 1)
+    ]  # fmt: skip
+    assert path_faults_test([text_of(collector) for _ in range(3)], expected, tmp_path) == ""

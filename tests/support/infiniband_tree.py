@@ -94,6 +94,9 @@ def add_device(
     function sits under root complex `root`, linked from bus/pci/devices as the kernel links it."""
     pci = sys_root / "devices" / root / pci_address
     write(pci / "numa_node", str(numa_node))
+    for kind in ("max", "current"):  # its PCIe link, trained at its best (ConnectX-7: Gen5 x16)
+        write(pci / f"{kind}_link_speed", "32.0 GT/s PCIe")
+        write(pci / f"{kind}_link_width", "16")
     pci_link(sys_root, pci)
     device = pci / "infiniband" / name
     write(device / "board_id", board_id)

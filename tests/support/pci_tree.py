@@ -28,7 +28,8 @@ GEN5, GEN4 = ("32.0 GT/s PCIe", 16), ("16.0 GT/s PCIe", 16)
 
 def function(sysfs: Path, chain: list[str], numa: int, pcie: tuple[str, int] | None = None) -> str:
     """A PCI function at the end of `chain` (the root complex, then each function down to it); its name. With
-    `pcie`, its max_link_speed and max_link_width, and those of each bridge above it that has none yet."""
+    `pcie`, its max_link_speed and max_link_width (current_link_* the same), and those of each bridge above it that
+    has none yet."""
     directory = sysfs / "devices" / Path(*chain)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "numa_node").write_text(f"{numa}\n")
@@ -36,8 +37,9 @@ def function(sysfs: Path, chain: list[str], numa: int, pcie: tuple[str, int] | N
         for depth in range(len(chain), 1, -1):
             level = sysfs / "devices" / Path(*chain[:depth])
             if depth == len(chain) or not (level / "max_link_speed").exists():
-                (level / "max_link_speed").write_text(f"{pcie[0]}\n")
-                (level / "max_link_width").write_text(f"{pcie[1]}\n")
+                for kind in ("max", "current"):  # trained at its best
+                    (level / f"{kind}_link_speed").write_text(f"{pcie[0]}\n")
+                    (level / f"{kind}_link_width").write_text(f"{pcie[1]}\n")
     name = chain[-1]
     link = sysfs / "bus" / "pci" / "devices" / name
     link.parent.mkdir(parents=True, exist_ok=True)

@@ -100,6 +100,30 @@ GPU_NIC_RAIL = C.gauge(
     ["gpu", "uuid", "device", "port"],
     read="when a GPU, a device, a port in service or its rate comes, goes or changes",
 )
+PCIE_SPEED = C.gauge(
+    "accelmon_infiniband_pcie_link_transfers_per_second",
+    "Transfer rate per lane the HCA's PCIe link runs at now (sysfs current_link_speed: 32 GT/s for Gen5).",
+    ["device"],
+)
+PCIE_SPEED_MAX = C.gauge(
+    "accelmon_infiniband_pcie_link_transfers_per_second_max",
+    "The highest transfer rate per lane the HCA and the port above it allow together (the lower max_link_speed).",
+    ["device"],
+)
+PCIE_WIDTH = C.gauge(
+    "accelmon_infiniband_pcie_link_width", "Lanes the HCA's PCIe link runs on now (current_link_width).", ["device"]
+)
+PCIE_WIDTH_MAX = C.gauge(
+    "accelmon_infiniband_pcie_link_width_max",
+    "The most lanes the HCA and the port above it allow together (the narrower max_link_width).",
+    ["device"],
+)
+PEER_MEMORY = C.gauge(
+    "accelmon_gpudirect_rdma_peer_memory_loaded",
+    "1 if a GPU peer-memory module NCCL looks for is loaded (nvidia_peermem, or nv_peer_mem's memory_peers entry), "
+    "0 if none: GPUDirect RDMA then needs DMA-BUF (open kernel module, Linux 5.12+); served where the node has GPUs.",
+    [],
+)
 DRILL_ACTIVE = C.gauge(
     "accelmon_infiniband_drill_active",
     "1 while a drill (accelmon-drill nic) rehearses a fault of this port: the rules treat it as a NIC at fault, "
@@ -249,6 +273,7 @@ class _Layout:
     # port -> (path, spec, multiplier, its file's name and maximum where it saturates below 64 bits, else None)
     counters: dict[str, list[tuple[str, MetricSpec, int, tuple[str, int] | None]]] = field(default_factory=dict)
     hw_counters: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # port -> (file, counter name)
+    pci: str = ""  # its PCI function's directory
 
 
 class InfinibandCollector(Collector):
@@ -298,6 +323,8 @@ class InfinibandCollector(Collector):
             pxn = _int_or(pxn_disable, 0) != 1
             chosen = topology.nccl_local(self.sysfs, self.procfs, ports, ib_hca, None, pxn, _int_or(pxn_level, 2), True)
             self._topology = (key, topology.gpu_nic_pairs(self.sysfs, self.procfs), chosen)
+        if gpus and devices:
+            out.add(PEER_MEMORY, [], 1 if peer_memory_loaded(self.sysfs) else 0)
         for pair in self._topology[1]:
             out.add(GPU_NIC, [pair.gpu, pair.uuid, pair.device, pair.link], 1)
         for local in self._topology[2]:
@@ -314,6 +341,8 @@ class InfinibandCollector(Collector):
         layout = self._layout(device, path, firmware)
         out.add(INFO, layout.info, 1)
         out.add(PLACEMENT, layout.placement, 1)
+        if layout.pci:
+            _sample_pcie_link(device, layout.pci, out)
         for port, directory in layout.ports:
             labels = (device, port)
             if self._sample_port(labels, directory, out):
@@ -348,6 +377,7 @@ class InfinibandCollector(Collector):
             now,
             [board, device, firmware, hca],
             [device, os.path.basename(pci) if os.path.isdir(pci) else "", numa or "-1"],
+            pci=pci if os.path.isdir(pci) else "",
         )
         ports = os.path.join(path, "ports")
         for port in _listdir(ports):
@@ -387,6 +417,45 @@ class InfinibandCollector(Collector):
             if known is None or known.gbps < gbps or known.link_layer != link_layer:
                 self._in_service[labels] = topology.Port(*labels, link_layer, gbps)
         return True
+
+
+# NCCL's test for GPUDirect RDMA through a peer-memory module (net_ib.cc `ibGdrSupportInitOnce`, v2.28.7-1): any of
+# these exists. Without one, NCCL still reaches GPU memory through DMA-BUF where the kernel and driver allow it.
+PEER_MEMORY_FILES = (
+    ("kernel", "mm", "memory_peers", "nv_mem", "version"),
+    ("kernel", "mm", "memory_peers", "nv_mem_nc", "version"),
+    ("module", "nvidia_peermem", "version"),
+)
+
+
+def _sample_pcie_link(device: str, pci: str, out: Samples) -> None:
+    """The HCA's PCIe link now and at best: its function's current_link_speed/width against the lower
+    max_link_speed and narrower max_link_width of the function and the port above it (a Gen5 HCA in a Gen4 slot is
+    at its best at Gen4). A virtual function, or a file that reads 'Unknown', serves nothing."""
+    parent = os.path.dirname(pci)
+    for now, best, file, spec, spec_max in (
+        ("current_link_speed", "max_link_speed", "speed", PCIE_SPEED, PCIE_SPEED_MAX),
+        ("current_link_width", "max_link_width", "width", PCIE_WIDTH, PCIE_WIDTH_MAX),
+    ):
+        value = _link_value(_read(os.path.join(pci, now)), file)
+        limits = [_link_value(_read(os.path.join(where, best)), file) for where in (pci, parent)]
+        known = [limit for limit in limits if limit]
+        if value and known:
+            out.add(spec, [device], value)
+            out.add(spec_max, [device], min(known))
+
+
+def _link_value(text: str | None, kind: str) -> float | None:
+    """'32.0 GT/s PCIe' as transfers per second, '16' as lanes; None where unreadable or 'Unknown'."""
+    try:
+        number = float((text or "").split()[0])
+    except (ValueError, IndexError):
+        return None
+    return number * 1e9 if kind == "speed" else number
+
+
+def peer_memory_loaded(sysfs: str) -> bool:
+    return any(os.path.exists(os.path.join(sysfs, *parts)) for parts in PEER_MEMORY_FILES)
 
 
 def _int_or(text: str, default: int) -> int:
