@@ -84,6 +84,17 @@ def client_context(pki: Path, with_certificate: bool = False) -> ssl.SSLContext:
     return context
 
 
+def check_config(path: Path) -> subprocess.CompletedProcess[str]:
+    """`accelmon-exporter --check-config --web.config.file PATH`, as the role's validate runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "accelmon", "--check-config", "--web.config.file", str(path)],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(ROOT / "exporters"), "PATH": "/usr/bin:/bin"},
+        check=False,
+    )
+
+
 def test_tls_serves_metrics_to_a_verifying_client_and_nothing_in_clear(pki, serve):
     port = serve(f"tls_server_config: {{cert_file: {pki}/server.crt, key_file: {pki}/server.key}}\n")
     status, body = fetch(f"https://127.0.0.1:{port}/metrics", client_context(pki))
@@ -103,21 +114,36 @@ def test_mutual_tls_refuses_a_client_without_a_certificate(pki, serve):
         fetch(f"https://127.0.0.1:{port}/metrics", client_context(pki))
 
 
-def test_basic_auth_refuses_wrong_and_unknown_users_and_remembers_the_right_one(serve, tmp_path):
+def test_basic_auth_refuses_wrong_and_unknown_users_and_remembers_the_right_one(pki, serve, tmp_path):
     hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(4)).decode()
-    port = serve(f"basic_auth_users:\n  prometheus: '{hashed}'\n")
-    url = f"http://127.0.0.1:{port}/metrics"
-    status, _ = fetch(url)
+    port = serve(
+        f"tls_server_config: {{cert_file: {pki}/server.crt, key_file: {pki}/server.key}}\n"
+        f"basic_auth_users:\n  prometheus: '{hashed}'\n"
+    )
+    url = f"https://127.0.0.1:{port}/metrics"
+    context = client_context(pki)
+    status, _ = fetch(url, context)
     assert status == 401
     with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(url, timeout=5)
+        urllib.request.urlopen(url, timeout=5, context=context)
     assert refused.value.headers["WWW-Authenticate"].startswith("Basic")
-    assert fetch(url, auth=("prometheus", "wrong"))[0] == 401
-    assert fetch(url, auth=("nobody", PASSWORD))[0] == 401
-    status, body = fetch(url, auth=("prometheus", PASSWORD))
+    assert fetch(url, context, auth=("prometheus", "wrong"))[0] == 401
+    assert fetch(url, context, auth=("nobody", PASSWORD))[0] == 401
+    status, body = fetch(url, context, auth=("prometheus", PASSWORD))
     assert status == 200 and b"test_value" in body
-    assert fetch(url, auth=("prometheus", PASSWORD))[0] == 200  # from the cache of checked passwords
-    assert fetch(url, auth=("prometheus", "x" * 100))[0] == 401  # bcrypt refuses over 72 bytes: no crash
+    assert fetch(url, context, auth=("prometheus", PASSWORD))[0] == 200  # from the cache of checked passwords
+    assert fetch(url, context, auth=("prometheus", "x" * 100))[0] == 401  # bcrypt refuses over 72 bytes: no crash
+
+
+def test_basic_auth_without_tls_is_refused_before_serving(tmp_path):
+    """A password sent over plain HTTP is readable on the path: the file is refused, the exporter never starts."""
+    hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(4)).decode()
+    path = tmp_path / "web-config.yml"
+    path.write_text(f"basic_auth_users:\n  prometheus: '{hashed}'\n")
+    with pytest.raises(ConfigError, match="basic_auth_users without tls_server_config"):
+        load_web_config(str(path))
+    result = check_config(path)
+    assert result.returncode == 2 and "clear text" in result.stderr
 
 
 def test_the_remembered_password_is_only_a_digest():
@@ -134,7 +160,10 @@ def test_the_remembered_password_is_only_a_digest():
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("basic_auth_users: {prometheus: hunter2}\n", "never a clear password"),
+        (
+            "tls_server_config: {cert_file: a, key_file: b}\nbasic_auth_users: {prometheus: hunter2}\n",
+            "never a clear password",
+        ),
         ("tls_server_config: {cert_file: /nonexistent.crt, key_file: /nonexistent.key}\n", "cannot load"),
         ("tls_server_config: {cert_file: a.crt}\n", "cert_file and key_file are both needed"),
         (
@@ -154,22 +183,10 @@ def test_bad_web_config_is_refused_naming_the_setting(tmp_path, text, message):
 def test_check_config_validates_the_web_config_file(tmp_path, pki):
     path = tmp_path / "web-config.yml"
     path.write_text("tls_server_config: {cert_file: /nonexistent.crt, key_file: /nonexistent.key}\n")
-    result = subprocess.run(
-        [sys.executable, "-m", "accelmon", "--check-config", "--web.config.file", str(path)],
-        capture_output=True,
-        text=True,
-        env={"PYTHONPATH": str(ROOT / "exporters"), "PATH": "/usr/bin:/bin"},
-        check=False,
-    )
+    result = check_config(path)
     assert result.returncode == 2 and "cannot load /nonexistent.crt" in result.stderr
     path.write_text(f"tls_server_config: {{cert_file: {pki}/server.crt, key_file: {pki}/server.key}}\n")
-    ok = subprocess.run(
-        [sys.executable, "-m", "accelmon", "--check-config", "--web.config.file", str(path)],
-        capture_output=True,
-        text=True,
-        env={"PYTHONPATH": str(ROOT / "exporters"), "PATH": "/usr/bin:/bin"},
-        check=False,
-    )
+    ok = check_config(path)
     assert ok.returncode == 0, ok.stderr
 
 

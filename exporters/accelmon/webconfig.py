@@ -92,12 +92,19 @@ def load_web_config(path: str) -> WebConfig:
             f"web config file {path}: unknown key(s) {', '.join(unknown)} (accelmon-exporter reads "
             "tls_server_config and basic_auth_users)"
         )
+    # A password sent in clear can be read by anyone on the path and replayed: basic auth only inside TLS.
+    if data.get("basic_auth_users") and not data.get("tls_server_config"):
+        raise ConfigError(
+            f"web config file {path}: basic_auth_users without tls_server_config would take passwords in clear "
+            "text; add tls_server_config (cert_file, key_file)"
+        )
     base = os.path.dirname(os.path.abspath(path))
     config = WebConfig()
-    if data.get("tls_server_config"):
-        config.ssl_context = _tls(data["tls_server_config"], base, path)
     if data.get("basic_auth_users"):
         config.users = _users(data["basic_auth_users"], path)
+    if data.get("tls_server_config"):
+        config.ssl_context = _tls(data["tls_server_config"], base, path)
+    if config.users:
         try:
             import bcrypt
         except ImportError as error:
