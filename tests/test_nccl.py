@@ -17,13 +17,16 @@ from pathlib import Path
 import pytest
 
 from accelmon import nccl_ras
+from accelmon.collectors import nccl
 from accelmon.collectors.nccl import NcclCollector, local_addresses
 from accelmon.nccl_ras import RasError
 from tests.support.ansible import render_role_template
 from tests.support.exposition import check_golden, promtool_check, sample_value, series, text_of
 from tests.support.fake_ras import TEXT_ANSWER, FakeRas, communicator, json_answer, listen, missing_rank, rank
+from tests.support.ras_corpus import TextComm, text_answer
 
 HERE = "10.0.0.12"  # this node's address in the fixture procfs
+SHORT = ["CLIENT PROTOCOL 2", "TIMEOUT 1", "STATUS"]  # the short text form: what a job not sized yet is asked
 
 
 class Gpus:
@@ -102,7 +105,8 @@ def test_json_names_the_missing_rank_and_the_rank_behind(node):
     assert series(text, "accelmon_nccl_rank_collectives_behind") == [(behind, 150.0)]  # its GPU's UUID: on this node
     assert series(text, "accelmon_nccl_rank_collectives") == [(behind, 100.0)]
     assert sample_value(text, "accelmon_nccl_queries_total", result="ok") == 1
-    assert server.commands == ["CLIENT PROTOCOL 2", "TIMEOUT 1", "SET FORMAT json", "STATUS"]
+    # A job not sized yet: the short text first (its summary sizes it), then JSON at once (small).
+    assert server.commands == [*SHORT, "CLIENT PROTOCOL 2", "TIMEOUT 1", "SET FORMAT json", "STATUS"]
     promtool_check(text)
 
 
@@ -112,7 +116,7 @@ def test_the_text_answer_before_2_28_7(node):
     server = serve(answer=TEXT_ANSWER, json_format=False)
     job_record(state, "77", server.port)
     text = text_of(make())
-    assert server.commands == ["CLIENT PROTOCOL 2", "TIMEOUT 1", "SET FORMAT json", "VERBOSE STATUS"]
+    assert server.commands == [*SHORT, "CLIENT PROTOCOL 2", "TIMEOUT 1", "SET FORMAT json", "VERBOSE STATUS"]
     statuses = {c["communicator"]: c["status"] for c, _ in series(text, "accelmon_nccl_communicator_status")}
     assert statuses == {"0xcf264af53edbe986": "incomplete", "0x27a079b828ff1a75": "mismatch"}  # as JSON labels them
     missing = series(text, "accelmon_nccl_rank_missing")
@@ -143,15 +147,29 @@ def test_a_4096_rank_job_serves_summaries_and_outliers(node):
     assert len(text.splitlines()) < 60  # no series per rank of the 4,116
 
 
-def test_one_node_asks_per_job(node):
-    """The prolog records nccl_ras_query=0 on every node of a job but its first: those ask nothing for it."""
+def test_every_node_asks_the_steps_its_nccl_runs_and_one_node_keeps_asking(node, tmp_path):
+    """Issue 67, point 7: only the job's first node asked (the prolog's nccl_ras_query=1), so a step that did not
+    run on it, or a first node without NCCL, was never seen. Now every node asks the steps whose NCCL listens on it
+    (the first node at once, the others within SPREAD_ROUNDS intervals), and the node of the lowest address among
+    the hosts RAS names for the step's ranks keeps asking; the others ask again only every RECHECK_ROUNDS."""
     make, serve, state = node
-    server = serve(answer=stuck_job())
-    job_record(state, "10", server.port, query="0")
-    text = text_of(make(addresses=f"localhost:{server.port}"))  # nor through an address given for the node's job
-    assert server.commands == []
-    assert sample_value(text, "accelmon_nccl_jobs_asked") == 0
-    assert series(text, "accelmon_nccl_communicator_status") == []
+    led = serve(answer=json_answer([communicator("0x1", [rank(0, 5, HERE), rank(1, 5, "10.0.0.13")], [])]))
+    other = serve(answer=json_answer([communicator("0x2", [rank(0, 5, "10.0.0.5"), rank(1, 5, HERE)], [])]))
+    job_record(state, "21", led.port, query="0")  # this is not the job's first node: before, never asked
+    job_record(state, "22", other.port, query="0")
+    job_record(state, "23", 28100, query="1")  # its first node, but no NCCL of it listens here: not asked
+    collector = make()
+    rounds = [text_of(collector) for _ in range(nccl.SPREAD_ROUNDS + 3)]
+    assert other.connections == 2  # once (the short form, then JSON), to learn that 10.0.0.5 asks
+    before = led.connections
+    rounds.append(text_of(collector))
+    assert led.connections == before + 1  # this node is the step's lowest host: it asks every interval (JSON)
+    jobs = {labels["job_id"] for labels, _ in series(rounds[-1], "accelmon_nccl_communicator_status")}
+    assert jobs == {"21"}
+    assert sample_value(rounds[-1], "accelmon_nccl_queries_total", result="refused") == 0
+    collector.rounds += nccl.RECHECK_ROUNDS  # an hour on: every node asks again, so a step is never left unread
+    text_of(collector)
+    assert other.connections == 3  # in the form it is sized for: JSON
 
 
 def test_two_jobs_on_one_node_each_on_its_own_port(node):
@@ -175,17 +193,24 @@ def test_the_default_port_counts_for_the_nodes_only_job(node):
     assert {labels["job_id"] for labels, _ in series(text, "accelmon_nccl_communicator_status")} == {"31"}
 
 
-def test_no_nccl_job_serves_nothing_and_is_no_error(node):
+def test_no_nccl_job_serves_nothing_and_is_no_error(node, tmp_path):
+    """Issue 67, point 7: a port nothing listens on here (a job, or a step, without NCCL on this node, or not yet)
+    is not asked and is no error; a port where the job's user's socket was seen listening and that refuses the
+    connection (its NCCL's RAS thread gone) is `refused`, an error (before, both were `refused`, and no error)."""
     make, _, state = node
     text = text_of(make())
     assert sample_value(text, "accelmon_nccl_jobs_asked") == 0
     closed = FakeRas()
     port = closed.port
-    closed.stop()  # nothing listens there now: a job that does not use NCCL, or not yet
+    closed.stop()  # nothing listens there now
     job_record(state, "8", port)
     text = text_of(make())
-    assert sample_value(text, "accelmon_nccl_queries_total", result="refused") == 1
+    assert sample_value(text, "accelmon_nccl_queries_total", result="refused") == 0
+    assert sample_value(text, "accelmon_nccl_jobs_asked") == 0
     assert series(text, "accelmon_nccl_communicator_status") == []
+    root = procfs(tmp_path / "proc-listening", {port: os.getuid()})  # net/tcp says the job's socket listens
+    text = text_of(NcclCollector(str(state), "", 5.0, 8, str(root), Gpus()))
+    assert sample_value(text, "accelmon_nccl_queries_total", result="refused") == 1
 
 
 @pytest.mark.parametrize(
@@ -425,3 +450,58 @@ def test_a_flood_of_communicators_is_bounded(node):
     assert sample_value(text, "accelmon_nccl_communicators_dropped", job_id="99") == 400_001 - 64
     assert sample_value(text, "accelmon_nccl_communicator_status", job_id="99", communicator="0xbad",
                         status="incomplete") == 1  # fmt: skip
+
+
+def sixteen_k_job() -> str:
+    """NCCL's short text STATUS of a 16,384-rank job with six communicators of all its ranks, one rank missing in
+    the first (tests/support/ras_corpus.py renders v2.29.2's strings): a few KiB, where its JSON is about 50 MiB."""
+    comms = [TextComm(0xA0 + n, 16384) for n in range(6)]
+    comms[0] = TextComm(0xA0, 16384, errors="INCOMPLETE", missing=[(4097, 1, 5001, "10.0.16.1")])
+    return text_answer(comms, tag="v2.29.2-1")
+
+
+def test_a_16k_rank_job_is_read_within_its_interval_in_the_short_form(node):
+    """Issue 67, point 1: NCCL makes its JSON whole before sending it (quadratic: a 16k-rank job's ~50 MiB takes
+    minutes), on the job's one RAS thread. Here the JSON comes only after 40 s and the stand-in answers one query at
+    a time: the collector asked JSON, gave up at 20 s as `timeout`, and the job was never seen. Now a job not sized
+    yet is asked the short text form, whose summary shows it too large for JSON: JSON is never asked."""
+    make, serve, state = node
+    server = serve(answer=json_answer([]), text=sixteen_k_job(), json_seconds=40)
+    job_record(state, "16384", server.port)
+    collector = make(timeout=20.0)
+    began = time.monotonic()
+    first, second = text_of(collector), text_of(collector)
+    assert time.monotonic() - began < 5
+    assert server.commands == [*SHORT[:1], "TIMEOUT 13", "STATUS"] * 2  # the short form each time, never JSON
+    comm = {"job_id": "16384", "communicator": "0xa0"}
+    for text in (first, second):
+        assert sample_value(text, "accelmon_nccl_communicator_size", **comm) == 16384
+        assert sample_value(text, "accelmon_nccl_communicator_ranks", **comm, state="missing") == 1
+        assert [m["rank"] for m, _ in series(text, "accelmon_nccl_rank_missing")] == ["4097"]
+        assert len(series(text, "accelmon_nccl_communicator_status")) == 1  # the text form names the troubled
+    assert sample_value(second, "accelmon_nccl_queries_total", result="ok") == 2
+
+
+@pytest.mark.parametrize(("ranks", "late"), [(8, "timeout"), (400, "too_large")])
+def test_a_query_past_its_deadline_holds_the_next_until_nccl_answers(node, ranks, late):
+    """A query that timed out is still being answered by NCCL's one RAS thread: the job is not asked again until
+    that answer has come (counted `pending` meanwhile; before, a second query queued behind it every interval). The
+    late answer is measured: over the cap it counts `too_large` (before: `timeout` alone, and the text fallback
+    never reached), and the job is asked the text form next."""
+    make, serve, state = node
+    answer = json_answer([communicator("0x5", [rank(n, 10) for n in range(ranks)], [])])
+    server = serve(answer=answer, json_seconds=2)
+    job_record(state, "5", server.port)
+    collector = make(timeout=1.0)
+    collector.max_bytes = 100_000  # the 400-rank answer is over it, the 8-rank one under
+    text_of(collector)  # the short form sizes the job: JSON, which NCCL answers after 2 s
+    assert server.commands[-2:] == ["SET FORMAT json", "STATUS"] and server.connections == 2
+    text = text_of(collector)
+    assert server.connections == 2  # not asked again while NCCL makes the answer
+    assert sample_value(text, "accelmon_nccl_queries_total", result="pending") == 1
+    assert server.answered.wait(10)
+    text = text_of(collector)
+    assert server.commands[-1] == "VERBOSE STATUS" and server.connections == 3
+    assert sample_value(text, "accelmon_nccl_queries_total", result="timeout") == 1
+    assert sample_value(text, "accelmon_nccl_queries_total", result="too_large") == (late == "too_large")
+    assert sample_value(text, "accelmon_nccl_queries_total", result="ok") == 1  # read in the text form

@@ -17,13 +17,23 @@ what is read from it. Everything here is bounded: a deadline for the whole excha
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
-import socket
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Optional
+
+from accelmon import nccl_ras_client as client
+
+# The client's names, where its callers have always found them.
+RasError = client.RasError
+Pending = client.Pending
+ask = client.ask
+ras_timeout = client.ras_timeout
+FORMS = client.FORMS
+RAS_EXTRA_SECONDS = client.RAS_EXTRA_SECONDS
+MARGIN_SECONDS = client.MARGIN_SECONDS
 
 DEFAULT_PORT = 28028
 # Ports for jobs that share a node: the role's prolog gives each job the lowest block of STEP_PORTS ports of
@@ -36,8 +46,6 @@ JOB_PORT_BASE = 28100
 JOB_PORTS = 1000
 STEP_PORTS = 4  # a job's block: steps that run at once on a node get a port each (step id modulo this)
 PORTS_DIR = "nccl-ras"
-PROTOCOLS = (1, 2)  # the versions whose answers this reads (NCCL 2.24 to 2.29 answer 2)
-MAX_LINE = 4096
 STATUSES = ("ok", "init", "mismatch", "incomplete", "error")
 IN_PROGRESS = 7  # ncclInProgress (nccl.h): a non-blocking communicator's call under way, not an error
 # NCCL 2.28.7-2.28.9 write a missing rank's "nvml_dev" with no comma after it (src/ras/client_support.cc:1963 at
@@ -47,14 +55,6 @@ MISSING_COMMA = re.compile(r'("nvml_dev": -?\d+)(\s*\n\s*"status")')
 # answer is parsed communicator by communicator, never held whole as objects: 400,000 communicators in 7.5 MB (a
 # socket another user answers on, or a job that makes communicators without end) became 400,008 series and 437 MiB.
 MAX_COMMUNICATORS = 64
-
-
-class RasError(Exception):
-    """A query that did not give an answer to read; `kind` is one of the collector's results."""
-
-    def __init__(self, kind: str, detail: str) -> None:
-        super().__init__(f"{kind}: {detail}")
-        self.kind = kind
 
 
 @dataclass
@@ -80,6 +80,7 @@ class Communicator:
     status: str = "ok"  # one of STATUSES
     missing_count: Optional[int] = None  # NCCL's own count of ranks it has no data from (text form), where it says
     secondary: str = ""  # JSON's secondary_hash: host and process hash of its creation
+    lowest: str = ""  # the lowest address among its ranks' hosts (JSON names every rank's)
 
 
 @dataclass
@@ -92,6 +93,8 @@ class JobStatus:
     timeouts: int = 0  # RAS's own legs that timed out while collecting this answer (`timeouts_count`)
     dropped: int = 0  # communicators of the answer past max_communicators, not kept
     phantoms: int = 0  # communicators NCCL 2.26.2-2.28.9's walk made up (PHANTOM_WALK), not served
+    ranks: int = 0  # the answer's communicators' sizes summed (dropped ones too): what sizes the next query
+    lowest: str = ""  # the lowest address among the hosts of every rank the answer names (JSON)
 
 
 class Kept:
@@ -101,10 +104,14 @@ class Kept:
         self.limit = max(1, limit)
         self.items: list[tuple[int, Communicator]] = []
         self.seen = 0
+        self.ranks = 0
+        self.lowest = ""
 
     def add(self, comm: Communicator) -> None:
         self.items.append((self.seen, comm))
         self.seen += 1
+        self.ranks += comm.size
+        self.lowest = lower(self.lowest, comm.lowest)
         if len(self.items) >= 2 * self.limit:
             self.cut()
 
@@ -117,128 +124,25 @@ class Kept:
         return [comm for _, comm in self.items]
 
 
-class Exchange:
-    """One connection to a RAS socket under one deadline."""
-
-    def __init__(self, host: str, port: int, timeout: float, max_bytes: int) -> None:
-        self.deadline = time.monotonic() + timeout
-        self.max_bytes = max_bytes
-        self.buffer = b""
-        try:
-            self.sock = socket.create_connection((host, port), timeout=timeout)
-        except ConnectionRefusedError as error:
-            raise RasError("refused", f"{host}:{port}: nothing listening") from error
-        except socket.timeout as error:
-            raise RasError("timeout", f"{host}:{port}: no connection in {timeout:g} s") from error
-        except OSError as error:
-            raise RasError("refused", f"{host}:{port}: {error}") from error
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def _receive(self) -> bytes:
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise RasError("timeout", "no complete answer before the deadline")
-        self.sock.settimeout(left)
-        try:
-            return self.sock.recv(65536)
-        except socket.timeout as error:
-            raise RasError("timeout", "no complete answer before the deadline") from error
-        except OSError as error:
-            raise RasError("cut_short", str(error)) from error
-
-    def send(self, line: str) -> None:
-        try:
-            self.sock.sendall(line.encode() + b"\n")
-        except OSError as error:
-            raise RasError("cut_short", f"sending {line!r}: {error}") from error
-
-    def line(self) -> str:
-        while b"\n" not in self.buffer:
-            if len(self.buffer) > MAX_LINE:
-                raise RasError("protocol", "a reply line without an end")
-            chunk = self._receive()
-            if not chunk:
-                raise RasError("cut_short", "the socket closed before a reply")
-            self.buffer += chunk
-        line, _, self.buffer = self.buffer.partition(b"\n")
-        return line.decode(errors="replace").strip()
-
-    def rest(self) -> str:
-        """Everything until the server closes the socket, at most max_bytes."""
-        parts, size = [self.buffer], len(self.buffer)
-        while True:
-            chunk = self._receive()
-            if not chunk:
-                break
-            size += len(chunk)
-            if size > self.max_bytes:
-                raise RasError("too_large", f"an answer of more than {self.max_bytes} bytes")
-            parts.append(chunk)
-        return b"".join(parts).decode(errors="replace")
-
-
-# A STATUS makes one collection at every tag from 2.24 to 2.30: the RAS network's is compiled out (`#if 0` in
-# rasClientRun's RAS_CLIENT_INIT case, src/ras/client_support.cc: v2.24.3-1:426-436, v2.28.7-1:488-497,
-# v2.30.7-1:523-532), so only the communicators' is run. RAS waits the client's TIMEOUT for each leg, then
-# aborts the collection RAS_COLLECTIVE_EXTRA_TIMEOUT later: 5 s x NCCL_RAS_TIMEOUT_FACTOR (rasCollsHandleTimeouts,
-# src/ras/collectives.cc:423-478, and ras_internal.h:13-14,218-221 at v2.28.7-1; the factor is 1 unless the job sets
-# it, ras.cc:77). Legs that timed out are counted (`timeouts_count`; text: "Encountered %d communication timeouts").
-# TIMEOUT 0 disables the timeout.
-RAS_EXTRA_SECONDS = 5
-MARGIN_SECONDS = 2  # the connection, the handshake, RAS writing its answer and sending it
-
-
-def ras_timeout(timeout: float, factor: float = 1) -> int:
-    """The TIMEOUT to send so that RAS's one collection ends within `timeout` (MARGIN_SECONDS to spare) where the
-    job's NCCL_RAS_TIMEOUT_FACTOR is `factor`: at least 1."""
-    return max(1, int(timeout - MARGIN_SECONDS - RAS_EXTRA_SECONDS * factor))
-
-
-def ask(host: str, port: int, timeout: float, max_bytes: int, want: str = "json", factor: float = 1) -> tuple[str, str]:
-    """(format, answer) of one STATUS query: JSON where this NCCL has it (or text when `want` says so), else text.
-    A JSON answer over `max_bytes` (every rank of a job of many thousands, in memory to parse) is asked again in the
-    text form, which lists only the ranks that stand out. RasError when there is none."""
-    try:
-        return ask_once(host, port, timeout, max_bytes, want, factor)
-    except RasError as error:
-        if error.kind != "too_large" or want != "json":
-            raise
-    return ask_once(host, port, timeout, max_bytes, "text", factor)
-
-
-def ask_once(host: str, port: int, timeout: float, max_bytes: int, want: str, factor: float = 1) -> tuple[str, str]:
-    exchange = Exchange(host, port, timeout, max_bytes)
-    try:
-        exchange.send("CLIENT PROTOCOL 2")
-        reply = exchange.line()
-        found = re.fullmatch(r"(?i)SERVER PROTOCOL (\d+)", reply)
-        if not found:
-            raise RasError("protocol", f"not a RAS server: {reply[:80]!r}")
-        if int(found.group(1)) not in PROTOCOLS:
-            raise RasError("protocol", f"RAS protocol {found.group(1)}, not one this reads ({PROTOCOLS})")
-        # RAS waits this long for each leg of its collection from the job's processes: within our own deadline.
-        exchange.send(f"TIMEOUT {ras_timeout(timeout, factor)}")
-        if exchange.line().upper() != "OK":
-            raise RasError("protocol", "TIMEOUT refused")
-        form = "text"
-        if want == "json":
-            exchange.send("SET FORMAT json")
-            form = "json" if exchange.line().upper() == "OK" else "text"  # before 2.28.7: "ERROR: Unknown command"
-        # The text form lists a group's ranks only while the group is small (src/ras/client_support.cc,
-        # rasCountIsOutlier: 10 ranks and a quarter of the communicator); VERBOSE STATUS (every release from 2.24)
-        # lists every group under half of it. JSON lists every rank whatever is asked.
-        exchange.send("STATUS" if form == "json" else "VERBOSE STATUS")
-        return form, exchange.rest()
-    finally:
-        exchange.close()
-
-
 def parse(form: str, text: str, max_ranks: int, max_communicators: int = MAX_COMMUNICATORS) -> JobStatus:
-    if form == "json":
+    """The answer read as what it is: NCCL's text begins with its version line, JSON with its brace (a stand-in
+    such as accelmon-drill answers JSON whatever is asked)."""
+    if form == "json" or text.lstrip().startswith("{"):
         return parse_json(text, max_ranks, max_communicators)
     return parse_text(text, max_ranks, max_communicators)
+
+
+def lower(first: str, second: str) -> str:
+    """The lower of two addresses as RAS writes a rank's host (IPv4 before IPv6, then by number); what is not an
+    address is never the lower."""
+    keys = []
+    for host in (first, second):
+        try:
+            address = ipaddress.ip_address(host)
+            keys.append((address.version, int(address), host))
+        except ValueError:
+            pass
+    return min(keys)[2] if keys else ""
 
 
 def _int(value: Any, default: int = -1) -> int:
@@ -292,6 +196,7 @@ def parse_json(text: str, max_ranks: int, max_communicators: int = MAX_COMMUNICA
     return JobStatus(
         "json", communicators, [], drill=isinstance(data.get("accelmon_drill"), dict), repaired=repaired,
         timeouts=max(0, _int(ras.get("timeouts_count"), 0)), dropped=kept.seen - len(communicators),
+        ranks=kept.ranks, lowest=kept.lowest,
     )  # fmt: skip
 
 
@@ -329,6 +234,10 @@ def parse_communicator(raw: Any, max_ranks: int) -> Optional[Communicator]:
             Rank(_int(entry.get("rank")), str(entry.get("host", ""))[:64], _int(entry.get("pid")),
                  _int(entry.get("nvml_dev")), dead=status.get("considered_dead") is True)
         )  # fmt: skip
+    for rank, _ in counted:
+        comm.lowest = lower(comm.lowest, rank.host)
+    for rank in comm.missing:
+        comm.lowest = lower(comm.lowest, rank.host)
     # A rank's place is judged kind by kind, as NCCL's own text does: AllReduce against AllReduce (a sum over kinds
     # set one kind's lead against another's shortfall).
     tops: dict[str, int] = {}
@@ -430,11 +339,13 @@ def parse_text(text: str, max_ranks: int, max_communicators: int = MAX_COMMUNICA
     if "Communicators" not in text and "Job summary" not in text:
         raise RasError("malformed", "not a RAS status answer")
     sizes: dict[int, int] = {}
+    ranks_total = 0  # the summary's 'ranks in group' summed
     garbled = PHANTOM_WALK[0] <= (release(text) or (0, 0, 0)) < PHANTOM_WALK[1]
     for line in text.splitlines():
         row = SUMMARY.match(line)
         if row:
             sizes[int(row.group(1))] = int(row.group(4))
+            ranks_total += int(row.group(5))
     communicators: dict[str, Communicator] = {}
     counts: dict[str, dict[str, dict[int, tuple[Rank, int]]]] = {}  # comm -> kind -> rank -> (rank, its count)
     tops: dict[str, dict[str, int]] = {}  # comm -> kind -> the highest count any group of ranks reached
@@ -537,4 +448,4 @@ def parse_text(text: str, max_ranks: int, max_communicators: int = MAX_COMMUNICA
         if comm.missing and comm.status == "ok":
             comm.status = "incomplete"
     return JobStatus("text", list(communicators.values()), dead, timeouts=timeouts, dropped=len(dropped),
-                     phantoms=phantoms)  # fmt: skip
+                     phantoms=phantoms, ranks=ranks_total)  # fmt: skip

@@ -12,14 +12,23 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from tests.support.ras_corpus import TextComm, text_answer
+
 
 class FakeRas:
     def __init__(
         self, answer: str = "", json_format: bool = True, behaviour: str = "normal", protocol: int = 2, port: int = 0,
-        text: str = "",
+        text: str = "", json_seconds: float = 0.0,
     ) -> None:  # fmt: skip
         self.answer = answer
-        self.text = text  # the text form's answer where it differs from `answer`: for a client that set no format
+        # The text form's answer for a client that set no format: given, or the summary of the JSON answer's
+        # communicators (what NCCL's STATUS says of a healthy job), or `answer` itself where it is no JSON.
+        self.text = text or summary_text(answer)
+        # NCCL makes its JSON answer whole before it sends a byte, on its one RAS thread: this long, during which
+        # nothing else is answered (this stand-in serves one connection at a time, as that thread does).
+        self.json_seconds = json_seconds
+        self.answered = threading.Event()  # set when a delayed JSON answer has been sent
+        self.connections = 0
         self.json_format = json_format
         self.behaviour = behaviour
         self.protocol = protocol
@@ -37,6 +46,7 @@ class FakeRas:
                 connection, _ = self.server.accept()
             except OSError:
                 continue
+            self.connections += 1
             with connection:
                 try:
                     self._talk(connection)
@@ -68,7 +78,14 @@ class FakeRas:
                     for _ in range(100):  # 100 MiB, unless the client stops reading first
                         connection.sendall(block)
                     return
-                connection.sendall((self.text if self.text and not as_json else self.answer).encode())
+                delayed = as_json and self.json_seconds > 0
+                if delayed:
+                    self._stop.wait(self.json_seconds)
+                try:
+                    connection.sendall((self.answer if as_json else self.text).encode())
+                finally:
+                    if delayed:
+                        self.answered.set()
                 return
             else:
                 connection.sendall(f"ERROR: Unknown command {command}\n".encode())
@@ -172,3 +189,13 @@ Warnings
 TIMEOUT
   Encountered 2 communication timeouts while gathering communicator data
 """
+
+
+def summary_text(answer: str) -> str:
+    """The text STATUS of a job whose JSON answer is `answer`: its communicators' summary rows (sizes), as NCCL
+    prints a job's summary table (tests/support/ras_corpus.text_answer); `answer` itself where it is not JSON."""
+    try:
+        comms = json.loads(answer)["communicators"]
+        return text_answer([TextComm(int(c["hash"], 16), int(c["size"])) for c in comms], tag="v2.29.2-1")
+    except (ValueError, KeyError, TypeError):
+        return answer

@@ -10,14 +10,18 @@ Example exposition lines::
 
 Which sockets: each job record of this node (the jobs collector's `state_dir`) that carries `nccl_ras_port` (the
 role's prolog chooses a port no other job of the node holds and records it, its TaskProlog gives the job
-NCCL_RAS_ADDR=localhost:PORT; a job that set its own has its port in `nccl-ras/JOB.own` beside `state_dir`), asked
-only where the record says this node asks for the job (`nccl_ras_query=1`: the job's first node, so that one node a
-job asks, not every one: RAS gathers from every process of the job for each query); and the `addresses` always
-asked. Each query is bounded by `timeout_seconds` and the answer by MAX_ANSWER_BYTES; every query's result is counted
-(`accelmon_nccl_queries_total{result}`): refused (nothing listening: a job without NCCL, or not yet initialised) is
-no error, the others are. A job's port is asked, and its answer believed, only while every socket listening on it is
-the job's user's (procfs's net/tcp uid against the record's `uid`; accelmon.tcp_sockets): another user's is
-`foreign_socket`. Series are summaries plus outliers: per communicator (at most `max_communicators` an answer, the
+NCCL_RAS_ADDR=localhost:PORT; a job that set its own has its port in `nccl-ras/JOB.own` beside `state_dir`), and the
+`addresses` always asked. A job's port is asked only while a socket of the job's user listens on it here (its NCCL
+runs on this node), by the node that keeps asking for the step: the lowest address among the hosts RAS names for
+its ranks, else the job's first node (`nccl_ras_query=1`); every node asks once when the step starts listening on
+it, and again every RECHECK_ROUNDS intervals (RAS gathers from every process of the job at each query: one asker
+per step). Each query is in the form sized to the job (JSON, the verbose or the short text: NCCL makes the whole
+answer on its one RAS thread before sending it), bounded by `timeout_seconds` and MAX_ANSWER_BYTES; a query past its
+deadline is awaited before the job is asked again. Every query's result is counted
+(`accelmon_nccl_queries_total{result}`); `refused` (a socket seen listening that refuses) is an error. A job's port
+is asked, and its answer believed, only while every socket listening on it is the job's user's (procfs's net/tcp
+uid against the record's `uid`; accelmon.tcp_sockets): another user's is `foreign_socket`.
+Series are summaries plus outliers: per communicator (at most `max_communicators` an answer, the
 most troubled; the rest counted) its size and ranks answering and missing, its status and highest collective
 count; per rank only the missing or dead ones and those behind, at most `max_ranks` of each per communicator. A
 rank on this node (its host one of this node's addresses) carries its GPU's UUID. The job's user and account come
@@ -26,18 +30,21 @@ from joining `accelmon_gpu_job_info` on `job_id`: no label here.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import logging
 import os
 import pwd
+import time
 from collections import Counter
+from dataclasses import dataclass
 from typing import Optional, Protocol
 
 from accelmon import nccl_ras
 from accelmon.job_sources import has_job_records
 from accelmon.job_sources.slurm import STATE_DIR, read_record, record_names
 from accelmon.metrics import Catalogue, Samples
-from accelmon.nccl_ras import JobStatus, Rank, RasError
+from accelmon.nccl_ras import JobStatus, Pending, Rank, RasError
 from accelmon.nvidia import NVML_DEVICES, NvmlSession
 from accelmon.registry import Option, Paths, Registration, register, seconds
 from accelmon.runtime import Collector
@@ -50,7 +57,23 @@ log = logging.getLogger("accelmon.nccl")
 # (only the ranks that stand out) is asked instead (accelmon.nccl_ras.ask).
 MAX_ANSWER_BYTES = 16 * 1024 * 1024
 RESULTS = ("ok", "refused", "timeout", "cut_short", "malformed", "protocol", "too_large", "foreign_socket",
-           "owner_unknown")  # fmt: skip
+           "owner_unknown", "pending")  # fmt: skip
+# The form each job is asked in (accelmon.nccl_ras_client.FORMS), from its latest answer: NCCL makes an answer whole
+# before sending it, in a buffer grown 4 KiB at a time (quadratic: 9 MB took 4.6 s, 18.5 MB 19.1 s with its format
+# strings), on the job's one RAS thread. JSON while it is expected under JSON_FAST_BYTES (about a second), the verbose
+# text up to VERBOSE_RANKS rank places, else the short text (a few KiB at any size). A job not answered yet is asked
+# the short form first, which sizes it, and then, in the same interval, JSON if it is small.
+JSON_FAST_BYTES = 4 << 20
+RANK_JSON_BYTES = 535  # a rank in one communicator, in JSON (tests/support/ras_corpus.py renders NCCL's strings)
+VERBOSE_RANKS = 8192
+PENDING_SECONDS = 600  # a query NCCL has not answered in this long is given up (the connection closed)
+# Which node asks a step (docs/jobs.md, "Which socket, which node asks"): only where a socket of the job's user listens
+# on the step's port (its NCCL runs here); the node of the lowest address among the hosts RAS names for its ranks
+# (every node reads the same global view), else the job's first node; every node asks once when the step starts
+# listening on it (the first node at once, the others spread over SPREAD_ROUNDS intervals), and again every
+# RECHECK_ROUNDS intervals, so that a step no asker reads is found.
+SPREAD_ROUNDS = 10
+RECHECK_ROUNDS = 60
 RANK_LABELS = ["job_id", "communicator", "rank", "host", "pid", "nvml_dev", "uuid"]
 
 C = Catalogue(
@@ -107,8 +130,10 @@ DEAD_PROCESS = C.gauge(
 )
 QUERIES = C.counter(
     "accelmon_nccl_queries_total",
-    "RAS queries by result: ok; refused (nothing listening: no NCCL in the job, or not yet); timeout, cut_short, "
-    "malformed, protocol (not a RAS server, or a protocol version this does not read), too_large: errors; "
+    "RAS queries by result: ok; refused (a socket of the job was seen listening and refused the connection), "
+    "timeout (no answer within timeout_seconds), cut_short, malformed, protocol (not a RAS server, or a protocol "
+    "version this does not read), too_large (an answer over the cap, late ones included): errors; pending (an "
+    "interval the job was not asked: NCCL is still making the answer to the query that timed out); "
     "foreign_socket (a socket of another user than the job's listens on the job's port: its answer is not "
     "believed), owner_unknown (the job's user, or who listens on its port, cannot be told: not believed).",
     ["result"],
@@ -172,7 +197,31 @@ MAX_COMMUNICATORS = Option(
 
 
 class Ask(Protocol):
-    def __call__(self, host: str, port: int, timeout: float, max_bytes: int, *, factor: int) -> tuple[str, str]: ...
+    def __call__(
+        self, host: str, port: int, timeout: float, max_bytes: int, *, want: str, factor: int, keep: bool
+    ) -> tuple[str, str]: ...
+
+
+@dataclass
+class Seen:
+    """What this node knows of one RAS socket (job, host, port) from its answers."""
+
+    since: int  # the round its socket was first seen listening
+    ranks: Optional[int] = None  # rank places of its latest answer's communicators
+    json_bytes: Optional[int] = None  # its latest JSON answer's size, or a late one's
+    lowest: Optional[str] = None  # the lowest host RAS named ("" none: a text answer); None: never answered here
+    asked: int = -1  # the round of its latest query
+    pending: Optional[Pending] = None  # a query past its deadline NCCL has not answered yet
+
+
+def form_for(seen: Seen) -> str:
+    """The form to ask a job in (accelmon.nccl_ras_client.FORMS), from its latest answer."""
+    if seen.ranks is None and seen.json_bytes is None:
+        return "short"  # not sized yet: the form that is small at any size
+    expected = seen.json_bytes if seen.json_bytes is not None else (seen.ranks or 0) * RANK_JSON_BYTES
+    if expected <= JSON_FAST_BYTES:
+        return "json"
+    return "verbose" if seen.ranks is not None and seen.ranks <= VERBOSE_RANKS else "short"
 
 
 def ports_of(record: dict[str, str]) -> list[int]:
@@ -241,9 +290,13 @@ class NcclCollector(Collector):
     def __init__(
         self, state_dir: str, addresses: str, timeout: float, max_ranks: int, procfs: str,
         nvml: Optional[NvmlSession] = None, asker: Ask = nccl_ras.ask,
-        max_communicators: int = nccl_ras.MAX_COMMUNICATORS, factor: int = 1,
+        max_communicators: int = nccl_ras.MAX_COMMUNICATORS, factor: int = 1, max_bytes: int = MAX_ANSWER_BYTES,
     ) -> None:  # fmt: skip
         self.state_dir = state_dir
+        self.max_bytes = max_bytes
+        self.seen: dict[tuple[str, str, int], Seen] = {}
+        self.first: set[str] = set()  # jobs whose first node this is (the prolog's nccl_ras_query=1)
+        self.rounds = 0
         self.factor = factor
         self.max_communicators = max_communicators
         self.owners: dict[str, Optional[int]] = {}  # job -> its user's uid, from targets()
@@ -254,27 +307,42 @@ class NcclCollector(Collector):
         self.nvml = nvml
         self.asker = asker
         self.results: Counter[str] = Counter({result: 0 for result in RESULTS})
-        self._told: set[tuple[str, str]] = set()
+        self._told: dict[str, set[str]] = {}
 
     def targets(self) -> list[tuple[str, str, int]]:
-        """(job id, host, port) of every RAS socket this node asks: the jobs' own, then the configured addresses
-        (counted for the node's job where it has exactly one, unless that job is asked from another node)."""
+        """(job id, host, port) of every RAS socket of this node: every job's own ports (whichever node this is of
+        the job: `due` says whether it is asked now), then the configured addresses (counted for the node's job
+        where it has exactly one)."""
         records = []
         for name in record_names(self.state_dir):
             try:
                 records.append(read_record(os.path.join(self.state_dir, name))[0])
             except OSError:
                 continue  # the job ended between the listing and the read
-        asked_here = [r for r in records if r.get("job_id") and r.get("nccl_ras_query", "1") != "0"]
-        self.owners = {r["job_id"]: job_uid(r) for r in records if r.get("job_id")}
+        records = [r for r in records if r.get("job_id")]
+        self.owners = {r["job_id"]: job_uid(r) for r in records}
+        self.first = {r["job_id"] for r in records if r.get("nccl_ras_query", "1") != "0"}
         held = {str(port) for r in records for port in ports_of(r)}
-        jobs = [(r["job_id"], "localhost", port) for r in asked_here for port in self.ports_asked(r, held)]
-        owners = {r.get("job_id", "") for r in records} - {""}
-        if len(owners) == 1 and not asked_here:
-            return jobs  # the node's only job is asked by its first node
-        owner = next(iter(owners)) if len(owners) == 1 else ""
+        jobs = [(r["job_id"], "localhost", port) for r in records for port in self.ports_asked(r, held)]
+        owner = records[0]["job_id"] if len(records) == 1 else ""
         taken = {(host, port) for _, host, port in jobs}
         return jobs + [(owner, host, port) for host, port in self.addresses if (host, port) not in taken]
+
+    def due(self, key: tuple[str, str, int], local: set[str]) -> bool:
+        """Whether this node asks the socket this round (RECHECK_ROUNDS, SPREAD_ROUNDS): a socket nothing listens on
+        here is not asked (this step's NCCL does not run here, or not yet)."""
+        job, host, port = key
+        holders = listening_uids(self.procfs, port) if is_local(host) else None
+        if holders is not None and not holders:
+            return False
+        seen = self.seen.setdefault(key, Seen(self.rounds))
+        if seen.pending is not None or not job:
+            return True
+        if seen.lowest is None:  # never answered here: the first node at once, the others spread
+            phase = int(hashlib.sha256(repr((key, sorted(local))).encode()).hexdigest()[:8], 16) % SPREAD_ROUNDS
+            return job in self.first or self.rounds >= seen.since + phase
+        asker = seen.lowest in local if seen.lowest else job in self.first
+        return asker or self.rounds - seen.asked >= RECHECK_ROUNDS
 
     def ports_asked(self, record: dict[str, str], held: set[str]) -> list[int]:
         """The ports the job's NCCL listens on: the block the prolog gave it (one a step, for steps that run at
@@ -318,26 +386,79 @@ class NcclCollector(Collector):
 
     def sample(self) -> Samples:
         out = Samples()
+        self.rounds += 1
         targets = self.targets()
+        self._told = {job: kinds for job, kinds in self._told.items() if any(t[0] == job for t in targets)}
+        for gone in set(self.seen) - set(targets):  # ended jobs: their late answers are not awaited
+            pending = self.seen.pop(gone).pending
+            if pending is not None:
+                pending.close()
         local, uuids = (local_addresses(self.procfs), self.uuids()) if targets else (set(), {})
-        for job, host, port in targets:
+        asked = 0
+        for key in targets:
+            if not self.due(key, local):
+                continue
+            job, host, port = key
             try:
-                self.believed(job, host, port, before=True)
-                form, text = self.asker(host, port, self.timeout, MAX_ANSWER_BYTES, factor=self.factor)
-                self.believed(job, host, port, before=False)
-                status = nccl_ras.parse(form, text, self.max_ranks, self.max_communicators)
+                if not self.settled(self.seen[key]):
+                    continue
+                asked += 1
+                status = self.query(key)
             except RasError as error:
                 self.results[error.kind] += 1
-                if error.kind != "refused" and (job, error.kind) not in self._told:
-                    self._told.add((job, error.kind))  # once per job and kind: a stuck socket is not a log flood
+                if error.kind not in self._told.get(job, ()):
+                    self._told.setdefault(job, set()).add(error.kind)  # once per job and kind: no log flood
                     log.warning("NCCL RAS of job %s at %s:%d: %s", job or "?", host, port, error)
                 continue
             self.results["ok"] += 1
             self.serve(out, job, status, local, uuids)
-        out.add(JOBS_ASKED, (), len(targets))
+        out.add(JOBS_ASKED, (), asked)
         for result, count in self.results.items():
             out.add(QUERIES, (result,), count)
         return out
+
+    def settled(self, seen: Seen) -> bool:
+        """False while the job's query that timed out is still being answered (counted `pending`): a second query
+        would wait behind it on the RAS thread. A late answer sizes the next query (and counts too_large over the
+        cap)."""
+        if seen.pending is None:
+            return True
+        size = seen.pending.settle()
+        if size is None:
+            if time.monotonic() - seen.pending.started < PENDING_SECONDS:
+                self.results["pending"] += 1
+                return False
+            seen.pending.close()
+        elif seen.pending.form == "json":
+            seen.json_bytes = max(size, JSON_FAST_BYTES + 1)  # too slow to make: a text form next
+        if size is not None and size > self.max_bytes:
+            self.results["too_large"] += 1
+        seen.pending = None
+        return True
+
+    def query(self, key: tuple[str, str, int]) -> JobStatus:
+        """The socket's answer in the form sized to the job; a job not sized yet is asked the short form first and,
+        where that shows it small, JSON at once."""
+        job, host, port = key
+        seen = self.seen[key]
+        want = form_for(seen)
+        while True:
+            self.believed(job, host, port, before=True)
+            seen.asked = self.rounds
+            try:
+                form, text = self.asker(host, port, self.timeout, self.max_bytes, want=want, factor=self.factor,
+                                        keep=True)  # fmt: skip
+            except RasError as error:
+                seen.pending = error.pending
+                raise
+            self.believed(job, host, port, before=False)
+            status = nccl_ras.parse(form, text, self.max_ranks, self.max_communicators)
+            seen.ranks, seen.json_bytes = status.ranks, len(text) if status.format == "json" else None
+            seen.lowest = status.lowest if status.format == "json" else ""
+            sized = form_for(seen)
+            if want != "short" or sized == "short":
+                return status
+            want = sized
 
     def serve(self, out: Samples, job: str, status: JobStatus, local: set[str], uuids: dict[int, str]) -> None:
         if status.drill:
@@ -376,6 +497,9 @@ class NcclCollector(Collector):
             out.add(DEAD_PROCESS, [job, process.host, str(process.pid), str(process.nvml_dev), uuid], 1)
 
     def stop(self) -> None:
+        for seen in self.seen.values():
+            if seen.pending is not None:
+                seen.pending.close()
         if self.nvml is not None:
             self.nvml.close()
 
