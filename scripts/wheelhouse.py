@@ -2,14 +2,15 @@
 """Makes the wheelhouse of an air-gapped fleet: every wheel the exporter's dependencies and its optional extras
 (auth: bcrypt; cloudwatch: boto3; amd: amdsmi) need, for every Python version and architecture the workers run.
 
-    .venv/bin/python scripts/wheelhouse.py wheels                        # 3.9-3.12 x x86_64, aarch64
+    .venv/bin/python scripts/wheelhouse.py wheels                        # 3.9-3.13 x x86_64, aarch64
     .venv/bin/python scripts/wheelhouse.py wheels --python 3.11 --platform aarch64
     .venv/bin/python scripts/wheelhouse.py wheels --dry-run              # the pip commands, nothing downloaded
 
-One `pip download --only-binary=:all:` per (Python version, architecture), resolved for that target, into one
+One `pip download --require-hashes --only-binary=:all: --no-deps` of the role's lock files (the exact versions and
+hashes the workers install: scripts/lock_requirements.py writes them) per (Python version, architecture), into one
 directory: set accelmon_exporter_wheelhouse_dir to it, and each worker installs from it with --no-index (pip there
-picks the wheels of its own Python and architecture). The requirements are pyproject.toml's own (dependencies and
-the extras above), so the wheelhouse follows them. docs/deploying.md, "Air-gapped clusters".
+picks the wheels of its own Python and architecture, and checks each against the lock's hashes). pip checks every
+file it downloads here against them too. docs/deploying.md, "Air-gapped clusters".
 """
 
 from __future__ import annotations
@@ -26,10 +27,13 @@ except ImportError:  # Python < 3.11: pip's own copy
     from pip._vendor import tomli as tomllib  # type: ignore[no-redef]
 
 ROOT = Path(__file__).resolve().parent.parent
-PYTHONS = ("3.9", "3.10", "3.11", "3.12")
+PYTHONS = ("3.9", "3.10", "3.11", "3.12", "3.13")
 ARCHITECTURES = ("x86_64", "aarch64")
 # The extras the worker role installs where they are used (vars/main.yml's __accelmon_exporter_extras).
 EXTRAS = ("auth", "cloudwatch", "amd")
+# The role's lock files (scripts/lock_requirements.py): the dependencies', then one per extra.
+LOCK_DIR = ROOT / "ansible" / "roles" / "accelmon_exporter" / "files"
+LOCK_FILES = {"": "requirements.lock", **{extra: f"requirements-{extra}.lock" for extra in EXTRAS}}
 # The manylinux tags a worker's pip accepts, down to the oldest glibc of the supported systems (RHEL 8: 2.28);
 # pure-Python wheels (py3-none-any) match every target.
 MANYLINUX = ("manylinux_2_28", "manylinux_2_17", "manylinux2014")
@@ -50,12 +54,12 @@ def python_version(value: str) -> str:
     return value
 
 
-def download_command(dest: Path, python: str, architecture: str, wanted: list[str]) -> list[str]:
+def download_command(dest: Path, python: str, architecture: str, locks: list[Path]) -> list[str]:
     platforms = [arg for tag in MANYLINUX for arg in ("--platform", f"{tag}_{architecture}")]
     return [
         sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
-        "--only-binary=:all:", "--implementation", "cp", "--python-version", python,
-        *platforms, "--dest", str(dest), *wanted,
+        "--require-hashes", "--only-binary=:all:", "--no-deps", "--implementation", "cp", "--python-version", python,
+        *platforms, "--dest", str(dest), *(arg for lock in locks for arg in ("-r", str(lock))),
     ]  # fmt: skip
 
 
@@ -81,10 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="print the pip commands, download nothing")
     args = parser.parse_args(argv)  # fmt: skip
 
-    wanted = requirements(extras=() if args.no_extras else EXTRAS)
+    locks = [LOCK_DIR / LOCK_FILES[group] for group in ("", *(() if args.no_extras else EXTRAS))]
     targets = [(python, architecture) for python in dict.fromkeys(args.python) for architecture in args.platform]
     for python, architecture in targets:
-        command = download_command(args.dest, python, architecture, wanted)
+        command = download_command(args.dest, python, architecture, locks)
         print(f"wheelhouse: Python {python} {architecture}: {' '.join(command[1:])}", flush=True)
         if not args.dry_run:
             args.dest.mkdir(parents=True, exist_ok=True)

@@ -126,6 +126,23 @@ WORKER_CASES = [
     ("accelmon_node_exporter_listen_address=9100", "must be HOST:PORT or :PORT"),
     ('{"accelmon_node_exporter_extra_args": ["--web.listen-address=:9101"]}', "without --web.listen-address"),
     ('{"accelmon_node_exporter_disabled_collectors": ["InfiniBand; rm"]}', "names collectors"),
+    # Issue 66, point 5: node_exporter pinned, by the distribution's version or a release checked by its sha256.
+    ('{"accelmon_node_exporter_package_versions": {"Debian-11": "1.1.2+ds-2.1"}}', "no version pinned for Debian-12"),
+    (
+        '{"accelmon_node_exporter_package_versions": {"Debian-12": "9.9.9-1"}}',
+        "9.9.9-1 (accelmon_node_exporter_package",
+    ),
+    (
+        "accelmon_node_exporter_tarball_url=https://mirror.example/node_exporter-1.9.1.linux-amd64.tar.gz",
+        "accelmon_node_exporter_tarball_sha256 (its 64 hex digits",
+    ),
+    (
+        (
+            "accelmon_node_exporter_tarball_url=https://mirror.example/node_exporter.zip",
+            f"accelmon_node_exporter_tarball_sha256={'a' * 64}",
+        ),
+        "an https:// or file:// release .tar.gz",
+    ),
 ]
 MASTER_CASES = [
     ('{"accelmon_master_remote_write": [{"url": "vm:8428/api/v1/write"}]}', "url must be http:// or https://"),

@@ -1,5 +1,5 @@
 """scripts/wheelhouse.py: the air-gapped fleet's wheelhouse asks pip for every (Python, architecture) the workers run,
-with the exporter's dependencies and extras as pyproject.toml declares them (docs/deploying.md, "Air-gapped")."""
+with the exporter's dependencies and extras as the role's lock files pin them (docs/deploying.md, "Air-gapped")."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 from tests.support.paths import ROOT
 
 SCRIPT = ROOT / "scripts" / "wheelhouse.py"
+LOCKS = ROOT / "ansible" / "roles" / "accelmon_exporter" / "files"
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -34,7 +35,9 @@ def test_by_default_every_python_and_architecture_of_the_fleet(tmp_path):
     assert result.returncode == 0, result.stderr
     pairs = targets(result.stdout)
     assert [(version, platforms[0].split("_", 3)[-1]) for version, platforms in pairs] == [
-        (version, architecture) for version in ("3.9", "3.10", "3.11", "3.12") for architecture in ("x86_64", "aarch64")
+        (version, architecture)
+        for version in ("3.9", "3.10", "3.11", "3.12", "3.13")
+        for architecture in ("x86_64", "aarch64")
     ]
     for _, platforms in pairs:
         architecture = platforms[0].removeprefix("manylinux_2_28_")
@@ -43,9 +46,11 @@ def test_by_default_every_python_and_architecture_of_the_fleet(tmp_path):
     for line in result.stdout.splitlines():
         words = line.split()
         assert "--only-binary=:all:" in words and words[words.index("--dest") + 1] == str(tmp_path / "wheels")
-        # The three dependencies and the extras the role installs (auth, cloudwatch, amd), from pyproject.toml.
-        assert words[-6:] == ["prometheus_client>=0.17", "nvidia-ml-py>=12.535", "PyYAML>=5.4", "bcrypt>=4.1",
-                              "boto3>=1.28", "amdsmi==7.0.2"]  # fmt: skip
+        # Exactly the role's lock files (the dependencies, then the extras it installs: auth, cloudwatch, amd),
+        # every file checked against their hashes, nothing resolved beyond them.
+        assert "--require-hashes" in words and "--no-deps" in words
+        assert words[-8:] == [arg for name in ("", "-auth", "-cloudwatch", "-amd")
+                              for arg in ("-r", str(LOCKS / f"requirements{name}.lock"))]  # fmt: skip
     assert not (tmp_path / "wheels").exists(), "a dry run downloads nothing"
 
 
@@ -56,7 +61,7 @@ def test_a_chosen_python_and_architecture_without_extras(tmp_path):
         ("3.12", "manylinux2014_aarch64"),
         ("3.9", "manylinux2014_aarch64"),
     ]
-    assert all(line.endswith("PyYAML>=5.4") for line in result.stdout.splitlines())
+    assert all(line.endswith(f"-r {LOCKS / 'requirements.lock'}") for line in result.stdout.splitlines())
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,170 @@
+"""The worker role's lock files (ansible/roles/accelmon_exporter/files/requirements*.lock, written by
+scripts/lock_requirements.py): every dependency at one exact version with its wheels' sha256, satisfying
+pyproject.toml, installed by the role with hashes required and binary wheels only (issue 66, point 5)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support.paths import ROOT
+
+try:
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+except ImportError:  # the Python 3.9 tier: pip's own copy
+    from pip._vendor.packaging.requirements import Requirement  # type: ignore[no-redef]
+    from pip._vendor.packaging.utils import canonicalize_name  # type: ignore[no-redef]
+
+try:
+    import tomllib
+except ImportError:  # Python < 3.11
+    from pip._vendor import tomli as tomllib  # type: ignore[no-redef]
+
+FILES = ROOT / "ansible" / "roles" / "accelmon_exporter" / "files"
+GROUPS = {"": "requirements.lock", "auth": "requirements-auth.lock", "cloudwatch": "requirements-cloudwatch.lock",
+          "amd": "requirements-amd.lock"}  # fmt: skip
+PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([0-9][A-Za-z0-9.+!-]*)$")
+
+
+def read_lock(path: Path) -> dict[str, tuple[str, list[str]]]:
+    """{name: (version, [sha256, ...])} of a lock file; anything but a pin and its hashes fails the test."""
+    entries: dict[str, tuple[str, list[str]]] = {}
+    logical = [line for line in path.read_text().replace("\\\n", " ").splitlines() if not line.startswith("#")]
+    for line in filter(str.strip, logical):
+        requirement, *options = line.split()
+        match = PIN.match(requirement)
+        assert match, f"{path.name}: {requirement!r} is not pinned to an exact version"
+        hashes = [option.removeprefix("--hash=sha256:") for option in options]
+        assert all(re.fullmatch(r"[0-9a-f]{64}", digest) for digest in hashes), f"{path.name}: {line}"
+        assert hashes, f"{path.name}: {requirement} has no hash"
+        name = canonicalize_name(match.group(1))
+        assert name not in entries, f"{path.name}: {name} twice"
+        entries[name] = (match.group(2), hashes)
+    return entries
+
+
+def test_every_locked_package_is_pinned_with_its_wheels_hashes():
+    locks = {group: read_lock(FILES / name) for group, name in GROUPS.items()}
+    assert all(locks.values())
+    # A package in one group only: the role installs the base lock with each extra's on top.
+    names = [name for lock in locks.values() for name in lock]
+    assert len(names) == len(set(names))
+    # The compiled ones carry a wheel per Python version and architecture (PyYAML: 5 x 2 at least).
+    assert len(locks[""]["pyyaml"][1]) >= 10 and len(locks["auth"]["bcrypt"][1]) >= 2
+
+
+def test_the_lock_satisfies_pyprojects_requirements():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    base = read_lock(FILES / GROUPS[""])
+    for group, name in GROUPS.items():
+        wanted = project["dependencies"] if group == "" else project["optional-dependencies"][group]
+        pins = {**base, **read_lock(FILES / name)}
+        for text in wanted:
+            requirement = Requirement(text)
+            version = pins.get(canonicalize_name(requirement.name), ("",))[0]
+            assert version and requirement.specifier.contains(version, prereleases=True), (group, text, version)
+
+
+def task(tasks: list[dict], name: str) -> dict:
+    return next(entry for entry in tasks if entry.get("name") == name)
+
+
+@pytest.mark.e2e
+def test_the_role_installs_the_locked_dependencies_with_hashes_and_binary_wheels_only(tmp_path):
+    """The install commands as the role renders them: the lock files of the extras in use, --require-hashes and
+    --only-binary :all:; accelmon's own wheel from no index, so its dependencies can only be the locked ones."""
+    from tests.support.ansible import run_local_play
+
+    role = ROOT / "ansible" / "roles" / "accelmon_exporter"
+    out = tmp_path / "commands.json"
+    names = [
+        "__accelmon_exporter_locks",
+        "__accelmon_exporter_pip_install_locked",
+        "__accelmon_exporter_pip_install_wheel",
+    ]
+    content = "{{ {" + ", ".join(f"'{name}': {name}" for name in names) + "} | to_json }}"
+    play = {
+        "vars_files": [str(role / "defaults" / "main.yml"), str(role / "vars" / "main.yml")],
+        "tasks": [{"ansible.builtin.copy": {"dest": str(out), "mode": "0644", "content": content}}],
+    }
+    variables = {
+        "accelmon_exporter_basic_auth_users": {"prometheus": "$2b$12$" + "x" * 53},
+        "accelmon_exporter_cloudwatch": {"enabled": True},
+        "accelmon_exporter_wheelhouse_dir": "/srv/wheels",
+    }
+    result = run_local_play(play, variables, tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:]
+    rendered = json.loads(out.read_text())
+    assert rendered["__accelmon_exporter_locks"] == ["requirements.lock", "requirements-auth.lock",
+                                                     "requirements-cloudwatch.lock"]  # fmt: skip
+    locked = rendered["__accelmon_exporter_pip_install_locked"]
+    assert locked[:4] == ["/opt/accelmon/venv/bin/python", "-m", "pip", "install"]
+    assert "--require-hashes" in locked and locked[locked.index("--only-binary") + 1] == ":all:"
+    assert ["-r", "/opt/accelmon/dist/requirements-cloudwatch.lock"] == locked[-2:]
+    assert locked.count("-r") == 3 and "--no-index" in locked
+    assert "--no-index" in rendered["__accelmon_exporter_pip_install_wheel"]
+    # Every lock file the role may name is in the role, and the tasks run the commands in that order.
+    for extra in ("auth", "cloudwatch", "amd"):
+        assert (role / "files" / f"requirements-{extra}.lock").is_file()
+    tasks = yaml.safe_load((role / "tasks" / "install.yml").read_text())
+    order = [entry.get("name") for entry in tasks]
+    copy = "Copy the lock files of the dependencies"
+    deps = "Install the locked dependencies into the virtualenv"
+    wheel = "Install accelmon into the virtualenv"
+    assert order.index(copy) < order.index(deps) < order.index(wheel)
+    assert task(tasks, deps)["ansible.builtin.command"]["argv"] == "{{ __accelmon_exporter_pip_install_locked }}"
+    assert task(tasks, copy)["loop"] == "{{ __accelmon_exporter_locks }}"
+
+
+@pytest.mark.e2e
+def test_the_locked_wheels_install_offline_and_a_tampered_one_is_refused(tmp_path):
+    """scripts/wheelhouse.py fetches the locked wheels of this Python and architecture (checked against the lock
+    as pip downloads them); a fresh virtualenv installs them with no index, as a worker does, and they import. A
+    wheel whose bytes differ from the lock's is refused. Needs the package index (or pip's cache) once."""
+    python = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    machine = {"x86_64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}.get(__import__("platform").machine())
+    if machine is None:
+        pytest.skip("the lock covers x86_64 and aarch64 only")
+    wheels = tmp_path / "wheels"
+    fetch = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "wheelhouse.py"), str(wheels), "--python", python,
+         "--platform", machine],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    if fetch.returncode != 0 and "Could not" in fetch.stderr and "HTTPSConnection" in fetch.stderr:
+        pytest.skip(f"no package index reachable: {fetch.stderr[-300:]}")
+    assert fetch.returncode == 0, fetch.stdout + fetch.stderr
+    environment = tmp_path / "venv"
+    venv.create(environment, with_pip=True)
+    pip = [str(environment / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "--no-index",
+           "--require-hashes", "--only-binary", ":all:", "--no-deps", "--find-links", str(wheels)]  # fmt: skip
+    locks = [arg for name in GROUPS.values() for arg in ("-r", str(FILES / name))]
+    installed = subprocess.run([*pip, *locks], capture_output=True, text=True, timeout=600)
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    check = subprocess.run(
+        [str(environment / "bin" / "python"), "-c", "import prometheus_client, pynvml, yaml, bcrypt, boto3, amdsmi"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    # amdsmi loads libamd_smi.so at import where ROCm is absent: its import error is that, not a missing package.
+    assert check.returncode == 0 or "amd_smi" in check.stderr, check.stderr
+
+    # One byte more in PyYAML's wheel: pip refuses it, naming the hash that does not match.
+    tampered = tmp_path / "tampered"
+    shutil.copytree(wheels, tampered)
+    yaml_wheel = next(tampered.glob("[Pp]y[Yy][Aa][Mm][Ll]-*.whl"))
+    yaml_wheel.write_bytes(yaml_wheel.read_bytes() + b"\0")
+    fresh = tmp_path / "fresh"
+    venv.create(fresh, with_pip=True)
+    pip[0] = str(fresh / "bin" / "python")
+    pip[pip.index(str(wheels))] = str(tampered)
+    refused = subprocess.run([*pip, "-r", str(FILES / GROUPS[""])], capture_output=True, text=True, timeout=600)
+    assert refused.returncode != 0 and "THESE PACKAGES DO NOT MATCH THE HASHES" in refused.stderr, refused.stderr
