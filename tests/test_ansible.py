@@ -343,6 +343,31 @@ def test_bad_scale_out_variable_fails_in_preflight(preflight, number, case):
     assert "secret" not in output.replace("accelmon_master_grafana_secret_key", "") and '"p"' not in output
 
 
+@pytest.mark.parametrize("tarball", [False, True])
+def test_amazon_linux_stops_in_preflight_unless_given_a_release_tarball(tmp_path, tarball):
+    """Amazon Linux 2023 has no node_exporter package: the preflight asks for a release tarball and its sha256,
+    and takes one given (issue 66, point 5)."""
+    from tests.support.ansible import run_local_play
+
+    facts = {"distribution": "Amazon", "distribution_major_version": "2023", "os_family": "RedHat"}
+    play = {
+        "tasks": [
+            {"name": "Be Amazon Linux", "ansible.builtin.set_fact": {"ansible_facts": facts}},
+            {"ansible.builtin.include_role": {"name": "accelmon_node_exporter", "tasks_from": "preflight.yml"}},
+        ]
+    }
+    release = {
+        "accelmon_node_exporter_tarball_url": "https://mirror.example/node_exporter-1.9.1.linux-amd64.tar.gz",
+        "accelmon_node_exporter_tarball_sha256": "b" * 64,
+    }
+    result = run_local_play(play, release if tarball else {}, tmp_path)
+    if tarball:
+        assert result.returncode == 0, result.stdout[-3000:]
+    else:
+        assert result.returncode != 0
+        assert "Amazon Linux has no node_exporter package: give" in result.stdout, result.stdout[-3000:]
+
+
 def test_more_shards_than_masters_fails_in_preflight(tmp_path):
     """The one check that counts the group's hosts: alone in its run."""
     result = deploy(tmp_path, "accelmon_master_shards=2", group="master")
