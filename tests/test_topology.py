@@ -18,6 +18,8 @@ from tests.support.pci_tree import (
     DOWN,
     GEN5,
     PCIE_EXPECTED,
+    azure_nd_h100_v5,
+    azure_topo_file,
     cpuinfo,
     dgx_a100,
     dgx_h100,
@@ -298,6 +300,43 @@ def test_heavy_xmit_wait_without_errors_is_congested(tmp_path):
     assert path_faults_test(congested, nic_fault("congested"), tmp_path) == ""
     clean = scrapes_as_counters_move(tmp_path / "clean", busy(1_000_000))
     assert path_faults_test(clean, [], tmp_path) == ""
+
+
+# Issue 68, point 4: VMs: Hyper-V's devices under VMBus, and NCCL_TOPO_FILE.
+def test_a_hyper_v_vm_gives_every_gpu_nic_pair_its_link(tmp_path):
+    """Azure ND H100 v5: each GPU and NIC in a PCI domain of its own under a VMBus device; nvidia-smi prints NODE
+    within a NUMA node, SYS across (before: no pair at all, the root complex was looked for under devices/ only)."""
+    sysfs, procfs = azure_nd_h100_v5(tmp_path)
+    links = {(p.gpu, p.device): p.link for p in topology.gpu_nic_pairs(str(sysfs), str(procfs))}
+    assert links == {
+        (str(g), f"mlx5_ib{n}"): "NODE" if (g < 4) == (n < 4) else "SYS" for g in range(8) for n in range(8)
+    }
+    # Without a topology file NCCL sees four PHB NICs per GPU and gives each GPU one by its mirrored index.
+    assert [device for _, device, _, _ in nccl_choice(sysfs, procfs)] == [
+        f"mlx5_ib{n}" for n in (0, 2, 1, 3, 4, 6, 5, 7)
+    ]
+
+
+def test_nccl_topo_file_places_the_vms_devices_as_nccl_reads_it(tmp_path):
+    """Azure's /etc/nccl.conf sets NCCL_TOPO_FILE: GPU i and NIC i under one virtual switch, so NCCL pairs them
+    (PIX, one each of the two under a switch); the exporter's option wins over the file named there; a malformed
+    file is NCCL's failure, not a layout: the sysfs choice stands."""
+    sysfs, procfs = azure_nd_h100_v5(tmp_path)
+    topo = azure_topo_file(tmp_path / "topo.xml")
+    conf = tmp_path / "nccl.conf"
+    conf.write_text(f"NCCL_IB_PCI_RELAXED_ORDERING=1\nNCCL_TOPO_FILE={topo}\n")
+    collector = InfinibandCollector(sysfs=str(sysfs), procfs=str(procfs), nccl_conf=str(conf))
+    assert served(collector, "accelmon_gpu_nic_nearest_info") == [(str(g), f"mlx5_ib{g}", "PIX") for g in range(8)]
+    broken = tmp_path / "broken.xml"
+    broken.write_text("<system><cpu numaid='0'><pci busid=")
+    collector = InfinibandCollector(sysfs=str(sysfs), procfs=str(procfs), nccl_conf=str(conf),
+                                    nccl_topo_file=str(broken))  # fmt: skip
+    assert [row[1] for row in served(collector, "accelmon_gpu_nic_nearest_info")][:4] == [
+        "mlx5_ib0", "mlx5_ib2", "mlx5_ib1", "mlx5_ib3",
+    ]  # fmt: skip
+    switch = 'busid="ffff:ff:01.0" class="0x060400" link_speed="32.0 GT/s PCIe" link_width="16"'
+    topo.write_text(topo.read_text().replace(switch, switch.replace('"16"', '"8"')))
+    assert topology.topo_file_places(str(topo))["0001:00:00.0"].links == (24.0, 48.0)  # x8 of Gen5, then x16
 
 
 # Issue 68, point 7: the HCA's own PCIe link and GPUDirect RDMA's peer-memory module.

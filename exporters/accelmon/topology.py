@@ -37,7 +37,7 @@ fact below cites the file and function at that tag):
 - Point-to-point sends to a GPU of another node leave by the device of that GPU's rail, through the local GPU that
   uses it (search.cc `ncclTopoGetNetDev`, NCCL_P2P_PXN_LEVEL=2): `rail` ports.
 Left out: Broadcom switch flattening, C2C (Grace), direct NVLink without NVSwitches (bridged pairs, which need
-NVML), NCCL_NETDEVS_POLICY other than AUTO and NCCL_TOPO_FILE.
+NVML) and NCCL_NETDEVS_POLICY other than AUTO. NCCL_TOPO_FILE is read as NCCL reads it (`topo_file_places`).
 
 A PCIe switch shows in sysfs as its upstream port with one bridge function a downstream port below it
 (`.../0000:01:00.0/0000:02:08.0/0000:05:00.0`): two endpoints whose paths part below a common upstream port, each one
@@ -46,14 +46,19 @@ downstream port and the endpoint further, share one switch (PIX); deeper, they c
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 from dataclasses import dataclass
 from typing import Callable, Optional
+from xml.etree import ElementTree
 
 from accelmon.gpu_holders import read as _read
 from accelmon.nvidia import driver_gpu_entries
 
+log = logging.getLogger("accelmon.topology")
 LINKS = ("PIX", "PXB", "PHB", "NODE", "SYS")  # nearest first
+ROOT_COMPLEX = re.compile(r"pci[0-9a-f]{4,8}:[0-9a-f]{2}")
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,7 @@ class Place:
     chain: tuple[str, ...]
     numa: int
     path: str = ""  # its directory under <sysfs>/devices
+    links: tuple[float, ...] = ()  # from a topology file: GB/s of each chain element's link up (each an NCCL node)
 
 
 @dataclass(frozen=True)
@@ -81,7 +87,9 @@ def place(sysfs: str, function: str) -> Optional[Place]:
     if not os.path.exists(link):
         return None
     parts = os.path.realpath(link).split(os.sep)
-    roots = [i for i, part in enumerate(parts) if part.startswith("pci") and i and parts[i - 1] == "devices"]
+    # A root complex's directory (pci0000:00) sits under devices/ on bare metal, under a VMBus device's GUID on
+    # Hyper-V (devices/LNXSYSTM:00/.../VMBUS:00/<guid>/pci0001:00: one PCI domain per passed-through device).
+    roots = [i for i, part in enumerate(parts) if ROOT_COMPLEX.fullmatch(part)]
     if not roots:
         return None
     start = roots[-1]
@@ -137,8 +145,6 @@ def gpu_nic_pairs(sysfs: str, procfs: str) -> list[Pair]:
     return pairs
 
 
-# Per-lane PCIe rates in units of 100 Mb/s by max_link_speed's GT/s, anything else 60 (topo.cc `kvDictPciGen`).
-PCI_GEN = {2.5: 15, 5.0: 30, 8.0: 60, 16.0: 120, 32.0: 240, 64.0: 480}
 LOC_BW = 5000.0  # GB/s: NCCL's "no limit", its inter-CPU bandwidth for a CPU it does not know (graph/topo.h)
 
 
@@ -201,6 +207,45 @@ def ib_hca_filter(spec: str) -> Callable[[str, str], bool]:
         return found != exclude
 
     return match
+
+
+NCCL_TOPO_DEFAULT = "/var/run/nvidia-topologyd/virtualTopology.xml"  # read when NCCL_TOPO_FILE is unset (topo.cc)
+TOPO_FILE_LIMIT = 1 << 20  # bytes: a topology file is a few KiB; more is not read
+
+
+def topo_file_places(path: str) -> dict[str, Place]:
+    """The PCI functions an NCCL topology file (NCCL_TOPO_FILE: `<system><cpu numaid=N><pci busid=...
+    link_speed=... link_width=...>` nested as the switches are) places, by lower-case bus id: NCCL takes a device
+    found there with the file's parents and links instead of sysfs's (xml.cc `ncclTopoGetXmlFromSys` climbs sysfs
+    only for a node without a parent; topo.cc `ncclTopoGetSystem`). An unreadable, oversized or malformed file, as
+    NCCL would fail on it, places nothing (and is logged)."""
+    if not path:
+        return {}
+    try:
+        with open(path, "rb") as stream:
+            data = stream.read(TOPO_FILE_LIMIT + 1)
+        if len(data) > TOPO_FILE_LIMIT:
+            raise ValueError(f"over {TOPO_FILE_LIMIT} bytes")
+        system = ElementTree.fromstring(data)  # expat: no external entities; amplification limited (2.4+)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, ElementTree.ParseError) as error:
+        log.warning("NCCL topology file %s not read: %s", path, error)
+        return {}
+    places: dict[str, Place] = {}
+
+    def walk(node: ElementTree.Element, numa: int, chain: tuple[str, ...], links: tuple[float, ...]) -> None:
+        for child in node.findall("pci"):
+            busid = (child.get("busid") or "").lower()
+            if busid.count(":") != 2 or len(places) > 4096:
+                continue
+            bandwidth = link_bandwidth(child.get("link_speed") or "", _int(child.get("link_width") or "0"))
+            places[busid] = Place(f"topo:cpu{numa}", (*chain, busid), numa, "", (*links, bandwidth))
+            walk(child, numa, (*chain, busid), (*links, bandwidth))
+
+    for cpu in system.iter("cpu"):
+        walk(cpu, _int(cpu.get("numaid") or "-1"), (), ())
+    return places
 
 
 def nccl_conf_value(path: str, name: str = "NCCL_IB_HCA") -> str:
@@ -268,15 +313,32 @@ def _pci_bandwidth(directory: str) -> float:
         except (ValueError, IndexError):
             pass
     widths = [max(_int(_read(os.path.join(where, "max_link_width"))), 0) for where in (directory, parent)]
-    width = min(widths) or 16
-    lane = PCI_GEN.get(min(speeds), 60) if speeds else 60
-    return width * lane / 80.0
+    speed = f"{min(speeds):g} GT/s" if speeds else ""  # the kernel's own form up to 5.6, which the table knows
+    return link_bandwidth(speed, min(widths))
+
+
+# topo.cc `kvDictPciGen`, matched as xml.h `kvConvertToInt` matches: the first entry the text starts with, in this
+# order (100 Mb/s per lane); none: 60.
+PCI_GEN_TEXT = (
+    ("2.5 GT/s", 15), ("5 GT/s", 30), ("8 GT/s", 60), ("16 GT/s", 120), ("32 GT/s", 240), ("2.5 GT/s PCIe", 15),
+    ("5.0 GT/s PCIe", 30), ("8.0 GT/s PCIe", 60), ("16.0 GT/s PCIe", 120), ("32.0 GT/s PCIe", 240),
+    ("64.0 GT/s PCIe", 480),
+)  # fmt: skip
+
+
+def link_bandwidth(speed: str, width: int) -> float:
+    """GB/s of a PCI link as NCCL rates its `link_speed` text and `link_width` (0 or unreadable: 16; topo.cc
+    `ncclTopoAddPci`): width x per-lane rate / 80."""
+    lane = next((rate for text, rate in PCI_GEN_TEXT if speed.startswith(text)), 60)
+    return (width if width > 0 else 16) * lane / 80.0
 
 
 def _nccl_nodes(place: Place) -> list[tuple[int, float]]:
     """NCCL's PCI nodes from a function up to its CPU, each as (its index in the chain, the bandwidth of its link
     up): the function, then every second level above it (a switch's upstream port; xml.cc
     `ncclTopoGetXmlFromSys` climbs two directories a step)."""
+    if place.links:  # from a topology file: every <pci> element is a node of NCCL's
+        return [(index, place.links[index]) for index in range(len(place.chain) - 1, -1, -1)]
     nodes = []
     index = len(place.chain) - 1
     directory = place.path
@@ -460,13 +522,16 @@ def nccl_choice(
 
 def nccl_local(
     sysfs: str, procfs: str, ports: list[Port], ib_hca: str = "", nvlink: Optional[list[frozenset[str]]] = None,
-    pxn: bool = True, p2p_pxn_level: int = 2, rails: bool = False,
+    pxn: bool = True, p2p_pxn_level: int = 2, rails: bool = False, topo_file: str = "",
 ) -> list[Local]:  # fmt: skip
     """For each GPU the driver lists, the ports NCCL leaves by (`nccl_choice`); with `rails`, also those only its
     point-to-point sends to another GPU's rail use (`rail` set). `nvlink`: the groups of GPU functions NVLink joins
-    (default: the NVSwitch group, `nvswitch_groups`)."""
+    (default: the NVSwitch group, `nvswitch_groups`). `topo_file`: an NCCL topology file, whose places win."""
     nets = sorted(_nets(sysfs, ports, ib_hca), key=lambda net: min(_natural(p.device) for p in net.ports))
-    gpus = [(gpu, place(sysfs, bus)) for bus, gpu, _ in driver_gpu_entries(procfs)]
+    given = topo_file_places(topo_file)
+    for net in nets:
+        net.place = given.get(os.path.basename(net.place.path), net.place)
+    gpus = [(gpu, given.get(bus.lower()) or place(sysfs, bus)) for bus, gpu, _ in driver_gpu_entries(procfs)]
     known = [(gpu, where) for gpu, where in gpus if where is not None]
     if not nets or not known:
         return []

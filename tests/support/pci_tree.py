@@ -285,3 +285,46 @@ def dgx_h100(root: Path, switches: bool = True) -> tuple[Path, Path]:
     if switches:
         nvswitches(procfs, tuple(f"0000:{bus:02x}:00.0" for bus in (0x05, 0x06, 0x07, 0x08)))
     return sysfs, procfs
+
+
+def azure_nd_h100_v5(root: Path) -> tuple[Path, Path]:
+    """An Azure ND H100 v5 VM (Hyper-V): 8 GPUs and 8 400G InfiniBand VFs passed through, each alone in a PCI domain
+    of its own under a VMBus device (`devices/LNXSYSTM:00/LNXSYBUS:00/ACPI0004:00/VMBUS:00/<guid>/pciDDDD:00/
+    DDDD:00:00.0`), the first four of each on NUMA node 0; nvidia-smi topo -m prints NODE and SYS for every pair."""
+    sysfs, procfs = root / "sys", root / "proc"
+    vmbus = ["LNXSYSTM:00", "LNXSYBUS:00", "ACPI0004:00", "VMBUS:00"]
+    for index in range(8):
+        numa = 0 if index < 4 else 1
+        gpu_domain, nic_domain = f"{0x0001 + index:04x}", f"{0x0101 + index:04x}"
+        guid = f"00000041-0001-0000-3130-44{index:02x}45343039"
+        gpu(sysfs, procfs, [*vmbus, guid, f"pci{gpu_domain}:00", f"{gpu_domain}:00:00.0"], numa, GEN5)
+        nic(sysfs, f"mlx5_ib{index}", [*vmbus, guid.replace("-0001-", "-0002-"), f"pci{nic_domain}:00",
+            f"{nic_domain}:00:00.0"], numa, None, GEN5)  # fmt: skip
+    number_gpus(procfs)
+    cpuinfo(procfs)
+    return sysfs, procfs
+
+
+def azure_topo_file(path: Path) -> Path:
+    """An NCCL topology file as Azure writes one for its ND VMs (azhpc-images customizations, set as NCCL_TOPO_FILE
+    in /etc/nccl.conf): per NUMA node a virtual switch (`ffff:ff:0N.0`) with GPU i (`000i+1:00:00.0`, class
+    0x030200) and its InfiniBand VF (`010i+1:00:00.0`, class 0x020700) below it: each GPU PIX to its own NIC."""
+    cpus = []
+    for numa in range(2):
+        link = 'link_speed="32.0 GT/s PCIe" link_width="16"'
+        pairs = "".join(
+            f'      <pci busid="{0x0001 + i:04x}:00:00.0" class="0x030200" {link}/>\n'
+            f'      <pci busid="{0x0101 + i:04x}:00:00.0" class="0x020700" {link}/>\n'
+            for i in range(4 * numa, 4 * numa + 4)
+        )  # fmt: skip
+        switches = "".join(
+            f'    <pci busid="ffff:ff:{2 * numa + k + 1:02x}.0" class="0x060400" link_speed="32.0 GT/s PCIe" '
+            f'link_width="16">\n'
+            + "".join(line + "\n" for line in pairs.splitlines()[4 * k : 4 * k + 4])
+            + "    </pci>\n"
+            for k in range(2)
+        )  # fmt: skip
+        cpus.append(f'  <cpu numaid="{numa}" arch="x86_64" vendor="GenuineIntel" familyid="6" modelid="143">\n'
+                    f"{switches}  </cpu>\n")  # fmt: skip
+    path.write_text('<system version="1">\n' + "".join(cpus) + "</system>\n")
+    return path

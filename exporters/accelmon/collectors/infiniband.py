@@ -35,12 +35,21 @@ from accelmon import drill_store, topology
 from accelmon.metrics import Catalogue, MetricSpec, Samples
 from accelmon.registry import Paths, Registration, register, seconds
 from accelmon.runtime import Collector
+from accelmon.validation import Option
 
 log = logging.getLogger("accelmon.infiniband")
 
 PORT = ("device", "port")
 NCCL_CONF = "/etc/nccl.conf"  # where a site sets NCCL_IB_HCA for every job of the node (NCCL's param.cc)
-NCCL_SETTINGS = ("NCCL_IB_HCA", "NCCL_PXN_DISABLE", "NCCL_P2P_PXN_LEVEL")  # read from it: the NICs NCCL leaves by
+# Read from it: what decides the NICs NCCL leaves by.
+NCCL_SETTINGS = ("NCCL_IB_HCA", "NCCL_PXN_DISABLE", "NCCL_P2P_PXN_LEVEL", "NCCL_TOPO_FILE")
+NCCL_TOPO_FILE = Option(
+    "nccl_topo_file",
+    "",
+    "the NCCL topology file (NCCL_TOPO_FILE) the node's jobs use, where they set it themselves; empty: "
+    "NCCL_TOPO_FILE of /etc/nccl.conf, else NCCL's own default (/var/run/nvidia-topologyd/virtualTopology.xml)",
+    empty=True,
+)
 LAYOUT_SECONDS = 300.0  # how long a device's listed files are trusted without a sign that it changed
 PER_DEVICE = "when a device or its firmware changes, and every 5 minutes"
 CATALOGUE = Catalogue(
@@ -282,10 +291,10 @@ class InfinibandCollector(Collector):
     def __init__(
         self, sysfs: str = "/sys", clock: Callable[[], float] = time.monotonic, procfs: str = "/proc",
         drill_dir: str = str(drill_store.DRILL_DIR.default), wall: Callable[[], float] = time.time,
-        nccl_conf: str = NCCL_CONF,
+        nccl_conf: str = NCCL_CONF, nccl_topo_file: str = "",
     ) -> None:  # fmt: skip
         self.sysfs, self.procfs, self.drill_dir, self._wall = sysfs, procfs, drill_dir, wall
-        self.nccl_conf = nccl_conf
+        self.nccl_conf, self.nccl_topo_file = nccl_conf, nccl_topo_file
         self._topology: tuple[tuple[object, ...], list[topology.Pair], list[topology.Local]] = ((), [], [])
         self._in_service: dict[tuple[str, str], topology.Port] = {}  # ports ACTIVE now or since the start
         self.root = os.path.join(sysfs, "class", "infiniband")
@@ -316,12 +325,20 @@ class InfinibandCollector(Collector):
         gpus = _listdir(os.path.join(self.procfs, "driver", "nvidia", "gpus"))
         conf = tuple(topology.nccl_conf_value(self.nccl_conf, name) for name in NCCL_SETTINGS)
         switches = _listdir(os.path.join(self.procfs, *topology.NVSWITCH_DEVICES))
-        key = (tuple(devices), tuple(gpus), tuple(sorted(self._in_service.values(), key=str)), conf, tuple(switches))
+        ib_hca, pxn_disable, pxn_level, topo_file = conf
+        topo_file = self.nccl_topo_file or topo_file or topology.NCCL_TOPO_DEFAULT
+        try:
+            stat = os.stat(topo_file)
+            topo_seen: tuple[float, int] | None = (stat.st_mtime, stat.st_size)  # read again when it changes
+        except OSError:
+            topo_seen = None
+        key = (tuple(devices), tuple(gpus), tuple(sorted(self._in_service.values(), key=str)), conf, tuple(switches),
+               topo_file, topo_seen)  # fmt: skip
         if key != self._topology[0]:
             ports = list(self._in_service.values())
-            ib_hca, pxn_disable, pxn_level = conf
             pxn = _int_or(pxn_disable, 0) != 1
-            chosen = topology.nccl_local(self.sysfs, self.procfs, ports, ib_hca, None, pxn, _int_or(pxn_level, 2), True)
+            chosen = topology.nccl_local(self.sysfs, self.procfs, ports, ib_hca, None, pxn, _int_or(pxn_level, 2), True,
+                                         topo_file if topo_seen else "")  # fmt: skip
             self._topology = (key, topology.gpu_nic_pairs(self.sysfs, self.procfs), chosen)
         if gpus and devices:
             out.add(PEER_MEMORY, [], 1 if peer_memory_loaded(self.sysfs) else 0)
@@ -479,10 +496,17 @@ REGISTRATION = register(
         name="infiniband",
         help="InfiniBand, RoCE and OmniPath port counters from sysfs (default: on where class/infiniband exists)",
         build=lambda options, paths: InfinibandCollector(
-            sysfs=paths.sysfs, procfs=paths.procfs, drill_dir=str(options["drill_dir"])
+            sysfs=paths.sysfs,
+            procfs=paths.procfs,
+            drill_dir=str(options["drill_dir"]),
+            nccl_topo_file=str(options["nccl_topo_file"]),
         ),
         catalogue=CATALOGUE,
-        options=(seconds("interval_seconds", 5, "how often the port counters are read"), drill_store.DRILL_DIR),
+        options=(
+            seconds("interval_seconds", 5, "how often the port counters are read"),
+            drill_store.DRILL_DIR,
+            NCCL_TOPO_FILE,
+        ),
         enabled_by_default=_has_class,
         hardware_present=_has_class,
     )
