@@ -2,7 +2,8 @@
 workers, N growing, and what it costs at each step.
 
 Each simulated worker serves what a real one does: the exposition of accelmon-exporter over 8 fake H100s (GPM
-profiling on) and 4 InfiniBand ports, and a node_exporter's (its per-CPU series copied to a GPU node's 192 CPUs),
+profiling on) and a DGX H100's 12 RDMA devices (8 compute HCAs PXB to their GPUs, 4 storage ports), and a
+node_exporter's (its per-CPU series copied to a GPU node's 192 CPUs),
 both recorded from the real programs at the start of the run; at every scrape the values move (gauges by a few
 percent, counters by increments; what was recorded at zero, as a healthy node's error counters and flags are,
 stays zero, so no device alert fires), so the TSDB compresses what it would compress in production. The bodies
@@ -58,7 +59,7 @@ ROOT = Path(__file__).resolve().parent.parent
 from tests.support.ansible import exec_start, render_role_template  # noqa: E402
 from tests.support.dashboards import concrete, panel_queries  # noqa: E402
 from tests.support.fakenvml import build_fake_nvml  # noqa: E402
-from tests.support.infiniband_tree import add_device, gpu_functions  # noqa: E402
+from tests.support.infiniband_tree import add_device, pci_link, write  # noqa: E402
 from tests.support.jobs_tree import nvidia_procfs  # noqa: E402
 from tests.support.processes import cpu_seconds, free_port  # noqa: E402
 from tests.support.rules import load_renderer  # noqa: E402
@@ -95,20 +96,42 @@ def with_cpus(text: str, cpus: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+# A DGX H100's RDMA devices (issue 68, point 8): 8 compute HCAs, each PXB to its GPU (a top PCIe switch above a
+# leaf for the GPU and one for the HCA), and two dual-port storage/in-band ConnectX-7 cards, 12 devices in all, in
+# the order of their mlx5 names (tests/support/pci_tree.py's dgx_h100, with every counter file a real mlx5 has).
+DGX_H100_COMPUTE = ("mlx5_0", "mlx5_3", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_9", "mlx5_10", "mlx5_11")
+DGX_H100_STORAGE = (("mlx5_1", "mlx5_2"), ("mlx5_7", "mlx5_8"))
+
+
+def dgx_h100_rdma(sysfs: Path) -> None:
+    """The 12 RDMA devices and the GPUs' PCI places (the fake driver's bus ids, tests/support/jobs_tree.bus_id)."""
+    for index, name in enumerate(DGX_H100_COMPUTE):
+        bus = 0x18 + index * 0x10  # the GPU's own bus: its leaf's downstream port is on bus - 1
+        numa, top = index // 4, f"pci0000:{bus - 8:02x}/0000:{bus - 8:02x}:01.0/0000:{bus - 7:02x}:00.0"
+        gpu = Path(top, f"0000:{bus - 6:02x}:00.0", f"0000:{bus - 5:02x}:00.0", f"0000:{bus - 1:02x}:00.0")
+        write(sysfs / "devices" / gpu / f"0000:{bus:02x}:00.0" / "numa_node", str(numa))
+        pci_link(sysfs, sysfs / "devices" / gpu / f"0000:{bus:02x}:00.0")
+        hca = f"{top}/0000:{bus - 6:02x}:01.0/0000:{bus + 2:02x}:00.0/0000:{bus + 3:02x}:00.0"
+        add_device(sysfs, name, {1: {"base": 10 + index}}, pci_address=f"0000:{bus + 4:02x}:00.0", numa_node=numa,
+                   root=hca)  # fmt: skip
+    for numa, names in enumerate(DGX_H100_STORAGE):
+        bus = 0x0F + 0x80 * numa
+        port = {"rate": "200 Gb/sec (4X HDR)", "link_layer": "Ethernet"}
+        for function, name in enumerate(names):
+            add_device(sysfs, name, {1: {"base": 20 + function, **port}}, pci_address=f"0000:{bus:02x}:00.{function}",
+                       numa_node=numa, root=f"pci0000:{bus - 1:02x}/0000:{bus - 1:02x}:01.0")  # fmt: skip
+
+
 def record_bodies(work: Path, node_cpus: int) -> dict[str, str]:
-    """One scrape of accelmon-exporter (8 fake H100s, GPM, 4 IB ports) and of node_exporter, as text."""
+    """One scrape of accelmon-exporter (8 fake H100s, GPM, a DGX H100's 12 RDMA devices) and of node_exporter."""
     fake_dir = build_fake_nvml(work / "fake").parent
     nvml = work / "nvml.conf"
     nvml.write_text("gpus 8\nprofile h100\n" + "".join(f"gpm {i}\n" for i in range(GPUS_PER_NODE)))
     sysfs = work / "sys"
-    for index in range(4):  # 4 NDR ports, one per HCA, as on a typical 8-GPU node's compute fabric
-        add_device(
-            sysfs, f"mlx5_{index}", {1: {"base": 10 + index}}, pci_address=f"0000:{0x17 + index * 0x10:02x}:00.0"
-        )
-    # The GPUs in the PCI tree and the driver's procfs: each worker serves its GPU-NIC paths and nearest NICs, so
-    # that the path-fault rules (accelmon-gpu-paths) join over real rows.
-    gpu_functions(sysfs, GPUS_PER_NODE)
+    dgx_h100_rdma(sysfs)
     procfs = nvidia_procfs(work / "proc", gpus=GPUS_PER_NODE)
+    for switch in range(4):  # a DGX H100's four NVSwitches: each GPU's point-to-point rails are served too
+        (procfs / "driver" / "nvidia-nvswitch" / "devices" / f"0000:{0x05 + switch:02x}:00.0").mkdir(parents=True)
     port, node_port = free_port(), free_port()
     settings = work / "accelmon.yml"
     settings.write_text(
