@@ -234,6 +234,18 @@ def test_a_healthy_idle_node_records_no_path_fault(tmp_path):
     assert path_faults_test(scrapes, [], tmp_path) == ""
 
 
+@ROLE_RULES
+@pytest.mark.parametrize("layout", [dgx_h100, dgx_a100, azure_nd_h100_v5, gpus_without_nics_on_one_socket])
+def test_a_real_layout_at_rest_records_no_path_fault(tmp_path, layout):
+    """promtool over the collector's own scrapes of each real layout, healthy and idle: no part at fault (its
+    storage ports, rails, PXN paths and PCIe links included)."""
+    sysfs, procfs = layout(tmp_path)
+    collector = InfinibandCollector(sysfs=str(sysfs), procfs=str(procfs), nccl_conf=str(tmp_path / "none"))
+    scrapes = [text_of(collector) for _ in range(3)]
+    assert series(scrapes[-1], "accelmon_gpu_nic_nearest_info")
+    assert path_faults_test(scrapes, [], tmp_path) == ""
+
+
 # Issue 68, point 6: the error, saturation and congestion reasons, by promtool over the collector's own scrapes of the
 # healthy idle node (both GPUs leave by mlx5_0 port 1) as its port's counters move, one scrape a minute.
 def scrapes_as_counters_move(tmp_path, move, gone: tuple[str, ...] = ()) -> list[str]:
