@@ -173,14 +173,15 @@ def test_nccl_2_30_buckets_serve_each_communicators_largest_messages_by_gpu(tmp_
     gpu_file(tmp_path / "dump" / "4242", 3, text)
     exposition = text_of(collector(tmp_path))
     promtool_check(exposition)
-    dp = {"job_id": "4242", "communicator": "DP_Group_0/16", "rank": "", "collective": "AllReduce", "gpu": "3",
-          "uuid": uuid(3)}  # fmt: skip
+    dp = {"job_id": "4242", "communicator": "DP_Group_0/16/2", "rank": "", "collective": "AllReduce", "gpu": "3",
+          "uuid": uuid(3), "message_size": str(4 << 30), "algorithm": "Ring_LL128"}  # fmt: skip
     assert sample_value(exposition, "accelmon_nccl_bus_bandwidth_bytes_per_second", **dp) == 678.263e9
     assert sample_value(exposition, "accelmon_nccl_collective_duration_seconds", **dp) == 9498.47e-6
     assert sample_value(exposition, "accelmon_nccl_collective_message_bytes", **dp) == 4 * 1024**3  # "4-5GB"
     bus = series(exposition, "accelmon_nccl_bus_bandwidth_bytes_per_second")
     assert sorted((s["communicator"], s["collective"], v) for s, v in bus) == [
-        ("DP_Group_0/16", "AllReduce", 678.263e9), ("PP_Group_0/16", "Send", 464.9e9), ("unknown/8", "AllGather", 120e9)
+        ("DP_Group_0/16/2", "AllReduce", 678.263e9), ("PP_Group_0/16/2", "Send", 464.9e9),
+        ("unknown/8/2", "AllGather", 120e9),
     ]  # fmt: skip
     assert series(exposition, "accelmon_nccl_algorithm_bandwidth_bytes_per_second") == []  # 2.30 has none
     assert "pool0-0002" not in exposition and "DP Group 0" not in exposition
@@ -204,3 +205,41 @@ def test_files_of_every_release_are_read(tmp_path):
     exposition = text_of(collector(tmp_path))
     bus = series(exposition, "accelmon_nccl_bus_bandwidth_bytes_per_second")
     assert sorted((s["job_id"], s["rank"], s["gpu"]) for s, _ in bus) == [("4242", "0", "0"), ("5151", "", "1")]
+
+
+def test_ranks_are_labelled_by_message_size_and_a_cpu_timed_line_is_skipped(tmp_path):
+    """Issue 67, point 6: NCCL 2.29 writes each rank's latest collective, whatever its size, and times it by the CPU
+    where the GPU's timestamps are missing (calculateMaxKernelExecTimeUsecs). Each series now carries its size class
+    (a power of two, bytes) so that the slow-rank rule compares like with like; a line that says it was timed other
+    than by the GPU (`coll_timing_source`) is skipped and counted (before: served, and compared)."""
+    corpus = inspector_corpus
+    cpu = corpus.file_2_29(1, 900.0, comm="0x9", cuda_device=1).replace(
+        'rank="1",', 'rank="1",coll_timing_source="kernel_cpu",'
+    )
+    gpu = corpus.file_2_29(2, 400.0, comm="0x9", cuda_device=2, size=(3 << 20) + 7)
+    gpu = gpu.replace('rank="2",', 'rank="2",coll_timing_source="kernel_gpu",')
+    gpu_file(tmp_path / "dump" / "4242", 1, cpu)
+    gpu_file(tmp_path / "dump" / "4242", 2, gpu)
+    text = text_of(collector(tmp_path))
+    promtool_check(text)
+    bus = series(text, "accelmon_nccl_bus_bandwidth_bytes_per_second")
+    assert [(s["rank"], s["message_size"], s["algorithm"], v) for s, v in bus] == [("2", str(2 << 20), "", 400e9)]
+    assert sample_value(text, "accelmon_nccl_inspector_skipped_lines_total") == 3
+
+
+def test_nccl_2_30_buckets_are_kept_whole_by_algorithm_and_node_count(tmp_path):
+    """2.30 keys its buckets by node count and algorithm too (inspector_prom.cc v2.30.7-1:41-80): the largest
+    messages of each algorithm are served apart (before, one algorithm's bucket stood for all, and a communicator's
+    name and size on 2 nodes and on 4 were one)."""
+    corpus = inspector_corpus
+    text = (
+        corpus.bucket_2_30(600.0, size=1 << 30, algo_proto="Ring_LL128")
+        + corpus.bucket_2_30(300.0, size=1 << 30, algo_proto="Tree_Simple")
+        + corpus.bucket_2_30(500.0, size=1 << 30, n_nodes=4, algo_proto="Ring_LL128")
+    )
+    gpu_file(tmp_path / "dump" / "4242", 0, text)
+    bus = series(text_of(collector(tmp_path)), "accelmon_nccl_bus_bandwidth_bytes_per_second")
+    assert sorted((s["communicator"], s["algorithm"], s["message_size"], v) for s, v in bus) == [
+        ("DP_Group_0/16/2", "Ring_LL128", str(1 << 30), 600e9), ("DP_Group_0/16/2", "Tree_Simple", str(1 << 30), 300e9),
+        ("DP_Group_0/16/4", "Ring_LL128", str(1 << 30), 500e9),
+    ]  # fmt: skip

@@ -62,7 +62,15 @@ V2_30 = {
     "nccl_p2p_bus_bandwidth_gbs": "p2p", "nccl_p2p_exec_time_microseconds": "p2p",
 }  # fmt: skip
 UNITS = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}  # inspectorFormatHumanReadableSize
-LABELS = ["job_id", "communicator", "rank", "collective", "gpu", "uuid"]
+# message_size and algorithm: what the slow-rank rule compares like with like (AccelmonNcclRankLate): the message size
+# class in bytes (2.29: the size rounded down to a power of two; 2.30: its bucket's lower bound) and 2.30's algo_proto
+# (2.29 names none).
+LABELS = ["job_id", "communicator", "rank", "collective", "message_size", "algorithm", "gpu", "uuid"]
+# Inspector times a collective by the GPU's clock where it has both of a kernel's timestamps, else silently by the
+# CPU's (calculateMaxKernelExecTimeUsecs: inspectorTimingSourceKernelCpu, or the whole collective's CPU time;
+# inspector.cc v2.29.3-1:1650-1679, v2.30.7-1:1551-1580), which does not show who was late. A line that says how it
+# was timed (`coll_timing_source`, as its README lists for these metrics) other than kernel_gpu is skipped.
+GPU_TIMING = "kernel_gpu"
 
 C = Catalogue(
     "nccl_inspector",
@@ -74,8 +82,10 @@ C = Catalogue(
 )
 BUS_BANDWIDTH = C.gauge(
     "accelmon_nccl_bus_bandwidth_bytes_per_second",
-    "Bus bandwidth of the rank's latest completed collective in the communicator (NCCL's busBw: comparable across "
-    "collectives and sizes of communicator). A rank far below its communicator's others sits behind a slow link.",
+    "Bus bandwidth of the rank's latest completed collective in the communicator (NCCL's busBw), by its message size "
+    "class (bytes: 2.29's size rounded down to a power of two, 2.30's bucket's lower bound) and algorithm (2.30's "
+    "algo_proto): it grows with the message size, so ranks compare only within one class. A rank far above its "
+    "communicator's others reaches the collectives last (AccelmonNcclRankLate).",
     LABELS,
 )
 ALGORITHM_BANDWIDTH = C.gauge(
@@ -129,6 +139,11 @@ def message_bytes(text: str) -> Optional[float]:
     return float(found.group(1)) * UNITS[found.group(2)] if found else None
 
 
+def size_class(size: float) -> str:
+    """2.29's message size as a bounded label value: rounded down to a power of two, in bytes."""
+    return str(1 << (int(size).bit_length() - 1)) if size >= 1 else "0"
+
+
 def communicator_of(name: str, nranks: str) -> str:
     """2.30's communicator label: the name the application gave it (free text, "DP Group 0"), as a bounded label
     value (letters, digits and ._:/- kept, anything else _, at most 32 characters; a longer or emptied name by a short
@@ -170,8 +185,9 @@ def bucket_of(metric: str, labels: dict[str, str], value: float) -> Optional[Buc
     if kind is None or collective not in COLLECTIVES or not found or not nranks.isdigit():
         return None
     size = float(found.group(1)) * UNITS[found.group(2)]
-    bucket = Bucket(communicator_of(labels.get("comm_name", ""), nranks[:8]), collective, size,
-                    range=(labels["message_size"], labels.get("algo_proto", "")))  # fmt: skip
+    nodes = labels.get("n_nodes", "")
+    name = communicator_of(labels.get("comm_name", ""), nranks[:8]) + (f"/{nodes[:8]}" if nodes.isdigit() else "")
+    bucket = Bucket(name, collective, size, range=(labels["message_size"], labels.get("algo_proto", "")[:32]))
     if metric.endswith("_gbs"):
         bucket.bus = value * 1e9
     else:
@@ -250,7 +266,8 @@ class NcclInspectorCollector(Collector):
         job id wins over what the file says (`slurm_job_id`, which the job's environment sets)."""
         directory_job, gpu, uuid = where
         communicators: set[tuple[str, str]] = set()
-        buckets: dict[tuple[str, str, str], Bucket] = {}  # 2.30's, by (job, communicator, collective): the largest
+        # 2.30's, by (job, communicator, collective, algorithm): the largest messages' bucket
+        buckets: dict[tuple[str, str, str, str], Bucket] = {}
         bad = 0
         for line in text.splitlines():
             if not line.strip() or line.startswith("#"):
@@ -274,32 +291,36 @@ class NcclInspectorCollector(Collector):
                     bad += 1
                     continue
                 communicators.add(key)
-                chosen = buckets.get((job, found.communicator, found.collective))
+                slot = (job, found.communicator, found.collective, found.range[1])
+                chosen = buckets.get(slot)
                 if chosen is None:
-                    buckets[(job, found.communicator, found.collective)] = found
+                    buckets[slot] = found
                 else:
                     chosen.take(found)
                 continue
             source = SOURCES.get(sample.name)
             collective = labels.get("collective", "")
             rank = labels.get("rank", "")
+            timed = labels.get("coll_timing_source", GPU_TIMING)
             if source is None or collective not in COLLECTIVES or not labels.get("comm_id") or not rank.isdigit():
                 bad += 1
+                continue
+            if timed != GPU_TIMING:
+                bad += 1  # timed by the CPU: not who was late
                 continue
             key = (labels["comm_id"][:32], rank[:8])
             if key not in communicators and len(communicators) >= self.max_communicators:
                 bad += 1
                 continue
             communicators.add(key)
-            series = (job, key[0], key[1], collective, gpu, uuid)
+            size = message_bytes(labels.get("message_size", ""))
+            series = (job, key[0], key[1], collective, size_class(size) if size is not None else "", "", gpu, uuid)
             spec, multiplier, divisor = source
             self._serve(out, served, spec, series, sample.value * multiplier / divisor)
-            if spec is BUS_BANDWIDTH:
-                size = message_bytes(labels.get("message_size", ""))
-                if size is not None:
-                    self._serve(out, served, MESSAGE, series, size)
-        for (job, communicator, collective), bucket in buckets.items():
-            series = (job, communicator, "", collective, gpu, uuid)
+            if spec is BUS_BANDWIDTH and size is not None:
+                self._serve(out, served, MESSAGE, series, size)
+        for (job, communicator, collective, algorithm), bucket in buckets.items():
+            series = (job, communicator, "", collective, str(int(bucket.size)), algorithm, gpu, uuid)
             for spec, value in ((BUS_BANDWIDTH, bucket.bus), (DURATION, bucket.duration), (MESSAGE, bucket.size)):
                 if value is not None:
                     self._serve(out, served, spec, series, value)
