@@ -89,21 +89,62 @@ def test_every_worker_is_scraped_with_its_gpus(host):
     assert {t["labels"]["node"] for t in nodes if t["labels"]["job"] == "node" and t["health"] == "up"} == WORKERS
 
 
-def test_exporters_answer_only_over_mutual_tls_with_the_password(host):
-    """The scrapes above went over mutual TLS with basic auth; here each piece is taken away in turn."""
+def test_both_exporters_answer_only_over_tls_with_the_generated_password(host):
+    """Deployed with no TLS or password variable: the scrapes above went over https with the deploy's own CA and
+    credential, to accelmon-exporter and node_exporter alike; here the password and TLS are each taken away."""
     secrets = "/opt/accelmon-master/prometheus/secrets"
-    worker = sorted(WORKERS)[0]
-    url = f"https://{worker}:19470/metrics"
-    tls = f"--cacert {secrets}/exporter-ca.crt --cert {secrets}/client.crt --key {secrets}/client.key"
-    auth = f"-u prometheus:$(cat {secrets}/exporter-password)"
 
-    def status(options, target=url):
+    def status(options, target):
         return host.run(f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 10 {options} {target}").stdout
 
-    assert status(f"{tls} {auth}") == "200"
-    assert status(tls) == "401"  # no password
-    assert status(f"--cacert {secrets}/exporter-ca.crt {auth}") == "000"  # no client certificate: no handshake
-    assert status(auth, f"http://{worker}:19470/metrics") == "000"  # plain HTTP
+    for worker in sorted(WORKERS):
+        for port, prefix in ((19470, "exporter"), (9100, "node-exporter")):
+            url = f"https://{worker}:{port}/metrics"
+            tls = f"--cacert {secrets}/{prefix}-ca.crt"  # verified: the certificate names the worker
+            auth = f"-u prometheus:$(cat {secrets}/{prefix}-password)"
+            assert status(f"{tls} {auth}", url) == "200", (worker, port)
+            assert status(tls, url) == "401", (worker, port)  # no password
+            assert status(f"{tls} -u prometheus:wrong", url) == "401", (worker, port)
+            # Plain HTTP: the exporter closes the connection (000), node_exporter's Go server answers 400.
+            assert status(auth, f"http://{worker}:{port}/metrics") in ("000", "400"), (worker, port)
+
+
+def test_the_scrape_secrets_are_readable_by_their_service_alone(host):
+    """The deployed files' owners and modes, as docs/security.md lists them."""
+    secrets = "/opt/accelmon-master/prometheus/secrets"
+    for name in ("exporter-ca.crt", "exporter-password", "node-exporter-ca.crt", "node-exporter-password"):
+        found = host.file(f"{secrets}/{name}")
+        assert (found.uid, found.group, found.mode) == (65534, "root", 0o400), name
+    for name in WORKERS:
+        worker = testinfra.get_host(f"podman://{name}")
+        expected = {
+            "/etc/accelmon/web-config.yml": ("root", "accelmon", 0o640),
+            "/etc/accelmon/tls": ("root", "accelmon", 0o750),
+            "/etc/accelmon/tls/server.key": ("root", "accelmon", 0o640),
+            "/etc/accelmon-node-exporter": ("root", "prometheus", 0o750),
+            "/etc/accelmon-node-exporter/server.key": ("root", "prometheus", 0o640),
+            "/etc/accelmon-node-exporter/web-config.yml": ("root", "prometheus", 0o640),
+        }
+        for path, (user, group, mode) in expected.items():
+            found = worker.file(path)
+            assert (found.user, found.group, found.mode) == (user, group, mode), (name, path)
+    # On the controller: the PKI directory and every file in it its user's alone.
+    pki = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "accelmon-pki"
+    assert {oct(p.stat().st_mode & 0o777) for p in [pki, pki / "hosts"]} == {"0o700"}
+    assert {oct(p.stat().st_mode & 0o777) for p in pki.rglob("*") if p.is_file()} == {"0o600"}
+
+
+def test_one_workers_scrape_is_bounded(host):
+    """Issue 67's scrape limits, and what a full simulated node (8 GPUs, NVLink, InfiniBand, Neuron) serves
+    under them: printed for docs (the defaults leave ten times that)."""
+    config = host.file("/opt/accelmon-master/prometheus/prometheus.yml").content_string
+    for job in ("accelmon", "node"):
+        block = config.split(f"job_name: {job}", 1)[1]
+        assert "sample_limit: 20000" in block and "body_size_limit: 10MB" in block
+    found = query(host, "/api/v1/query?query=scrape_samples_scraped")["result"]
+    samples = {(r["metric"]["job"], r["metric"]["node"]): float(r["value"][1]) for r in found if "node" in r["metric"]}
+    print("scrape_samples_scraped", samples)
+    assert samples and max(samples.values()) < 20000 / 5
 
 
 def published_prometheus() -> str:
