@@ -175,13 +175,15 @@ def test_a_gpu_without_a_nic_of_its_own_sends_by_its_nvlink_peers_nics(tmp_path)
 
 
 def test_a_dgx_a100_gives_each_gpu_of_a_pair_one_of_its_two_hcas(tmp_path):
-    """Two GPUs and two HCAs behind one two-level switch complex, all PXB: NCCL's local nets are both HCAs, but each
-    GPU leaves by one, from its mirrored index (topo.cc ncclTopoGetLocalNet: netsPerGpu = 2 nets / 2 GPUs); before,
-    both GPUs used both, so one HCA's fault was blamed on two GPUs."""
+    """Two GPUs and two HCAs behind one two-level switch complex: nvidia-smi's GPU0 row (NVIDIA/DCGM#149) is PXB for
+    both, SYS for the rest. NCCL flattens the Broadcom switch's two levels (topo.cc ncclTopoFlattenBcmSwitches: PIX
+    to it; before: PXB), its local nets are both HCAs, and each GPU leaves by one, from its mirrored index (topo.cc
+    ncclTopoGetLocalNet: netsPerGpu = 2 nets / 2 GPUs); before, both GPUs used both, so one HCA's fault was blamed
+    on two GPUs."""
     sysfs, procfs = dgx_a100(tmp_path)
     links = {(p.gpu, p.device): p.link for p in topology.gpu_nic_pairs(str(sysfs), str(procfs))}
-    assert [links[(str(g), f"mlx5_{n}")] for g in (0, 1) for n in (0, 1)] == ["PXB"] * 4
-    assert nccl_choice(sysfs, procfs) == [(str(g), f"mlx5_{g}", "1", "PXB") for g in range(8)]
+    assert [links[("0", f"mlx5_{n}")] for n in range(8)] == ["PXB", "PXB"] + ["SYS"] * 6
+    assert nccl_choice(sysfs, procfs) == [(str(g), f"mlx5_{g}", "1", "PIX") for g in range(8)]
 
 
 def test_nccl_uses_both_the_phb_and_the_node_nic_of_one_bandwidth(tmp_path):

@@ -36,7 +36,8 @@ fact below cites the file and function at that tag):
   mirrored index (topo.cc `ncclTopoGetLocalNet`): two GPUs sharing two HCAs take one each.
 - Point-to-point sends to a GPU of another node leave by the device of that GPU's rail, through the local GPU that
   uses it (search.cc `ncclTopoGetNetDev`, NCCL_P2P_PXN_LEVEL=2): `rail` ports.
-Left out: Broadcom switch flattening, C2C (Grace), direct NVLink without NVSwitches (bridged pairs, which need
+- A Broadcom PEX switch's two levels are one (topo.cc `ncclTopoFlattenBcmSwitches`), from the functions' ids.
+Left out: C2C (Grace), direct NVLink without NVSwitches (bridged pairs, which need
 NVML) and NCCL_NETDEVS_POLICY other than AUTO. NCCL_TOPO_FILE is read as NCCL reads it (`topo_file_places`).
 
 A PCIe switch shows in sysfs as its upstream port with one bridge function a downstream port below it
@@ -58,6 +59,7 @@ from accelmon.nvidia import driver_gpu_entries
 
 log = logging.getLogger("accelmon.topology")
 LINKS = ("PIX", "PXB", "PHB", "NODE", "SYS")  # nearest first
+PCI_ID_FILES = ("vendor", "device", "subsystem_vendor", "subsystem_device")
 ROOT_COMPLEX = re.compile(r"pci[0-9a-f]{4,8}:[0-9a-f]{2}")
 
 
@@ -339,14 +341,33 @@ def _nccl_nodes(place: Place) -> list[tuple[int, float]]:
     `ncclTopoGetXmlFromSys` climbs two directories a step)."""
     if place.links:  # from a topology file: every <pci> element is a node of NCCL's
         return [(index, place.links[index]) for index in range(len(place.chain) - 1, -1, -1)]
-    nodes = []
+    nodes, directories = [], []
     index = len(place.chain) - 1
     directory = place.path
     while index >= 0:
         nodes.append((index, _pci_bandwidth(directory)))
+        directories.append(directory)
         index -= 2
         directory = os.path.dirname(os.path.dirname(directory))
+    # A Broadcom PEX switch shows as two levels and NCCL makes one of them (topo.cc `ncclTopoFlattenBcmSwitches`):
+    # a switch below one of the same generation is merged into it, its devices linked to the upper one.
+    for k in range(len(nodes) - 2, 0, -1):
+        gen = _bcm_generation(directories[k + 1], 0)
+        if gen and _bcm_generation(directories[k], 1) == gen:
+            del nodes[k], directories[k]
     return nodes
+
+
+def _bcm_generation(directory: str, level: int) -> int:
+    """topo.cc `getBcmGen` over the function's vendor, device, subsystem vendor and device (NCCL's 64-bit id): 4 for
+    a PEX88000 (1000:c010, 1000:a0xx), 5 for a PEX89000 at `level` (1000:c030, 1000:0xxx at 0, 1xxx at 1), else 0."""
+    parts = [_int(_read(os.path.join(directory, name)) or "") for name in PCI_ID_FILES]
+    if min(parts) < 0:
+        return 0
+    ident = (parts[0] << 48) | (parts[1] << 32) | (parts[2] << 16) | parts[3]
+    if ident & ~0xFFF == 0x1000C0101000A000:
+        return 4
+    return 5 if ident & ~0xFFF == 0x1000C03010000000 | level * 0x1000 else 0
 
 
 def nccl_path(gpu: Place, nic: Place, inter_cpu: float = LOC_BW) -> tuple[str, float]:

@@ -228,15 +228,16 @@ def gpus_without_nics_on_one_socket(root: Path, switches: bool = True) -> tuple[
 
 
 def dgx_a100(root: Path) -> tuple[Path, Path]:
-    """A DGX A100's compute side: two sockets, four PCIe switch complexes, each a top switch above leaf switches
-    with two GPUs (Gen4) and two 200G HCAs (ConnectX-6, Gen4) each on a leaf of its own, so every GPU is PXB to both
-    HCAs of its complex (nvidia-smi topo -m prints PXB for GPU0-mlx5_0 and GPU0-mlx5_1 there), and six NVSwitches.
-    NCCL gives each GPU one of the pair (ncclTopoGetLocalNet: 2 nets over 2 local GPUs, one net a GPU, by its
-    mirrored index)."""
+    """A DGX A100's compute side: four PCIe switch complexes, each on a NUMA node of its own (NPS4: GPUs 0-1 on node
+    3, 2-3 on 1, 4-5 on 7, 6-7 on 5, as its nvidia-smi topo -m prints them, NVIDIA/DCGM#149), each a Broadcom PEX88000
+    (1000:c010, subsystem 1000:a064) top switch above leaf switches of the same kind, with two GPUs (Gen4) and two
+    200G HCAs (ConnectX-6, Gen4) each on a leaf of its own: every GPU PXB to both HCAs of its complex, SYS to the
+    rest (nvidia-smi's GPU0 row: PXB PXB SYS ...); six NVSwitches. NCCL flattens the PEX switch's two levels (topo.cc
+    ncclTopoFlattenBcmSwitches), so to it both HCAs are PIX, and gives each GPU one (ncclTopoGetLocalNet)."""
     sysfs, procfs = root / "sys", root / "proc"
     hdr = {1: {"rate": "200 Gb/sec (4X HDR)"}}
-    for complex_, bus in enumerate((0x07, 0x47, 0x87, 0xC7)):
-        numa = 0 if complex_ < 2 else 1
+    pex = {"vendor": "0x1000", "device": "0xc010", "subsystem_vendor": "0x1000", "subsystem_device": "0xa064"}
+    for complex_, (bus, numa) in enumerate(zip((0x07, 0x47, 0x87, 0xC7), (3, 1, 7, 5))):
         top = [f"pci0000:{bus - 7:02x}", f"0000:{bus - 7:02x}:01.0", f"0000:{bus:02x}:00.0"]
         for leaf in range(4):  # GPU, GPU, HCA, HCA: each below a downstream port of the top switch and a leaf switch
             below = [f"0000:{bus + 2 + 3 * leaf + step:02x}:00.0" for step in range(3)]  # up, down, the endpoint
@@ -245,6 +246,9 @@ def dgx_a100(root: Path) -> tuple[Path, Path]:
                 gpu(sysfs, procfs, chain, numa, GEN4)
             else:
                 nic(sysfs, f"mlx5_{2 * complex_ + leaf - 2}", chain, numa, hdr, GEN4, "MT4123")
+            for upstream in (chain[:3], chain[:5]):  # the top switch's and the leaf's upstream ports
+                for name, text in pex.items():
+                    (sysfs / "devices" / Path(*upstream) / name).write_text(text + "\n")
     number_gpus(procfs)
     cpuinfo(procfs, "AuthenticAMD", 23, 0x31)
     nvswitches(procfs, tuple(f"0000:{bus:02x}:00.0" for bus in (0xC4, 0xC5, 0xC6, 0xC8, 0xC9, 0xCA)))
