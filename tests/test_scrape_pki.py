@@ -255,3 +255,42 @@ def test_prometheus_scrapes_both_worker_jobs_over_https_with_the_credential_and_
                                       facts, accelmon_master_scrape_plain_http=True))  # fmt: skip
     for job in plain["scrape_configs"][:2]:
         assert "scheme" not in job and "basic_auth" not in job and job["sample_limit"] == 20000
+
+
+@pytest.mark.parametrize(
+    ("group", "variables", "message"),
+    [
+        (
+            "worker",
+            {"accelmon_exporter_plain_http": True,
+             "accelmon_exporter_basic_auth_users": {"prometheus": "$2b$12$" + "a" * 53}},
+            "basic auth needs TLS",
+        ),
+        (
+            "master",
+            {"accelmon_exporter_plain_http": True, "accelmon_master_exporter_basic_auth_username": "prometheus",
+             "accelmon_master_exporter_basic_auth_password": "in-clear-text-1"},
+            "a password needs https",
+        ),
+    ],
+)  # fmt: skip
+def test_a_password_over_plain_http_stops_the_deploy_in_preflight(tmp_path, group, variables, message):
+    """Asked for plain HTTP and given a password all the same: the deploy stops before any host changes, naming it,
+    never printing the password."""
+    host = f"localhost ansible_connection=local ansible_python_interpreter={sys.executable}"
+    inventory = tmp_path / "host.ini"
+    inventory.write_text(
+        "".join(f"[{name}]\n{host if name == group else ''}\n\n" for name in ("master", "worker", "store"))
+    )
+    (tmp_path / "home").mkdir()
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory), "--check",
+         str(ROOT / "ansible" / "deploy.yaml"), "-e", json.dumps(variables)],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+        env={**os.environ, "HOME": str(tmp_path / "home"), "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+             "NO_COLOR": "1"},
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode != 0 and message in " ".join(output.split()), output[-3000:]
+    assert "in-clear-text-1" not in output
+    assert not (tmp_path / "home" / ".accelmon").exists()  # stopped before the PKI step
