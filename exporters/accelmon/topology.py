@@ -253,15 +253,21 @@ def topo_file_places(path: str) -> dict[str, Place]:
 def nccl_conf_value(path: str, name: str = "NCCL_IB_HCA") -> str:
     """A variable as NCCL's conf file sets it (param.cc `setEnvFile`: `NAME=value` lines, `#` comments), '' if
     absent. /etc/nccl.conf holds what a site sets for every job of the node."""
+    return nccl_conf_values(path, (name,))[0]
+
+
+def nccl_conf_values(path: str, names: tuple[str, ...]) -> tuple[str, ...]:
+    """Several variables of NCCL's conf file in one reading, each '' if absent (the first line that sets it)."""
+    found: dict[str, str] = {}
     try:
         with open(path, encoding="utf-8", errors="replace") as stream:
             for line in stream:
                 key, sep, value = line.rstrip("\n").partition("=")
-                if sep and not line.startswith("#") and key == name:
-                    return value
+                if sep and not line.startswith("#") and key in names:
+                    found.setdefault(key, value)
     except OSError:
         pass
-    return ""
+    return tuple(found.get(name, "") for name in names)
 
 
 def inter_cpu_bandwidth(procfs: str) -> float:

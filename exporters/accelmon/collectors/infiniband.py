@@ -323,7 +323,7 @@ class InfinibandCollector(Collector):
         """The GPU-to-device paths, worked out again only when the GPUs, the devices, the ports in service (and
         their rates) or NCCL_IB_HCA changed."""
         gpus = _listdir(os.path.join(self.procfs, "driver", "nvidia", "gpus"))
-        conf = tuple(topology.nccl_conf_value(self.nccl_conf, name) for name in NCCL_SETTINGS)
+        conf = topology.nccl_conf_values(self.nccl_conf, NCCL_SETTINGS)
         switches = _listdir(os.path.join(self.procfs, *topology.NVSWITCH_DEVICES))
         ib_hca, pxn_disable, pxn_level, topo_file = conf
         topo_file = self.nccl_topo_file or topo_file or topology.NCCL_TOPO_DEFAULT
