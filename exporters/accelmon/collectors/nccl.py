@@ -424,13 +424,12 @@ class NcclCollector(Collector):
         if seen.pending is None:
             return True
         size = seen.pending.settle()
-        if size is None:
-            if time.monotonic() - seen.pending.started < PENDING_SECONDS:
-                self.results["pending"] += 1
-                return False
-            seen.pending.close()
-        elif seen.pending.form == "json":
-            seen.json_bytes = max(size, JSON_FAST_BYTES + 1)  # too slow to make: a text form next
+        if size is None and time.monotonic() - seen.pending.started < PENDING_SECONDS:
+            self.results["pending"] += 1
+            return False
+        seen.pending.close()  # answered, or given up
+        if seen.pending.form == "json":
+            seen.json_bytes = max(size or 0, JSON_FAST_BYTES + 1)  # too slow to make: a text form next
         if size is not None and size > self.max_bytes:
             self.results["too_large"] += 1
         seen.pending = None
