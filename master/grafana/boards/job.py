@@ -200,7 +200,9 @@ DASHBOARD = Dashboard(
             "Bps",
             [
                 (
-                    f"max without (collective) (accelmon_nccl_bus_bandwidth_bytes_per_second{{{J}}})",
+                    # One line per rank: its classes (collective, size, algorithm) are compared by the rule, not here.
+                    "max without (collective, message_size, algorithm) "
+                    f"(accelmon_nccl_bus_bandwidth_bytes_per_second{{{J}}})",
                     "rank {{rank}} {{node}} GPU {{gpu}} ({{communicator}})",
                 )
             ],
