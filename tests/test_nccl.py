@@ -505,3 +505,33 @@ def test_a_query_past_its_deadline_holds_the_next_until_nccl_answers(node, ranks
     assert sample_value(text, "accelmon_nccl_queries_total", result="timeout") == 1
     assert sample_value(text, "accelmon_nccl_queries_total", result="too_large") == (late == "too_large")
     assert sample_value(text, "accelmon_nccl_queries_total", result="ok") == 1  # read in the text form
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        '{"communicators": ' + "[" * 100_000 + "]" * 100_000 + "}",  # nesting past the decoder's recursion limit
+        '{"communicators": [{"hash": "0x1", "size": ' + "9" * 100_000 + "}]}",  # a number no uint64 is
+        TEXT_ANSWER.replace("Process 3487984", "Process " + "9" * 100_000),  # a pid no process has, in the text
+        TEXT_ANSWER.replace("(cf264af53edbe986)", "(" + "f" * 5000 + ")"),  # a hash longer than NCCL's %016lx
+    ],
+    ids=["deep-nesting", "huge-json-number", "huge-text-number", "long-text-hash"],
+)
+def test_a_hostile_answer_is_malformed_and_another_jobs_is_still_served(node, hostile):
+    """A user's own job answers what it likes on its own port (its socket passes the owner check): an answer no NCCL
+    writes is that job's `malformed`, never an exception that empties the collector for every job of the node (before:
+    RecursionError, ValueError out of sample(); a 5,000-character communicator label)."""
+    make, serve, state = node
+    as_text = not hostile.startswith("{")  # NCCL before 2.28.7: the text form only
+    bad = serve(answer=hostile, text=hostile if as_text else "", json_format=not as_text)
+    good = serve(answer=json_answer([communicator("0x2", [rank(0, 5)], [])]))
+    job_record(state, "1", bad.port)
+    job_record(state, "2", good.port)
+    text = text_of(make())
+    found = {
+        (labels["job_id"], labels["communicator"]) for labels, _ in series(text, "accelmon_nccl_communicator_status")
+    }
+    assert ("2", "0x2") in found
+    assert all(len(communicator) <= 40 for _, communicator in found)
+    if not as_text:  # in the text, a line NCCL never writes is left out, as any line not recognised
+        assert sample_value(text, "accelmon_nccl_queries_total", result="malformed") >= 1

@@ -50,7 +50,7 @@ STATUSES = ("ok", "init", "mismatch", "incomplete", "error")
 IN_PROGRESS = 7  # ncclInProgress (nccl.h): a non-blocking communicator's call under way, not an error
 # NCCL 2.28.7-2.28.9 write a missing rank's "nvml_dev" with no comma after it (src/ras/client_support.cc:1963 at
 # v2.28.7-1, fixed in 2.29.2): the answer is invalid exactly when a rank is missing. The comma is put back.
-MISSING_COMMA = re.compile(r'("nvml_dev": -?\d+)(\s*\n\s*"status")')
+MISSING_COMMA = re.compile(r'("nvml_dev": -?\d{1,19})(\s*\n\s*"status")')
 # Communicators kept of one answer: the most troubled (by STATUSES, then the largest), the rest counted as dropped. An
 # answer is parsed communicator by communicator, never held whole as objects: 400,000 communicators in 7.5 MB (a
 # socket another user answers on, or a job that makes communicators without end) became 400,008 series and 437 MiB.
@@ -127,9 +127,14 @@ class Kept:
 def parse(form: str, text: str, max_ranks: int, max_communicators: int = MAX_COMMUNICATORS) -> JobStatus:
     """The answer read as what it is: NCCL's text begins with its version line, JSON with its brace (a stand-in
     such as accelmon-drill answers JSON whatever is asked)."""
-    if form == "json" or text.lstrip().startswith("{"):
-        return parse_json(text, max_ranks, max_communicators)
-    return parse_text(text, max_ranks, max_communicators)
+    try:
+        if form == "json" or text.lstrip().startswith("{"):
+            return parse_json(text, max_ranks, max_communicators)
+        return parse_text(text, max_ranks, max_communicators)
+    except (ValueError, RecursionError, OverflowError) as error:
+        # What no NCCL writes (nesting past the decoder's recursion limit, a number past int's digit limit): that
+        # job's answer is malformed, never an exception that empties the collector for every job of the node.
+        raise RasError("malformed", f"{type(error).__name__}: {str(error)[:120]}") from error
 
 
 def lower(first: str, second: str) -> str:
@@ -149,6 +154,14 @@ def _int(value: Any, default: int = -1) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
+def bounded_int(digits: str) -> int:
+    """A JSON integer as NCCL writes one (64 bits at most: 20 digits and a sign). Python 3.9 before 3.9.14 has no
+    limit on int's digits and converts them in quadratic time: 16 MiB of digits would hold the collector for hours."""
+    if len(digits) > 21:
+        raise ValueError(f"an integer of {len(digits)} digits")
+    return int(digits)
+
+
 def decode(body: str, max_ranks: int, max_communicators: int) -> tuple[Any, Kept]:
     """The answer's top level, each communicator read as the decoder meets it (json's object_hook: inner objects
     first) into at most `max_communicators` kept, its place in the list left None."""
@@ -162,7 +175,7 @@ def decode(body: str, max_ranks: int, max_communicators: int) -> tuple[Any, Kept
             kept.add(comm)
         return None
 
-    data, _ = json.JSONDecoder(object_hook=hook).raw_decode(body)
+    data, _ = json.JSONDecoder(object_hook=hook, parse_int=bounded_int).raw_decode(body)
     return data, kept
 
 
@@ -266,28 +279,32 @@ def parse_communicator(raw: Any, max_ranks: int) -> Optional[Communicator]:
 # 1161-1330, Warnings 1332-1560; tests/support/ras_corpus.py renders it).
 # A process's GPUs: its CUDA devices, then its NVML ones where they differ (rasGpuDevsToString, v2.26.2-1:1826-1845;
 # `managing GPU 0 (NVML 5)` for a job given CUDA_VISIBLE_DEVICES=5). UUIDs are found by NVML index.
-PROCESS = re.compile(r"Process (\d+) on node (\S+) managing GPUs? ([\d,]+)(?: \(NVML ([\d,]+)\))?")
-PLACE = re.compile(r"GPU (\d+)(?: \(NVML (\d+)\))? managed by process (\d+) on node (\S+)")
-COMM = re.compile(r"^#(\d+)-(\d+) \(([0-9a-fA-F]+)\) (.+)$")
+# Numbers are read only as NCCL prints them (%d, %ld: 19 digits at most) and a hash as %016lx: a line with a longer one
+# is not NCCL's and is left out (an int of 100,000 digits raised out of the sample; a 5,000-digit hash was a label).
+PROCESS = re.compile(r"Process (\d{1,19}) on node (\S+) managing GPUs? ([\d,]{1,64})(?: \(NVML ([\d,]{1,64})\))?")
+PLACE = re.compile(r"GPU (\d{1,19})(?: \(NVML (\d{1,19})\))? managed by process (\d{1,19}) on node (\S+)")
+COMM = re.compile(r"^#(\d{1,19})-(\d{1,19}) \(([0-9a-fA-F]{1,16})\) (.+)$")
 KIND = re.compile(r"Communicator ranks have different (\w+) operation counts")
-GROUP = re.compile(r"(\d+) ranks have (?:launched up to operation (\d+)|not launched any operations)")
-ALONE = re.compile(r"Rank (\d+) has (?:launched up to operation (\d+)|not launched any operations) -- (.*)")
-LISTED = re.compile(r"Rank (\d+) -- (.*)")
+GROUP = re.compile(r"(\d{1,19}) ranks have (?:launched up to operation (\d{1,19})|not launched any operations)")
+ALONE = re.compile(r"Rank (\d{1,19}) has (?:launched up to operation (\d{1,19})|not launched any operations) -- (.*)")
+LISTED = re.compile(r"Rank (\d{1,19}) -- (.*)")
 # Its summary row: group, comms, nodes, ranks per node (N or N-M), ranks per comm, ranks in group, status, errors
 # (OK, or several of INCOMPLETE, ERROR, MISMATCH joined by commas).
-SUMMARY = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\d+)\s+\S+\s+(\d+)\s+(\d+)\s+([A-Z_]+)\s+([A-Z_,]+)\s*$")
+SUMMARY = re.compile(
+    r"^\s*(\d{1,19})\s+(\d{1,19})\s+(\d{1,19})\s+\S+\s+(\d{1,19})\s+(\d{1,19})\s+([A-Z_]+)\s+([A-Z_,]+)\s*$"
+)
 # An INCOMPLETE communicator's count, in every release: "Missing communicator data from %d rank%s" (v2.24.3-1 and
 # v2.25.1-1:1158-1160, commNRanks - nRanks; v2.26.2-1:1272-1274 to v2.30.7-1:1366-1368, nIncompleteRanks: the ranks
 # whose process gave RAS no answer). The ranks listed after it may be fewer (rasCountIsOutlier) and are cut to
 # max_ranks here: the counts come from this line.
-MISSING_COUNT = re.compile(r"Missing communicator data from (\d+) ranks?$")
+MISSING_COUNT = re.compile(r"Missing communicator data from (\d{1,19}) ranks?$")
 # 2.24/2.25 list them by number, built in a static 1,024-byte buffer (`lineBuf`, v2.24.3-1:82) with snprintf: a list
 # of 1,023 characters was cut, its last number possibly mid-way.
 OLD_LIST = re.compile(r"The missing ranks?: ([\d,]*)$")
 LINE_BUFFER = 1024
 # RAS's own legs that timed out while collecting (the Warnings' TIMEOUT, every release: v2.24.3-1:1211-1213,
 # v2.26.2-1:1336-1338, v2.30.7-1:1427-1429); JSON's `timeouts_count` from 2.28.7.
-TIMEOUTS = re.compile(r"Encountered (\d+) communication timeouts? while gathering communicator data")
+TIMEOUTS = re.compile(r"Encountered (\d{1,19}) communication timeouts? while gathering communicator data")
 
 
 # NCCL 2.26.2-2.28.9's text answer walks the collected communicators stepping over each one's ranks but not its
@@ -297,7 +314,7 @@ TIMEOUTS = re.compile(r"Encountered (\d+) communication timeouts? while gatherin
 # whose hash is a missing rank's commRank, address family (AF_INET 2, AF_INET6 10) and port, whose size is bytes of
 # its address (0 for IPv4, millions for IPv6) and whose missing-rank count its GPU's numbers (cudaDev + 256 x nvmlDev),
 # and as many real communicators, the last by commId, are never read. The version is the answer's first line.
-VERSION = re.compile(r"NCCL version (\d+)\.(\d+)\.(\d+)")
+VERSION = re.compile(r"NCCL version (\d{1,19})\.(\d{1,19})\.(\d{1,19})")
 PHANTOM_WALK = ((2, 26, 2), (2, 29, 2))  # from, before
 PLAUSIBLE_RANKS = 1 << 20
 
@@ -385,7 +402,8 @@ def parse_text(text: str, max_ranks: int, max_communicators: int = MAX_COMMUNICA
             continue
         process = PROCESS.search(stripped)
         if process and section == "DEAD" and len(dead) < max_ranks:
-            gpu = int((process.group(4) or process.group(3)).split(",")[0])  # its first GPU, by NVML index
+            first = (process.group(4) or process.group(3)).split(",")[0]  # its first GPU, by NVML index
+            gpu = int(first) if 0 < len(first) <= 9 else -1
             dead.append(Rank(-1, process.group(2)[:64], int(process.group(1)), gpu, dead=True))
             continue
         if current is None:
@@ -399,7 +417,7 @@ def parse_text(text: str, max_ranks: int, max_communicators: int = MAX_COMMUNICA
             numbers = old_form.group(1).split(",")
             if len(old_form.group(1)) >= LINE_BUFFER - 1:
                 numbers = numbers[:-1]  # cut by NCCL's buffer: the last may be part of a number (or a whole one)
-            current.missing += [Rank(int(n)) for n in numbers if n]
+            current.missing += [Rank(int(n)) for n in numbers if 0 < len(n) <= 19]
             continue
         new_kind = KIND.search(stripped)
         if new_kind:

@@ -197,5 +197,5 @@ def summary_text(answer: str) -> str:
     try:
         comms = json.loads(answer)["communicators"]
         return text_answer([TextComm(int(c["hash"], 16), int(c["size"])) for c in comms], tag="v2.29.2-1")
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         return answer
