@@ -243,3 +243,25 @@ def test_nccl_2_30_buckets_are_kept_whole_by_algorithm_and_node_count(tmp_path):
         ("DP_Group_0/16/2", "Ring_LL128", str(1 << 30), 600e9), ("DP_Group_0/16/2", "Tree_Simple", str(1 << 30), 300e9),
         ("DP_Group_0/16/4", "Ring_LL128", str(1 << 30), 500e9),
     ]  # fmt: skip
+
+
+def test_message_sizes_no_nccl_writes_are_skipped_and_the_other_files_served(tmp_path):
+    """A job's user writes its directory's files: a message size past any size_t (2.29's "1e400TB" is infinite; 2.30's
+    range likewise) raised OverflowError out of the sample, emptying the collector for every job of the node; one of
+    200 digits became a 300-digit message_size label. Such lines are skipped and counted."""
+    job_dir = tmp_path / "dump" / "4242"
+    huge, long = "1" + "0" * 400, "1" + "0" * 200
+    hostile = (
+        f'nccl_bus_bandwidth_gbs{{comm_id="0x1",rank="1",collective="AllReduce",message_size="{huge}TB"}} 1\n'
+        f'nccl_bus_bandwidth_gbs{{comm_id="0x2",rank="1",collective="AllReduce",message_size="{long}TB"}} 1\n'
+        f'nccl_bus_bandwidth_gbs{{comm_name="a",nranks="8",collective="AllReduce",message_size="{huge}-2TB"}} 1\n'
+        f'nccl_bus_bandwidth_gbs{{comm_name="b",nranks="8",collective="AllReduce",message_size="{long}-2TB"}} 1\n'
+    )
+    gpu_file(job_dir, 0, hostile + lines(0, 350.0))
+    gpu_file(job_dir, 1, lines(1, 340.0))
+    text = text_of(collector(tmp_path))
+    promtool_check(text)
+    bus = series(text, "accelmon_nccl_bus_bandwidth_bytes_per_second")
+    assert sorted((s["rank"], s["communicator"]) for s, _ in bus) == [("0", COMM), ("1", COMM)]
+    assert all(len(s["message_size"]) <= 20 for s, _ in bus)
+    assert sample_value(text, "accelmon_nccl_inspector_skipped_lines_total") == 4

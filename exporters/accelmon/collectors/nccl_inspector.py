@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import re
 import time
@@ -134,9 +135,18 @@ SOURCES = {
 }
 
 
+# NCCL's message sizes are size_t: a size of 2^64 bytes or more (or an infinite one: "1e400TB" parses so) is no
+# NCCL's, and its line is skipped (int() of it raised OverflowError out of the sample; a 200-digit size was a label).
+MAX_MESSAGE_BYTES = float(1 << 64)
+
+
 def message_bytes(text: str) -> Optional[float]:
+    """Inspector's message size in bytes; None where there is none, NaN where it is none NCCL can write."""
     found = SIZE.match(text)
-    return float(found.group(1)) * UNITS[found.group(2)] if found else None
+    if not found:
+        return None
+    size = float(found.group(1)) * UNITS[found.group(2)]
+    return size if size < MAX_MESSAGE_BYTES else math.nan
 
 
 def size_class(size: float) -> str:
@@ -185,6 +195,8 @@ def bucket_of(metric: str, labels: dict[str, str], value: float) -> Optional[Buc
     if kind is None or collective not in COLLECTIVES or not found or not nranks.isdigit():
         return None
     size = float(found.group(1)) * UNITS[found.group(2)]
+    if not size < MAX_MESSAGE_BYTES:
+        return None
     nodes = labels.get("n_nodes", "")
     name = communicator_of(labels.get("comm_name", ""), nranks[:8]) + (f"/{nodes[:8]}" if nodes.isdigit() else "")
     bucket = Bucket(name, collective, size, range=(labels["message_size"], labels.get("algo_proto", "")[:32]))
@@ -280,7 +292,7 @@ class NcclInspectorCollector(Collector):
                 continue
             labels = sample.labels
             job = directory_job or labels.get("slurm_job_id", "")
-            job = job if job.isdigit() else ""
+            job = job if job.isdigit() and len(job) <= 20 else ""
             if "comm_name" in labels:  # NCCL 2.30: buckets of the dump interval, no communicator id, no rank
                 found = bucket_of(sample.name, labels, sample.value)
                 if found is None:
@@ -314,6 +326,9 @@ class NcclInspectorCollector(Collector):
                 continue
             communicators.add(key)
             size = message_bytes(labels.get("message_size", ""))
+            if size is not None and math.isnan(size):
+                bad += 1
+                continue
             series = (job, key[0], key[1], collective, size_class(size) if size is not None else "", "", gpu, uuid)
             spec, multiplier, divisor = source
             self._serve(out, served, spec, series, sample.value * multiplier / divisor)
