@@ -391,6 +391,36 @@ def test_a_squatter_on_the_jobs_port_is_never_believed(node, tmp_path):
     assert len(series(text, "accelmon_nccl_rank_missing")) == 1
 
 
+def test_a_squatter_on_the_other_loopback_is_never_asked(node, tmp_path):
+    """NCCL binds the one address NCCL_RAS_ADDR=localhost:PORT resolves to first (rasClientInitSocket,
+    src/ras/client_support.cc v2.28.7-1:163-190), 127.0.0.1 here; another user may bind [::1]:PORT (no conflict
+    across families) and listen only for an instant at a time. Where /etc/hosts also names ::1 localhost (Debian's
+    default), connecting to "localhost" tries ::1 first: the squatter's forged answer, while procfs, read just before
+    and after, shows only the job's socket. The socket asked is the address the job's user's socket listens on."""
+    _, serve, state = node
+    job = serve(answer=json_answer([communicator("0x2", [rank(0, 5)], [])]))
+    squatter = serve(answer=stuck_job(), host="::1", port=job.port)
+    job_record(state, "4244", job.port)
+    root = procfs(tmp_path / "proc", {job.port: os.getuid()})  # the squatter was not listening when procfs was read
+    asked = []
+
+    def debian_hosts(host, port, *args, **options):
+        """nccl_ras.ask where getaddrinfo("localhost") gives ::1, then 127.0.0.1 (socket.create_connection's order)."""
+        asked.append(host)
+        for address in ("::1", "127.0.0.1") if host == "localhost" else (host,):
+            try:
+                return nccl_ras.ask(address, port, *args, **options)
+            except RasError as error:
+                if error.kind != "refused":
+                    raise
+        raise RasError("refused", "nothing listening")
+
+    text = text_of(NcclCollector(str(state), "", 5.0, 8, str(root), Gpus(), asker=debian_hosts))
+    assert asked and set(asked) == {"127.0.0.1"}
+    assert squatter.commands == []
+    assert {s["communicator"] for s, _ in series(text, "accelmon_nccl_communicator_status")} == {"0x2"}
+
+
 def test_a_job_without_a_known_user_is_not_believed(node, tmp_path):
     make, serve, state = node
     server = serve(answer=stuck_job())

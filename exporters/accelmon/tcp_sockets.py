@@ -13,17 +13,33 @@ Example line::
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import sys
 from typing import Optional
 
 LISTEN = "0A"  # TCP_LISTEN (include/net/tcp_states.h), as net/tcp prints a state
 FILES = ("tcp", "tcp6")
 
 
+def address_of(hex_address: str) -> str:
+    """net/tcp's local address as text: each 32-bit word printed %08X in the host's byte order (IPv4 one word,
+    IPv6 four; 127.0.0.1 is 0100007F on a little-endian host)."""
+    raw = b"".join(int(hex_address[i : i + 8], 16).to_bytes(4, sys.byteorder) for i in range(0, len(hex_address), 8))
+    return str(ipaddress.ip_address(raw))
+
+
 def listening_uids(procfs: str, port: int) -> Optional[set[int]]:
     """The uids of the sockets listening on `port` (any local address, IPv4 or IPv6): empty when none listens, None
     when neither file can be read (no answer to who holds it)."""
-    found: set[int] = set()
+    found = listening_sockets(procfs, port)
+    return None if found is None else {uid for _, uid in found}
+
+
+def listening_sockets(procfs: str, port: int) -> Optional[set[tuple[str, int]]]:
+    """(local address, uid) of each socket listening on `port`, IPv4 or IPv6: empty when none listens, None when
+    neither file can be read."""
+    found: set[tuple[str, int]] = set()
     read_any = False
     for name in FILES:
         try:
@@ -34,10 +50,10 @@ def listening_uids(procfs: str, port: int) -> Optional[set[int]]:
                     fields = line.split()
                     if len(fields) < 8 or fields[3] != LISTEN:
                         continue
-                    _, _, hex_port = fields[1].rpartition(":")
+                    hex_address, _, hex_port = fields[1].rpartition(":")
                     try:
                         if int(hex_port, 16) == port:
-                            found.add(int(fields[7]))
+                            found.add((address_of(hex_address), int(fields[7])))
                     except ValueError:
                         continue
         except OSError:

@@ -18,7 +18,7 @@ from tests.support.ras_corpus import TextComm, text_answer
 class FakeRas:
     def __init__(
         self, answer: str = "", json_format: bool = True, behaviour: str = "normal", protocol: int = 2, port: int = 0,
-        text: str = "", json_seconds: float = 0.0,
+        text: str = "", json_seconds: float = 0.0, host: str = "127.0.0.1",
     ) -> None:  # fmt: skip
         self.answer = answer
         # The text form's answer for a client that set no format: given, or the summary of the JSON answer's
@@ -33,7 +33,8 @@ class FakeRas:
         self.behaviour = behaviour
         self.protocol = protocol
         self.commands: list[str] = []
-        self.server = socket.create_server(("127.0.0.1", port))
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.server = socket.create_server((host, port), family=family)
         self.port = self.server.getsockname()[1]
         self.server.settimeout(0.2)  # here, not in the thread: a server stopped at once is closed before it runs
         self._stop = threading.Event()

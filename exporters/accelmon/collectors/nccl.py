@@ -48,7 +48,7 @@ from accelmon.nccl_ras import JobStatus, Pending, Rank, RasError
 from accelmon.nvidia import NVML_DEVICES, NvmlSession
 from accelmon.registry import Option, Paths, Registration, register, seconds
 from accelmon.runtime import Collector
-from accelmon.tcp_sockets import listening_uids
+from accelmon.tcp_sockets import listening_sockets, listening_uids
 
 log = logging.getLogger("accelmon.nccl")
 
@@ -279,6 +279,18 @@ def is_local(host: str) -> bool:
         return False
 
 
+def asked_address(host: str, listening: set[str]) -> str:
+    """The address to connect to for `host` when the job's sockets listen on `listening`: never a name to resolve.
+    NCCL binds the one address NCCL_RAS_ADDR=localhost:PORT resolves to first (rasClientInitSocket,
+    src/ras/client_support.cc v2.28.7-1:163-190); another user may bind the other loopback's PORT (127.0.0.1 and ::1
+    do not conflict) for an instant at a time, between the checks of net/tcp. Connecting to "localhost" tries ::1
+    first where /etc/hosts names it too (Debian's default): that user's answer, believed as the job's."""
+    mapped = sorted({"127.0.0.1" if a == "0.0.0.0" else "::1" if a == "::" else a for a in listening})
+    if host in mapped or not mapped:
+        return host
+    return next((a for a in mapped if is_local(a)), mapped[0])
+
+
 def parse_address(text: str) -> tuple[str, int]:
     host, _, port = text.rpartition(":")
     return host.strip("[]") or "localhost", int(port)
@@ -364,21 +376,23 @@ class NcclCollector(Collector):
                 return [int(own)]
         return given
 
-    def believed(self, job: str, host: str, port: int, before: bool) -> None:
+    def believed(self, job: str, host: str, port: int, before: bool) -> str:
         """RasError unless every socket listening on the job's port is its user's (or root's: the drill). `before`
         the query, a port nothing listens on yet passes (the connection is refused, or checked after); after it,
-        the socket that answered must be there. An answer is labelled with a job only once this passes."""
+        the socket that answered must be there. An answer is labelled with a job only once this passes. Returns the
+        address to ask: the one the job's socket listens on (`asked_address`)."""
         if not job:
-            return  # `addresses` with no job: labelled with none
+            return host  # `addresses` with no job: labelled with none
         uid = self.owners.get(job)
         if uid is None or not is_local(host):
             raise RasError("owner_unknown", f"job {job}: its user's uid, or who holds {host}:{port}, is unknown")
-        holders = listening_uids(self.procfs, port)
-        if holders is None or (not holders and not before):
+        sockets = listening_sockets(self.procfs, port)
+        if sockets is None or (not sockets and not before):
             raise RasError("owner_unknown", f"no listening socket on port {port} in {self.procfs}/net/tcp{{,6}}")
-        foreign = holders - {uid, 0}
+        foreign = {owner for _, owner in sockets} - {uid, 0}
         if foreign:
             raise RasError("foreign_socket", f"port {port} is held by uid {min(foreign)}, not job {job}'s user {uid}")
+        return asked_address(host, {address for address, _ in sockets})
 
     def uuids(self) -> dict[int, str]:
         found = self.nvml.gpus() if self.nvml is not None else None
@@ -442,10 +456,10 @@ class NcclCollector(Collector):
         seen = self.seen[key]
         want = form_for(seen)
         while True:
-            self.believed(job, host, port, before=True)
+            address = self.believed(job, host, port, before=True)
             seen.asked = self.rounds
             try:
-                form, text = self.asker(host, port, self.timeout, self.max_bytes, want=want, factor=self.factor,
+                form, text = self.asker(address, port, self.timeout, self.max_bytes, want=want, factor=self.factor,
                                         keep=True)  # fmt: skip
             except RasError as error:
                 seen.pending = error.pending
