@@ -172,6 +172,31 @@ def test_every_node_asks_the_steps_its_nccl_runs_and_one_node_keeps_asking(node,
     assert other.connections == 3  # in the form it is sized for: JSON
 
 
+def test_the_other_nodes_of_a_2000_node_job_ask_again_rarely(node):
+    """Each node that is not a step's asker asked again every RECHECK_ROUNDS intervals: a 2,000-node job's RAS was
+    asked 1 + 1,999 / 60, about 34 full collections from every one of its processes an interval (each gathering
+    every rank's data to the node that asks), for one answer's worth of news. Now each such node asks again every
+    RECHECK_ROUNDS or twice the job's node count intervals (the text's Job summary, JSON's hosts), whichever is
+    longer: half a collection an interval job-wide."""
+    make, serve, state = node
+    answer = text_answer([TextComm(0xA0, 8000)], tag="v2.26.2-1", nodes=2000)
+    server = serve(answer=answer, text=answer, json_format=False)
+    job_record(state, "2000", server.port, query="0")  # not its first node: this node is no asker
+    collector = make()
+    for _ in range(nccl.SPREAD_ROUNDS + 1):
+        text_of(collector)
+    asked = server.connections
+    assert asked >= 1
+    collector.rounds += nccl.RECHECK_ROUNDS
+    text_of(collector)
+    assert server.connections == asked
+    collector.rounds += 2 * 2000
+    text_of(collector)
+    assert server.connections > asked
+    two_hosts = json_answer([communicator("0x1", [rank(0, 5, HERE), rank(1, 5, "10.0.0.13")], [])])
+    assert nccl_ras.parse("json", two_hosts, 8).nodes == 2  # JSON says no node count: its distinct hosts
+
+
 def test_two_jobs_on_one_node_each_on_its_own_port(node):
     make, serve, state = node
     first, second = serve(answer=stuck_job()), serve(answer=json_answer([communicator("0x2", [rank(0, 5)], [])]))

@@ -81,6 +81,7 @@ class Communicator:
     missing_count: Optional[int] = None  # NCCL's own count of ranks it has no data from (text form), where it says
     secondary: str = ""  # JSON's secondary_hash: host and process hash of its creation
     lowest: str = ""  # the lowest address among its ranks' hosts (JSON names every rank's)
+    hosts: set[str] = field(default_factory=set)  # its ranks' hosts (JSON), merged into the answer's count
 
 
 @dataclass
@@ -95,6 +96,7 @@ class JobStatus:
     phantoms: int = 0  # communicators NCCL 2.26.2-2.28.9's walk made up (PHANTOM_WALK), not served
     ranks: int = 0  # the answer's communicators' sizes summed (dropped ones too): what sizes the next query
     lowest: str = ""  # the lowest address among the hosts of every rank the answer names (JSON)
+    nodes: int = 0  # the job's nodes: the text's Job summary, JSON's distinct hosts (0: not said)
 
 
 class Kept:
@@ -106,12 +108,15 @@ class Kept:
         self.seen = 0
         self.ranks = 0
         self.lowest = ""
+        self.hosts: set[str] = set()
 
     def add(self, comm: Communicator) -> None:
         self.items.append((self.seen, comm))
         self.seen += 1
         self.ranks += comm.size
         self.lowest = lower(self.lowest, comm.lowest)
+        self.hosts |= comm.hosts
+        comm.hosts = set()
         if len(self.items) >= 2 * self.limit:
             self.cut()
 
@@ -209,7 +214,7 @@ def parse_json(text: str, max_ranks: int, max_communicators: int = MAX_COMMUNICA
     return JobStatus(
         "json", communicators, [], drill=isinstance(data.get("accelmon_drill"), dict), repaired=repaired,
         timeouts=max(0, _int(ras.get("timeouts_count"), 0)), dropped=kept.seen - len(communicators),
-        ranks=kept.ranks, lowest=kept.lowest,
+        ranks=kept.ranks, lowest=kept.lowest, nodes=len(kept.hosts),
     )  # fmt: skip
 
 
@@ -247,10 +252,9 @@ def parse_communicator(raw: Any, max_ranks: int) -> Optional[Communicator]:
             Rank(_int(entry.get("rank")), str(entry.get("host", ""))[:64], _int(entry.get("pid")),
                  _int(entry.get("nvml_dev")), dead=status.get("considered_dead") is True)
         )  # fmt: skip
-    for rank, _ in counted:
+    for rank in [rank for rank, _ in counted] + comm.missing:
         comm.lowest = lower(comm.lowest, rank.host)
-    for rank in comm.missing:
-        comm.lowest = lower(comm.lowest, rank.host)
+        comm.hosts.add(rank.host)
     # A rank's place is judged kind by kind, as NCCL's own text does: AllReduce against AllReduce (a sum over kinds
     # set one kind's lead against another's shortfall).
     tops: dict[str, int] = {}
@@ -302,6 +306,11 @@ MISSING_COUNT = re.compile(r"Missing communicator data from (\d{1,19}) ranks?$")
 # of 1,023 characters was cut, its last number possibly mid-way.
 OLD_LIST = re.compile(r"The missing ranks?: ([\d,]*)$")
 LINE_BUFFER = 1024
+# The Job summary's row under its "(total)" header, where every node runs as many processes and GPUs (v2.24.3-1:530,
+# v2.26.2-1:558, v2.29.2-1:649-652, v2.30.7-1:634: "%7d  %9d  %11d  %9d  %7d": totalNodes first); otherwise NCCL
+# prints a table by node instead, and the node count is not read.
+JOB_TOTALS = "(total)   per node  per process    (total)  (total)"
+JOB_ROW = re.compile(r"^\s*(\d{1,9})\s+\d{1,9}\s+\d{1,9}\s+\d{1,9}\s+\d{1,9}\s*$")
 # RAS's own legs that timed out while collecting (the Warnings' TIMEOUT, every release: v2.24.3-1:1211-1213,
 # v2.26.2-1:1336-1338, v2.30.7-1:1427-1429); JSON's `timeouts_count` from 2.28.7.
 TIMEOUTS = re.compile(r"Encountered (\d{1,19}) communication timeouts? while gathering communicator data")
@@ -358,7 +367,12 @@ def parse_text(text: str, max_ranks: int, max_communicators: int = MAX_COMMUNICA
     sizes: dict[int, int] = {}
     ranks_total = 0  # the summary's 'ranks in group' summed
     garbled = PHANTOM_WALK[0] <= (release(text) or (0, 0, 0)) < PHANTOM_WALK[1]
+    nodes, previous = 0, ""
     for line in text.splitlines():
+        totals = JOB_ROW.match(line) if previous.strip() == JOB_TOTALS else None
+        previous = line
+        if totals:
+            nodes = int(totals.group(1))
         row = SUMMARY.match(line)
         if row:
             sizes[int(row.group(1))] = int(row.group(4))
@@ -466,4 +480,4 @@ def parse_text(text: str, max_ranks: int, max_communicators: int = MAX_COMMUNICA
         if comm.missing and comm.status == "ok":
             comm.status = "incomplete"
     return JobStatus("text", list(communicators.values()), dead, timeouts=timeouts, dropped=len(dropped),
-                     phantoms=phantoms, ranks=ranks_total)  # fmt: skip
+                     phantoms=phantoms, ranks=ranks_total, nodes=nodes)  # fmt: skip

@@ -184,7 +184,7 @@ def devices(cuda: list[int], nvml: list[int] | None = None) -> str:
 
 def text_answer(
     comms: list[TextComm], dead: tuple[tuple[int, str, list[int]] | tuple[int, str, list[int], list[int]], ...] = (),
-    tag: str = "v2.26.2-1",
+    tag: str = "v2.26.2-1", nodes: int = 2,
 ) -> str:  # fmt: skip
     """The STATUS answer in text of release `tag` (2.26.2's layout; 2.24/2.25 list missing ranks by number); `dead`:
     processes as (pid, host, their CUDA devices[, their NVML devices])."""
@@ -194,7 +194,7 @@ def text_answer(
     out(f"NCCL version {version} compiled with CUDA 12.8\nCUDA runtime version 12080, driver version 12080\n\n")
     out("Job summary\n===========\n\n")
     out("  Nodes  Processes         GPUs  Processes     GPUs\n(total)   per node  per process    (total)  (total)\n")
-    out(f"{2:7d}  {4:9d}  {1:11d}  {8:9d}  {8:7d}\n")
+    out(f"{nodes:7d}  {4:9d}  {1:11d}  {4 * nodes:9d}  {4 * nodes:7d}\n")
     out("\nCommunicators... (0.05s)\n=============\n\n")
     out("Group     Comms     Nodes     Ranks     Ranks     Ranks    Status  Errors\n")
     out("    #  in group  per comm  per node  per comm  in group\n")

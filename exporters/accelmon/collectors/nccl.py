@@ -14,10 +14,10 @@ NCCL_RAS_ADDR=localhost:PORT; a job that set its own has its port in `nccl-ras/J
 `addresses` always asked. A job's port is asked only while a socket of the job's user listens on it here (its NCCL
 runs on this node), by the node that keeps asking for the step: the lowest address among the hosts RAS names for
 its ranks, else the job's first node (`nccl_ras_query=1`); every node asks once when the step starts listening on
-it, and again every RECHECK_ROUNDS intervals (RAS gathers from every process of the job at each query: one asker
-per step). Each query is in the form sized to the job (JSON, the verbose or the short text: NCCL makes the whole
-answer on its one RAS thread before sending it), bounded by `timeout_seconds` and MAX_ANSWER_BYTES; a query past its
-deadline is awaited before the job is asked again. Every query's result is counted
+it, and again every RECHECK_ROUNDS intervals or more for a large job (RAS gathers from every process of the job
+at each query: one asker per step). Each query is in the form sized to the job (JSON, the verbose or the short
+text: NCCL makes the whole answer on its one RAS thread before sending it), bounded by `timeout_seconds` and
+MAX_ANSWER_BYTES; a query past its deadline is awaited before the job is asked again. Every query's result is counted
 (`accelmon_nccl_queries_total{result}`); `refused` (a socket seen listening that refuses) is an error. A job's port
 is asked, and its answer believed, only while every socket listening on it is the job's user's (procfs's net/tcp
 uid against the record's `uid`; accelmon.tcp_sockets): another user's is `foreign_socket`.
@@ -74,6 +74,10 @@ PENDING_SECONDS = 600  # a query NCCL has not answered in this long is given up 
 # RECHECK_ROUNDS intervals, so that a step no asker reads is found.
 SPREAD_ROUNDS = 10
 RECHECK_ROUNDS = 60
+# ... or, where the job's answer says how many nodes it runs on, that many times RECHECK_NODE_ROUNDS: every asking node
+# makes RAS gather every rank's data to it, from every process of the job, so a 2,000-node job's nodes rechecking
+# every 60 intervals made 33 full collections an interval; now about half one job-wide.
+RECHECK_NODE_ROUNDS = 2
 RANK_LABELS = ["job_id", "communicator", "rank", "host", "pid", "nvml_dev", "uuid"]
 
 C = Catalogue(
@@ -210,6 +214,7 @@ class Seen:
     ranks: Optional[int] = None  # rank places of its latest answer's communicators
     json_bytes: Optional[int] = None  # its latest JSON answer's size, or a late one's
     lowest: Optional[str] = None  # the lowest host RAS named ("" none: a text answer); None: never answered here
+    nodes: int = 0  # the job's nodes, as its latest answer said (0: not said)
     asked: int = -1  # the round of its latest query
     pending: Optional[Pending] = None  # a query past its deadline NCCL has not answered yet
 
@@ -354,7 +359,7 @@ class NcclCollector(Collector):
             phase = int(hashlib.sha256(repr((key, sorted(local))).encode()).hexdigest()[:8], 16) % SPREAD_ROUNDS
             return job in self.first or self.rounds >= seen.since + phase
         asker = seen.lowest in local if seen.lowest else job in self.first
-        return asker or self.rounds - seen.asked >= RECHECK_ROUNDS
+        return asker or self.rounds - seen.asked >= max(RECHECK_ROUNDS, RECHECK_NODE_ROUNDS * seen.nodes)
 
     def ports_asked(self, record: dict[str, str], held: set[str]) -> list[int]:
         """The ports the job's NCCL listens on: the block the prolog gave it (one a step, for steps that run at
@@ -468,6 +473,7 @@ class NcclCollector(Collector):
             status = nccl_ras.parse(form, text, self.max_ranks, self.max_communicators)
             seen.ranks, seen.json_bytes = status.ranks, len(text) if status.format == "json" else None
             seen.lowest = status.lowest if status.format == "json" else ""
+            seen.nodes = status.nodes
             sized = form_for(seen)
             if want != "short" or sized == "short":
                 return status
