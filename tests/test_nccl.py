@@ -590,3 +590,28 @@ def test_a_hostile_answer_is_malformed_and_another_jobs_is_still_served(node, ho
     assert all(len(communicator) <= 40 for _, communicator in found)
     if not as_text:  # in the text, a line NCCL never writes is left out, as any line not recognised
         assert sample_value(text, "accelmon_nccl_queries_total", result="malformed") >= 1
+
+
+def test_silent_sockets_of_one_user_do_not_hold_the_other_jobs_reads(node):
+    """A user's jobs (or one job's four step ports) whose sockets accept and never answer each took timeout_seconds,
+    one after the other, every interval they were asked: 8 of them at the default 20 s held the node's sample 160 s,
+    every other user's job unread meanwhile. Now a sample starts no query past timeout_seconds but those of jobs
+    whose latest query was answered (asked first), the others in turn by their latest query, the rest
+    `deferred` to the next interval."""
+    make, serve, state = node
+    for job in ("1", "2", "3"):
+        job_record(state, job, serve(behaviour="silent").port)
+    good = serve(answer=json_answer([communicator("0x2", [rank(0, 5)], [])]))
+    job_record(state, "4", good.port)
+    collector = make(timeout=2.0)
+    timings, texts = [], []
+    for _ in range(5):
+        began = time.monotonic()
+        texts.append(text_of(collector))
+        timings.append(time.monotonic() - began)
+    assert max(timings) < 4.0  # before: 6 s, three silent sockets one after the other
+    assert sample_value(texts[0], "accelmon_nccl_queries_total", result="deferred") >= 1
+    for text in texts[3:]:  # its turn after the three silent ones' first; then asked every interval, first
+        assert ("4", "0x2") in {
+            (s["job_id"], s["communicator"]) for s, _ in series(text, "accelmon_nccl_communicator_status")
+        }

@@ -57,7 +57,7 @@ log = logging.getLogger("accelmon.nccl")
 # (only the ranks that stand out) is asked instead (accelmon.nccl_ras.ask).
 MAX_ANSWER_BYTES = 16 * 1024 * 1024
 RESULTS = ("ok", "refused", "timeout", "cut_short", "malformed", "protocol", "too_large", "foreign_socket",
-           "owner_unknown", "pending")  # fmt: skip
+           "owner_unknown", "pending", "deferred")  # fmt: skip
 # The form each job is asked in (accelmon.nccl_ras_client.FORMS), from its latest answer: NCCL makes an answer whole
 # before sending it, in a buffer grown 4 KiB at a time (quadratic: 9 MB took 4.6 s, 18.5 MB 19.1 s with its format
 # strings), on the job's one RAS thread. JSON while it is expected under JSON_FAST_BYTES (about a second), the verbose
@@ -137,7 +137,9 @@ QUERIES = C.counter(
     "RAS queries by result: ok; refused (a socket of the job was seen listening and refused the connection), "
     "timeout (no answer within timeout_seconds), cut_short, malformed, protocol (not a RAS server, or a protocol "
     "version this does not read), too_large (an answer over the cap, late ones included): errors; pending (an "
-    "interval the job was not asked: NCCL is still making the answer to the query that timed out); "
+    "interval the job was not asked: NCCL is still making the answer to the query that timed out); deferred (an "
+    "interval the job was not asked: the interval's queries had taken timeout_seconds, and its latest query was not "
+    "answered); "
     "foreign_socket (a socket of another user than the job's listens on the job's port: its answer is not "
     "believed), owner_unknown (the job's user, or who listens on its port, cannot be told: not believed).",
     ["result"],
@@ -217,6 +219,7 @@ class Seen:
     nodes: int = 0  # the job's nodes, as its latest answer said (0: not said)
     asked: int = -1  # the round of its latest query
     pending: Optional[Pending] = None  # a query past its deadline NCCL has not answered yet
+    answered: bool = False  # its latest query was answered
 
 
 def form_for(seen: Seen) -> str:
@@ -413,16 +416,28 @@ class NcclCollector(Collector):
             if pending is not None:
                 pending.close()
         local, uuids = (local_addresses(self.procfs), self.uuids()) if targets else (set(), {})
-        asked = 0
-        for key in targets:
-            if not self.due(key, local):
-                continue
+        asked, began = 0, time.monotonic()
+        # Jobs whose latest query was answered first, then the others by their latest query, oldest first; past one
+        # timeout_seconds, only the first are asked this interval: a socket that accepts and never answers costs a
+        # whole timeout (every interval: no late answer to await), and a user's many such sockets held every other
+        # job's read. Each job not answered yet is asked within as many intervals as there are such jobs.
+        due = sorted(
+            (key for key in targets if self.due(key, local)),
+            key=lambda key: (not self.seen[key].answered, self.seen[key].asked),
+        )
+        for key in due:
             job, host, port = key
+            seen = self.seen[key]
+            if not seen.answered and seen.pending is None and time.monotonic() - began > self.timeout:
+                self.results["deferred"] += 1
+                continue
             try:
-                if not self.settled(self.seen[key]):
+                if not self.settled(seen):
                     continue
                 asked += 1
+                seen.answered = False
                 status = self.query(key)
+                seen.answered = True
             except RasError as error:
                 self.results[error.kind] += 1
                 if error.kind not in self._told.get(job, ()):
