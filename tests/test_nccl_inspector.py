@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -265,3 +266,35 @@ def test_message_sizes_no_nccl_writes_are_skipped_and_the_other_files_served(tmp
     assert sorted((s["rank"], s["communicator"]) for s, _ in bus) == [("0", COMM), ("1", COMM)]
     assert all(len(s["message_size"]) <= 20 for s, _ in bus)
     assert sample_value(text, "accelmon_nccl_inspector_skipped_lines_total") == 4
+
+
+def test_a_file_swapped_for_a_fifo_never_hangs_the_collector(tmp_path):
+    """A job's directory is its user's: between the listing and the read they may put a FIFO (or a symlink to
+    one, or to a file only the exporter may read) in place of their GPU's file. Opening a FIFO waits for a writer:
+    the collector's sample hung for good, every job's bandwidth with it. Only a regular file is read, never
+    through a link, without waiting."""
+    job_dir = tmp_path / "dump" / "4242"
+    swapped = gpu_file(job_dir, 0, lines(0, 350.0))
+    gpu_file(job_dir, 1, lines(1, 340.0))
+    source = collector(tmp_path)
+    listed = source.files()  # the listing, taken before the swap
+
+    class Raced(NcclInspectorCollector):
+        def files(self):
+            return listed
+
+    raced = Raced(source.dump_dir, source.max_age, source.max_communicators, source.procfs)
+    swapped.unlink()
+    os.mkfifo(swapped)
+    os.utime(swapped)
+    done: list[str] = []
+    worker = threading.Thread(target=lambda: done.append(text_of(raced)), daemon=True)
+    worker.start()
+    worker.join(5)
+    if worker.is_alive():  # unblock the hung open() so that the thread ends
+        with open(swapped, "wb"):
+            pass
+        worker.join(5)
+        pytest.fail("the sample waited on a FIFO")
+    bus = series(done[0], "accelmon_nccl_bus_bandwidth_bytes_per_second")
+    assert [s["rank"] for s, _ in bus] == ["1"]

@@ -32,14 +32,16 @@ job asks for Prometheus files and sets no interval.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import math
 import os
 import re
+import stat
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -207,6 +209,36 @@ def bucket_of(metric: str, labels: dict[str, str], value: float) -> Optional[Buc
     return bucket
 
 
+def read_regular(path: str, since: float) -> Union[bytes, str, None]:
+    """The file's first MAX_FILE_BYTES + 1 bytes; None when it was last written before `since` (stale); why not,
+    when it is no regular file. The job's directory is its user's: between the listing and this read they may put a
+    FIFO there (opening one waits for a writer: the sample hung for good) or a link to a file only the exporter may
+    read. So it is opened without following a link or waiting, and read only if it is a regular file."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        descriptor = os.open(path, flags)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            return "a symbolic link: not read"
+        raise
+    try:
+        status = os.fstat(descriptor)
+        if not stat.S_ISREG(status.st_mode):
+            return "not a regular file: not read"
+        if status.st_mtime < since:
+            return None
+        parts, size = [], 0
+        while size <= MAX_FILE_BYTES:
+            chunk = os.read(descriptor, MAX_FILE_BYTES + 1 - size)
+            if not chunk:
+                break
+            parts.append(chunk)
+            size += len(chunk)
+        return b"".join(parts)
+    finally:
+        os.close(descriptor)
+
+
 class NcclInspectorCollector(Collector):
     name = "nccl_inspector"
 
@@ -251,14 +283,16 @@ class NcclInspectorCollector(Collector):
         served: set[tuple[str, ...]] = set()  # a GPU's file in two places (a job's directory and dump_dir): once
         for path, uuid, job in files:
             try:
-                status = os.stat(path)
-                if now - status.st_mtime > self.max_age:
-                    stale += 1
-                    continue
-                with open(path, "rb") as stream:
-                    raw = stream.read(MAX_FILE_BYTES + 1)
+                read = read_regular(path, now - self.max_age)
             except OSError:
                 continue  # removed with its job's directory
+            if read is None:
+                stale += 1
+                continue
+            if isinstance(read, str):
+                self._skip(path, 0, read)
+                continue
+            raw = read
             fresh += 1
             if len(raw) > MAX_FILE_BYTES:
                 self._skip(path, raw.count(b"\n"), f"over {MAX_FILE_BYTES} bytes")
