@@ -615,3 +615,26 @@ def test_silent_sockets_of_one_user_do_not_hold_the_other_jobs_reads(node):
         assert ("4", "0x2") in {
             (s["job_id"], s["communicator"]) for s, _ in series(text, "accelmon_nccl_communicator_status")
         }
+
+
+def test_a_2000_node_steps_start_is_asked_by_few_nodes_an_interval(node):
+    """Every node asked a step once within its first SPREAD_ROUNDS intervals (to learn who keeps asking): a
+    2,000-node step starting was asked 200 times an interval, each a collection from every one of its processes. A
+    job of more nodes (the prolog's nccl_ras_nodes) spreads them over its node count / SPREAD_NODES intervals."""
+    make, serve, state = node
+    server = serve(answer=json_answer([]))
+    job_record(state, "77", server.port, query="0")
+    record = state / "slurm-77"
+    record.write_text(record.read_text() + "nccl_ras_nodes=2000\n")
+    collector = make()
+    collector.targets()
+    key = ("77", "localhost", server.port)
+    early = 0
+    for host in range(200):  # 200 of the job's nodes, each with its own address
+        local = {f"10.1.{host // 250}.{host % 250}"}
+        collector.seen.clear()
+        collector.rounds = 0
+        collector.due(key, local)
+        collector.rounds = nccl.SPREAD_ROUNDS - 1
+        early += collector.due(key, local)
+    assert early <= 200 * 2 * nccl.SPREAD_ROUNDS * nccl.SPREAD_NODES // 2000  # about 10 (before: all 200)

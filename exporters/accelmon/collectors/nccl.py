@@ -73,6 +73,9 @@ PENDING_SECONDS = 600  # a query NCCL has not answered in this long is given up 
 # listening on it (the first node at once, the others spread over SPREAD_ROUNDS intervals), and again every
 # RECHECK_ROUNDS intervals, so that a step no asker reads is found.
 SPREAD_ROUNDS = 10
+# ... or, in a job of more nodes (the prolog's nccl_ras_nodes), over its node count / SPREAD_NODES intervals: a step
+# of 2,000 nodes starting was asked 200 times an interval for its first 10 (each a collection from every process).
+SPREAD_NODES = 10
 RECHECK_ROUNDS = 60
 # ... or, where the job's answer says how many nodes it runs on, that many times RECHECK_NODE_ROUNDS: every asking node
 # makes RAS gather every rank's data to it, from every process of the job, so a 2,000-node job's nodes rechecking
@@ -316,6 +319,7 @@ class NcclCollector(Collector):
         self.max_bytes = max_bytes
         self.seen: dict[tuple[str, str, int], Seen] = {}
         self.first: set[str] = set()  # jobs whose first node this is (the prolog's nccl_ras_query=1)
+        self.nodes: dict[str, int] = {}  # jobs' node counts (the prolog's nccl_ras_nodes), where more than one
         self.rounds = 0
         self.factor = factor
         self.max_communicators = max_communicators
@@ -342,6 +346,9 @@ class NcclCollector(Collector):
         records = [r for r in records if r.get("job_id")]
         self.owners = {r["job_id"]: job_uid(r) for r in records}
         self.first = {r["job_id"] for r in records if r.get("nccl_ras_query", "1") != "0"}
+        self.nodes = {
+            r["job_id"]: int(r["nccl_ras_nodes"][:7]) for r in records if r.get("nccl_ras_nodes", "").isdigit()
+        }
         held = {str(port) for r in records for port in ports_of(r)}
         jobs = [(r["job_id"], "localhost", port) for r in records for port in self.ports_asked(r, held)]
         owner = records[0]["job_id"] if len(records) == 1 else ""
@@ -359,7 +366,8 @@ class NcclCollector(Collector):
         if seen.pending is not None or not job:
             return True
         if seen.lowest is None:  # never answered here: the first node at once, the others spread
-            phase = int(hashlib.sha256(repr((key, sorted(local))).encode()).hexdigest()[:8], 16) % SPREAD_ROUNDS
+            spread = max(SPREAD_ROUNDS, self.nodes.get(job, 0) // SPREAD_NODES)
+            phase = int(hashlib.sha256(repr((key, sorted(local))).encode()).hexdigest()[:8], 16) % spread
             return job in self.first or self.rounds >= seen.since + phase
         asker = seen.lowest in local if seen.lowest else job in self.first
         return asker or self.rounds - seen.asked >= max(RECHECK_ROUNDS, RECHECK_NODE_ROUNDS * seen.nodes)
