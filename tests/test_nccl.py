@@ -475,10 +475,17 @@ def test_a_jobs_own_port_must_be_its_users_socket(node, tmp_path):
 
 
 def flood(count: int) -> str:
-    """`count` communicators, then one missing a rank: an answer as a socket that answers as it likes may give."""
+    """`count` communicators laid out as NCCL writes one with no rank (rasClientRunComms' JSON, v2.29.2-1
+    client_support.cc:1953-1958: indented, every field), then one missing a rank: what a job that makes communicators
+    without end, or a socket that answers as it likes, may give (a denser flood is no NCCL's: malformed)."""
     troubled = communicator("0xbad", [rank(0, 5)], [missing_rank(1, "10.0.0.13", 7001, 1, True)])
-    flooded = "".join(f'{{"hash": "0x{n:x}"}},' for n in range(count))
-    return '{"communicators": [' + flooded + json.dumps(troubled) + "]}"
+    flooded = "".join(
+        f'    {{\n      "hash": "0x{n:x}",\n      "secondary_hash": "0x1:0x2",\n      "size": 1,\n'
+        '      "ranks_count": 0,\n      "missing_ranks_count": 0,\n      "ranks": [\n      ],\n'
+        '      "missing_ranks": [\n      ]\n    },\n'
+        for n in range(count)
+    )
+    return '{\n  "communicators": [\n' + flooded + json.dumps(troubled) + "\n  ]\n}"
 
 
 def test_a_flood_of_communicators_is_parsed_one_at_a_time():
@@ -496,13 +503,14 @@ def test_a_flood_of_communicators_is_parsed_one_at_a_time():
 
 def test_a_flood_of_communicators_is_bounded(node):
     """Issue 67, point 8: 400,000 communicators in 7.9 MB became 400,008 series: now the 64 most troubled are
-    served, the rest counted."""
+    served, the rest counted (40,000 as NCCL lays them out: 7.6 MB, under the 8 MiB cap)."""
     make, serve, state = node
-    server = serve(answer=flood(400_000))
+    small = text_answer([TextComm(0xBAD, 2)], tag="v2.29.2-1")  # its short text says a small job: JSON is asked
+    server = serve(answer=flood(40_000), text=small)
     job_record(state, "99", server.port)
     text = text_of(make(timeout=30.0))
     assert len(series(text, "accelmon_nccl_communicator_status")) == 64
-    assert sample_value(text, "accelmon_nccl_communicators_dropped", job_id="99") == 400_001 - 64
+    assert sample_value(text, "accelmon_nccl_communicators_dropped", job_id="99") == 40_001 - 64
     assert sample_value(text, "accelmon_nccl_communicator_status", job_id="99", communicator="0xbad",
                         status="incomplete") == 1  # fmt: skip
 
@@ -638,3 +646,41 @@ def test_a_2000_node_steps_start_is_asked_by_few_nodes_an_interval(node):
         collector.rounds = nccl.SPREAD_ROUNDS - 1
         early += collector.due(key, local)
     assert early <= 200 * 2 * nccl.SPREAD_ROUNDS * nccl.SPREAD_NODES // 2000  # about 10 (before: all 200)
+
+
+@pytest.mark.parametrize("form", ["json", "text"])
+def test_an_answer_near_the_cap_stays_within_the_units_memory(form):
+    """A job's own socket may answer what it likes up to the cap (16 MiB then, 8 MiB now): 1.5 million small keys in
+    JSON made 220 MiB of objects, 330,000 rank lines of text 133 MiB, past the unit's MemoryMax=256M with the
+    exporter's own (killed and restarted in a loop, every job of the node unread). NCCL's JSON has a value every 30
+    bytes or so, its text for a job of up to 8,192 rank places a few MiB: denser JSON is malformed, a text over 4 MiB
+    too_large, before anything is built of them; 8 MiB of values 16 bytes apart (the densest allowed) stays under
+    64 MiB."""
+    if form == "json":
+        answer = '{"communicators": [], "x": {' + ",".join(f'"{i}":1' for i in range(750_000)) + "}}"
+        kind = "malformed"
+    else:
+        answer = (
+            "NCCL version 2.29.2 compiled with CUDA 12.8\n\nCommunicators\n\nWarnings\n========\n\n"
+            "#1-0 (27a079b828ff1a75) MISMATCH\n  Communicator ranks have different collective operation counts\n"
+            "  26 ranks have launched up to operation 6650\n"
+        ) + "".join(f"  Rank {i} -- GPU 0 managed by process {i} on node h\n" for i in range(150_000))
+        kind = "too_large"
+    tracemalloc.start()
+    try:
+        with pytest.raises(RasError) as raised:
+            nccl_ras.parse(form, answer, 8)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert raised.value.kind == kind
+    assert peak < 16 << 20
+    if form == "json":  # the densest NCCL-like answer allowed, at the cap: parsed, within bounds
+        densest = '{"communicators": [], "x": {' + ",".join(f'"k{i:011d}":1' for i in range((8 << 20) // 17)) + "}}"
+        tracemalloc.start()
+        try:
+            nccl_ras.parse(form, densest, 8)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 64 << 20

@@ -55,6 +55,14 @@ MISSING_COMMA = re.compile(r'("nvml_dev": -?\d{1,19})(\s*\n\s*"status")')
 # answer is parsed communicator by communicator, never held whole as objects: 400,000 communicators in 7.5 MB (a
 # socket another user answers on, or a job that makes communicators without end) became 400,008 series and 437 MiB.
 MAX_COMMUNICATORS = 64
+# What is built of an answer stays within the unit's memory (MemoryMax=256M) whatever a job's socket sends up to the
+# cap. NCCL's JSON has a value every 30 bytes or so (a comma every 36, an object every 179: tests/support/ras_corpus.py
+# at 2.29.2): one denser than a value (comma, object or array) every VALUE_BYTES is no NCCL's (1.5 million small keys
+# in 16 MiB made 220 MiB of objects; a value every 16 bytes of 8 MiB, the answer's cap now, makes 58 MiB). The text is
+# asked only of jobs up to 8,192 rank places (collector nccl, VERBOSE_RANKS: a few MiB at most); a longer one is
+# too_large (330,000 rank lines in 16 MiB made 133 MiB).
+VALUE_BYTES = 16
+MAX_TEXT_BYTES = 4 << 20
 
 
 @dataclass
@@ -189,6 +197,9 @@ def parse_json(text: str, max_ranks: int, max_communicators: int = MAX_COMMUNICA
     ("malformed") when it is not that."""
     start = text.find("{")
     body = text[start:] if start >= 0 else ""
+    values = body.count(",") + body.count("{") + body.count("[")
+    if values > len(body) // VALUE_BYTES + 4096:
+        raise RasError("malformed", f"{values} values in {len(body)} bytes: denser than any NCCL answer")
     repaired = False
     try:
         data, kept = decode(body, max_ranks, max_communicators)
@@ -364,6 +375,8 @@ def parse_text(text: str, max_ranks: int, max_communicators: int = MAX_COMMUNICA
     is left out."""
     if "Communicators" not in text and "Job summary" not in text:
         raise RasError("malformed", "not a RAS status answer")
+    if len(text) > MAX_TEXT_BYTES:
+        raise RasError("too_large", f"a text answer of {len(text)} characters: NCCL's is a few MiB at most")
     sizes: dict[int, int] = {}
     ranks_total = 0  # the summary's 'ranks in group' summed
     garbled = PHANTOM_WALK[0] <= (release(text) or (0, 0, 0)) < PHANTOM_WALK[1]

@@ -54,8 +54,10 @@ log = logging.getLogger("accelmon.nccl")
 
 # A rank is about 535 bytes of JSON in each of its communicators: a 4,096-rank job with one communicator answers about
 # 2 MiB, a 16k-rank job with six about 50 MiB, too much to parse in an exporter's memory. Past this, the text form
-# (only the ranks that stand out) is asked instead (accelmon.nccl_ras.ask).
-MAX_ANSWER_BYTES = 16 * 1024 * 1024
+# (only the ranks that stand out) is asked instead (accelmon.nccl_ras.ask). JSON is asked only where expected under
+# JSON_FAST_BYTES (4 MiB), so 8 MiB leaves it room to grow twofold; what a job's socket sends up to the cap is built
+# into objects (as much as 7 times its size, in the worst case nccl_ras allows), within the unit's MemoryMax=256M.
+MAX_ANSWER_BYTES = 8 * 1024 * 1024
 RESULTS = ("ok", "refused", "timeout", "cut_short", "malformed", "protocol", "too_large", "foreign_socket",
            "owner_unknown", "pending", "deferred")  # fmt: skip
 # The form each job is asked in (accelmon.nccl_ras_client.FORMS), from its latest answer: NCCL makes an answer whole
