@@ -298,3 +298,17 @@ def test_a_file_swapped_for_a_fifo_never_hangs_the_collector(tmp_path):
         pytest.fail("the sample waited on a FIFO")
     bus = series(done[0], "accelmon_nccl_bus_bandwidth_bytes_per_second")
     assert [s["rank"] for s, _ in bus] == ["1"]
+
+
+def test_files_of_gpus_this_node_does_not_have_are_not_served(tmp_path):
+    """The file's name gives the GPU's UUID, and a job's user names their files: 500 files named by made-up UUIDs
+    were 500 more `uuid` label values of their choosing (times 64 communicators each), read every interval. Only
+    the files of this node's GPUs (the driver's procfs) are read; the others are counted, never served."""
+    job_dir = tmp_path / "dump" / "4242"
+    gpu_file(job_dir, 3, lines(3, 350.0))
+    for index in range(500):
+        gpu_file(job_dir, 1000 + index, lines(index % 16, 340.0))  # GPUs of no node here
+    text = text_of(collector(tmp_path))
+    bus = series(text, "accelmon_nccl_bus_bandwidth_bytes_per_second")
+    assert [(s["gpu"], s["uuid"]) for s, _ in bus] == [("3", uuid(3))]
+    assert sample_value(text, "accelmon_nccl_inspector_files", state="unknown_gpu") == 500

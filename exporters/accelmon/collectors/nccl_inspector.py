@@ -109,7 +109,8 @@ MESSAGE = C.gauge(
 )
 FILES = C.gauge(
     "accelmon_nccl_inspector_files",
-    "Inspector files found, by state: fresh (read), stale (older than max_age_seconds: left out).",
+    "Inspector files found, by state: fresh (read), stale (older than max_age_seconds: left out), unknown_gpu (named "
+    "by the UUID of no GPU of this node, as the driver's procfs lists them: not read).",
     ["state"],
 )
 SKIPPED = C.counter(
@@ -281,7 +282,11 @@ class NcclInspectorCollector(Collector):
         by_uuid = driver_gpus(self.procfs)[1] if files else {}
         now = self.clock()
         served: set[tuple[str, ...]] = set()  # a GPU's file in two places (a job's directory and dump_dir): once
+        unknown = 0
         for path, uuid, job in files:
+            if uuid not in by_uuid:  # a name the job's user chose: no label of it, nothing read
+                unknown += 1
+                continue
             try:
                 read = read_regular(path, now - self.max_age)
             except OSError:
@@ -297,11 +302,12 @@ class NcclInspectorCollector(Collector):
             if len(raw) > MAX_FILE_BYTES:
                 self._skip(path, raw.count(b"\n"), f"over {MAX_FILE_BYTES} bytes")
                 continue
-            gpu = by_uuid[uuid].index if uuid in by_uuid else ""
+            gpu = by_uuid[uuid].index
             self.read_file(out, raw.decode(errors="replace"), (job, gpu, uuid), path, served)
         self._told &= {path for path, _, _ in files}  # forget the files of ended jobs
         out.add(FILES, ("fresh",), fresh)
         out.add(FILES, ("stale",), stale)
+        out.add(FILES, ("unknown_gpu",), unknown)
         out.add(SKIPPED, (), self.skipped)
         return out
 
