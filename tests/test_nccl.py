@@ -684,3 +684,30 @@ def test_an_answer_near_the_cap_stays_within_the_units_memory(form):
         finally:
             tracemalloc.stop()
         assert peak < 64 << 20
+
+
+def test_two_steps_of_one_job_on_a_node_serve_each_job_series_once(node):
+    """Two steps of a job run at once on a node, each on its port of the job's block: each answer added the job's
+    own series (communicators dropped, garbled, RAS's timeouts) again, two series of one name and labels in one
+    exposition (promtool: duplicate; Prometheus keeps one value of the two). Each is served once, summed over the
+    job's answers."""
+    make, serve, state = node
+
+    def answer(hash_: str, timeouts: int) -> str:
+        text = json_answer([communicator(hash_, [rank(0, 5)], [])])
+        return text.replace('"timeouts_count": 0', f'"timeouts_count": {timeouts}')
+
+    for base in range(41000, 41200, 2):  # the job's block: two adjacent ports, one a step
+        try:
+            first = serve(answer=answer("0x1", 2), port=base)
+            serve(answer=answer("0x2", 3), port=base + 1)
+            break
+        except OSError:
+            continue
+    job_record(state, "5", first.port)
+    record = state / "slurm-5"
+    record.write_text(record.read_text() + "nccl_ras_ports=2\n")
+    text = text_of(make())
+    promtool_check(text)
+    assert {s["communicator"] for s, _ in series(text, "accelmon_nccl_communicator_status")} == {"0x1", "0x2"}
+    assert series(text, "accelmon_nccl_collection_timeouts") == [({"job_id": "5"}, 5.0)]

@@ -43,7 +43,7 @@ from typing import Optional, Protocol
 from accelmon import nccl_ras
 from accelmon.job_sources import has_job_records
 from accelmon.job_sources.slurm import STATE_DIR, read_record, record_names
-from accelmon.metrics import Catalogue, Samples
+from accelmon.metrics import Catalogue, MetricSpec, Samples
 from accelmon.nccl_ras import JobStatus, Pending, Rank, RasError
 from accelmon.nvidia import NVML_DEVICES, NvmlSession
 from accelmon.registry import Option, Paths, Registration, register, seconds
@@ -427,6 +427,7 @@ class NcclCollector(Collector):
                 pending.close()
         local, uuids = (local_addresses(self.procfs), self.uuids()) if targets else (set(), {})
         asked, began = 0, time.monotonic()
+        totals: dict[tuple[MetricSpec, str], int] = {}  # each job's own series, over its answers
         # Jobs whose latest query was answered first, then the others by their latest query, oldest first; past one
         # timeout_seconds, only the first are asked this interval: a socket that accepts and never answers costs a
         # whole timeout (every interval: no late answer to await), and a user's many such sockets held every other
@@ -455,7 +456,10 @@ class NcclCollector(Collector):
                     log.warning("NCCL RAS of job %s at %s:%d: %s", job or "?", host, port, error)
                 continue
             self.results["ok"] += 1
-            self.serve(out, job, status, local, uuids)
+            self.serve(out, job, status, local, uuids, totals)
+        for (spec, job), value in totals.items():
+            if spec is not DRILL_ACTIVE or value:
+                out.add(spec, (job, "missing_rank_walk") if spec is GARBLED else (job,), value)
         out.add(JOBS_ASKED, (), asked)
         for result, count in self.results.items():
             out.add(QUERIES, (result,), count)
@@ -504,12 +508,14 @@ class NcclCollector(Collector):
                 return status
             want = sized
 
-    def serve(self, out: Samples, job: str, status: JobStatus, local: set[str], uuids: dict[int, str]) -> None:
-        if status.drill:
-            out.add(DRILL_ACTIVE, (job,), 1)
-        out.add(COMM_DROPPED, (job,), status.dropped)
-        out.add(GARBLED, (job, "missing_rank_walk"), status.phantoms)
-        out.add(COLLECTION_TIMEOUTS, (job,), status.timeouts)
+    def serve(
+        self, out: Samples, job: str, status: JobStatus, local: set[str], uuids: dict[int, str], totals: dict
+    ) -> None:
+        """The answer's communicators and ranks; its job's own series are summed in `totals` (one job's steps that
+        run at once answer on ports of their own: each job series once, never one an answer)."""
+        for spec, value in ((DRILL_ACTIVE, int(status.drill)), (COMM_DROPPED, status.dropped),
+                            (GARBLED, status.phantoms), (COLLECTION_TIMEOUTS, status.timeouts)):  # fmt: skip
+            totals[(spec, job)] = totals.get((spec, job), 0) + value
 
         def labels(comm: str, rank: Rank) -> list[str]:
             uuid = uuids.get(rank.nvml_dev, "") if rank.host in local else ""
