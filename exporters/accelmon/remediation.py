@@ -30,9 +30,8 @@ import os
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, Protocol
 
-from accelmon.slurm.nodes import SlurmNode
 from accelmon.validation import Option
 from accelmon.xid import ACTIONS
 
@@ -401,8 +400,19 @@ def repeat_offender(
     return None
 
 
+class DrainedNode(Protocol):
+    """What the policy reads of a node: a scheduler's node type adapts to it (accelmon.slurm.nodes.SlurmNode does as
+    it is), so that the policy depends on no scheduler."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def reboot_pending(self) -> bool: ...
+
+
 def plan_repair(
-    failing: list[FailingGpu], node_failing: list[tuple[str, str]], journal: Journal, node: SlurmNode,
+    failing: list[FailingGpu], node_failing: list[tuple[str, str]], journal: Journal, node: DrainedNode,
     repeat_window_seconds: float, now: float,
 ) -> RepairPlan:  # fmt: skip
     """What a node accelmon drained, now running no job, gets (the mode decides whether it is done).
