@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 from accelmon.metrics import MetricSpec, Samples
 
@@ -133,12 +133,14 @@ class View:
                 entry[1].add(values[at_uuid] if at_uuid is not None else None)
         return grouped
 
-    def of(self, spec: MetricSpec, gpu: Optional[Gpu] = None) -> list[tuple[Labels, float]]:
+    def of(self, spec: Union[MetricSpec, str], gpu: Optional[Gpu] = None) -> list[tuple[Labels, float]]:
+        """The rows of `spec` (or of the metric so named: one another package serves), of `gpu` or all."""
+        name = spec if isinstance(spec, str) else spec.name
         if gpu is None:
-            return self._all(spec.name)
-        by_index = self._by_index.get(spec.name)
+            return self._all(name)
+        by_index = self._by_index.get(name)
         if by_index is None:
-            by_index = self._by_index[spec.name] = self._grouped(spec.name)
+            by_index = self._by_index[name] = self._grouped(name)
         rows, uuids = by_index.get(gpu[0], ([], set()))
         if len(uuids) == 1:
             return rows if _same_gpu((gpu[0], next(iter(uuids))), gpu) else []

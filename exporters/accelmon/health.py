@@ -21,12 +21,14 @@ from typing import Optional, TypeVar
 
 from accelmon import xid as catalogue
 from accelmon.checks import VERDICTS, ActiveDrill, Check, Gpu, GpuCheck, NodeCheck, View, worst
-from accelmon.collectors.fabric import LINK_REMOTE
 from accelmon.gpu_metrics import INFO, MIG_MODE, UP
 from accelmon.metrics import Samples
 from accelmon.registry import Registration
 
 Checked = TypeVar("Checked", GpuCheck, NodeCheck)
+# What each NVLink leads to, as the fabric collector serves it (accelmon.collectors.fabric.LINK_REMOTE): read by name,
+# because collectors build on health and never the other way round (tests/test_layout.py keeps the two names equal).
+NVLINK_REMOTE = "accelmon_gpu_nvlink_remote_info"
 
 
 @dataclass
@@ -154,7 +156,7 @@ def evaluate(
                 sorted(
                     {
                         (labels["remote_type"], labels["remote_pci_bus_id"])
-                        for labels, _ in view.of(LINK_REMOTE, (index, uuid))
+                        for labels, _ in view.of(NVLINK_REMOTE, (index, uuid))
                     }
                 )
             ),
