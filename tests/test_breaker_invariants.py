@@ -273,9 +273,9 @@ def test_a_node_whose_clock_runs_ahead_still_counts_the_resets_under_way(tmp_pat
 def test_every_check_that_judged_nothing_is_no_pass_in_a_real_scan():
     """A GPU the driver lists but NVML does not answer for (accelmon_gpu_up absent) is marked as not answering by
     the evaluation itself, not only in hand-made verdicts."""
+    from accelmon.collectors import collectors
     from accelmon.gpu_metrics import UP
     from accelmon.metrics import Samples
-    from accelmon.registry import collectors
 
     samples = Samples()
     samples.add(UP, ["0", "GPU-0"], 1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from accelmon.catalogue import catalogues, checks_markdown, markdown, with_checks
-from accelmon.registry import collectors
+from accelmon.collectors import collectors
 from tests.support.paths import GOLDEN, ROOT
 
 

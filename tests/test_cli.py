@@ -7,8 +7,8 @@ import ctypes.util
 import pytest
 
 from accelmon.cli import parser, settings_from
+from accelmon.collectors import collectors
 from accelmon.config import ConfigError
-from accelmon.registry import collectors
 from accelmon.scan import build_samplers
 from tests.support.exposition import GOLDEN, by_collector, check_golden, promtool_check, sample_value, stable_lines
 from tests.support.processes import (

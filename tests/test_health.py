@@ -10,12 +10,11 @@ import subprocess
 import pytest
 
 from accelmon import gpu_metrics, health
-from accelmon.collectors import fabric, kernel_log, nvml
+from accelmon.collectors import collectors, fabric, kernel_log, nvml
 from accelmon.collectors.health import served
 from accelmon.collectors.kernel_log import KernelLogCollector
 from accelmon.collectors.nvml import NvmlCollector
 from accelmon.metrics import Samples
-from accelmon.registry import collectors
 from tests.support.exposition import promtool_check, sample_value, series, text_of
 from tests.support.jobs_tree import nvidia_procfs, uuid
 from tests.support.kernel_log_lines import BOOT, HISTORY, record, xid_line

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from accelmon.collectors import collectors
 from accelmon.collectors.neuron import NeuronCollector
-from accelmon.registry import Paths, collectors
+from accelmon.registry import Paths
 from tests.support.exposition import check_golden, promtool_check, text_of
 from tests.support.exposition import sample_value as value
 from tests.support.jobs_tree import slurm_job_cgroup

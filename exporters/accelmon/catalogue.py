@@ -12,8 +12,8 @@ from pathlib import Path
 
 from accelmon import cloudwatch, health
 from accelmon.checks import GpuCheck, NodeCheck
+from accelmon.collectors import collectors
 from accelmon.metrics import Catalogue
-from accelmon.registry import collectors
 from accelmon.runtime import SELF
 
 

@@ -12,8 +12,9 @@ from typing import Sequence
 
 from accelmon import __version__, health
 from accelmon.cloudwatch import Publisher, check_boto3, cost_report
+from accelmon.collectors import collectors, known_metrics
 from accelmon.config import LOG_LEVELS, ConfigError, Settings, check_listen_address, load
-from accelmon.registry import Paths, collectors, known_metrics
+from accelmon.registry import Paths
 from accelmon.runtime import Exporter
 from accelmon.scan import SCAN_FAILED, build_samplers, plan, scan_health
 from accelmon.server import IPNetwork, MetricsServer, notify_systemd

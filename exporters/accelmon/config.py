@@ -8,7 +8,8 @@ from typing import Any
 import yaml
 
 from accelmon.cloudwatch import CloudWatchSettings, parse_settings
-from accelmon.registry import ConfigError, Paths, collectors, known_metrics
+from accelmon.collectors import collectors, known_metrics
+from accelmon.registry import ConfigError, Paths
 from accelmon.server import IPNetwork, allowed_networks
 
 DEFAULT_PORT = 19470

@@ -41,10 +41,10 @@ from typing import Optional
 
 from accelmon import drill_store, nccl_drill, topology
 from accelmon.checks import ActiveDrill, Drill
+from accelmon.collectors import collectors
 from accelmon.collectors.infiniband import NCCL_CONF
 from accelmon.config import load
 from accelmon.drill_store import DRILL_DIR, nic_drills, read, remove, write
-from accelmon.registry import collectors
 from accelmon.scan import scan_health
 from accelmon.validation import ConfigError
 

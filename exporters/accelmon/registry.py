@@ -1,4 +1,5 @@
-"""What a collector declares about itself, and the registry of every collector in `accelmon.collectors`.
+"""What a collector declares about itself, and the registry the collectors register in (`accelmon.collectors`
+lists them).
 
 A collector module owns everything it knows: its typed options (defaults, choices, bounds, help), how to detect
 its hardware, the device nodes it needs, its metric catalogue, its help text and its health checks. It declares
@@ -9,9 +10,7 @@ collector, or a check, is adding to its module.
 
 from __future__ import annotations
 
-import importlib
 import os
-import pkgutil
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -106,18 +105,3 @@ def register(registration: Registration) -> Registration:
         raise ValueError(f"two collectors are named {registration.name}")
     REGISTRY[registration.name] = registration
     return registration
-
-
-def collectors() -> dict[str, Registration]:
-    """Every collector, by name: each module of `accelmon.collectors` registers itself when imported."""
-    import accelmon.collectors as package
-
-    for module in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
-        if not module.name.startswith("_"):
-            importlib.import_module(f"{package.__name__}.{module.name}")
-    return dict(sorted(REGISTRY.items()))
-
-
-def known_metrics() -> dict[str, MetricSpec]:
-    """Every metric a collector may export, by name."""
-    return {spec.name: spec for registration in collectors().values() for spec in registration.catalogue.specs}

@@ -14,8 +14,9 @@ import time
 
 from accelmon import drill_store, health
 from accelmon.checks import Check
+from accelmon.collectors import collectors
 from accelmon.config import ConfigError, Settings, load
-from accelmon.registry import Registration, collectors
+from accelmon.registry import Registration
 from accelmon.remediation import JOURNAL, Journal
 from accelmon.runtime import Exporter, Sampler
 

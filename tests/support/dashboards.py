@@ -33,7 +33,7 @@ def served_or_recorded() -> set[str]:
     (contract.ONLY_WHILE) is checked, since a simulated fleet never is so."""
     import yaml
 
-    from accelmon.registry import collectors
+    from accelmon.collectors import collectors
     from tests.support.rules import rule_files
 
     served = {spec.name for registration in collectors().values() for spec in registration.catalogue.specs}

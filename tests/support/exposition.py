@@ -34,7 +34,7 @@ def by_collector(exposition: str) -> dict[str, str]:
     """The exposition split by the collector that serves each family (its catalogue's specs); the self-metrics
     labelled `collector` go with the collector they are about; the process's own (build info, scrape counts) are
     `exporter`'s. Each part keeps the HELP and TYPE lines of its families, in exposition order."""
-    from accelmon.registry import collectors
+    from accelmon.collectors import collectors
 
     owner = {spec.name: name for name, r in collectors().items() for spec in r.catalogue.specs}
     # A health check's series go with the collector that declares the check (health.<collector>): a collector's

@@ -75,7 +75,7 @@ def on_fixtures(root: Path, *running: str) -> list[str]:
     fixture trees under `root` (empty unless a test fills them, or given by a later --path.* flag, which wins), the
     collectors `running` left at `auto` (as a user leaves them: on a host like the fixtures, they run) and every other
     one off (a collector's `auto` reads more of the host than its paths: a DCGM install, a state directory)."""
-    from accelmon.registry import collectors
+    from accelmon.collectors import collectors
 
     for tree in ("sys", "proc", "dev"):
         (root / tree).mkdir(parents=True, exist_ok=True)

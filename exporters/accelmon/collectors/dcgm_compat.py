@@ -22,9 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional
 
+from accelmon.collectors import collectors
 from accelmon.metrics import Catalogue, MetricSpec, Samples
 from accelmon.nvidia import driver_gpu_entries
-from accelmon.registry import Option, Registration, collectors, never, register, seconds
+from accelmon.registry import Option, Registration, never, register, seconds
 from accelmon.runtime import Collector, Sampler
 
 MIB = 2**20

@@ -17,8 +17,9 @@ import time
 from collections.abc import Callable
 
 from accelmon import drill_store, health, remediation
+from accelmon.collectors import collectors
 from accelmon.metrics import Catalogue, Samples
-from accelmon.registry import Paths, Registration, collectors, register, seconds
+from accelmon.registry import Paths, Registration, register, seconds
 from accelmon.remediation import Journal
 from accelmon.runtime import Collector, Sampler
 from accelmon.slurm.pause import PauseMemory, paused_path
