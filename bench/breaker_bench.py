@@ -1,7 +1,7 @@
 """The circuit breaker when every node checks at once: N health checks with the same failing verdict meet a fake
 controller (tests/support/fake_scontrol.py: it serialises calls as slurmctld does and stamps reasons with the real
 time) at the same moment; how many nodes end up drained, for "count, then drain" (what accelmon shipped before
-issue 48) and for accelmon.slurm.fleet's claim-and-verify, side by side.
+issue 48) and for accelmon.schedulers.slurm.fleet's claim-and-verify, side by side.
 
     python -m bench.breaker_bench [--nodes 20] [--rounds 3] [--limit 3]
 """
@@ -17,8 +17,8 @@ from pathlib import Path
 
 from tests.support.fake_scontrol import Cluster
 
-from accelmon.slurm.fleet import Fleet, Limits, out_by_accelmon
-from accelmon.slurm.nodes import run_scontrol
+from accelmon.host.slurm_nodes import run_scontrol
+from accelmon.schedulers.slurm.fleet import Fleet, Limits, out_by_accelmon
 
 
 def run(command: list[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -196,7 +196,7 @@ def infiniband_cost(work: Path, devices: int = 8, rounds: int = 200) -> tuple[fl
     from tests.support.infiniband_tree import add_device, node_exporter, scrape_node_exporter
 
     from accelmon.collectors.infiniband import InfinibandCollector
-    from accelmon.metrics import render
+    from accelmon.exporter.metrics import render
 
     sysfs = work / "ib-sys"
     for index in range(devices):
@@ -221,7 +221,7 @@ def neuron_cost(rounds: int = 200) -> float:
     from tests.support.neuron_reports import line, report, runtime
 
     from accelmon.collectors.neuron import NeuronCollector
-    from accelmon.metrics import render
+    from accelmon.exporter.metrics import render
 
     collector = NeuronCollector(monitor="/nonexistent")
     text = [

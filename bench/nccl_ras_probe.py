@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "exporters"))
 from tests.support.processes import free_port  # noqa: E402
 
-from accelmon import nccl_ras  # noqa: E402
+from accelmon.host import nccl_ras  # noqa: E402
 
 JOB = """import os, sys, time, torch, torch.distributed as dist
 dist.init_process_group("nccl", init_method="tcp://127.0.0.1:" + sys.argv[1], rank=0, world_size=1)

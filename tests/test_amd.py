@@ -12,11 +12,11 @@ import sys
 import pytest
 
 from accelmon import health
-from accelmon.amdsmi_library import load_amdsmi
 from accelmon.collectors import amd
 from accelmon.collectors.amd import AmdCollector, amd_only
 from accelmon.config import load
-from accelmon.registry import Paths
+from accelmon.exporter.registry import Paths
+from accelmon.host.amdsmi_library import load_amdsmi
 from accelmon.scan import plan
 from tests.support.clock import ManualClock
 from tests.support.exposition import check_golden, promtool_check, sample_value, text_of
@@ -191,7 +191,7 @@ def test_without_the_package_the_collector_says_why_and_serves_nothing(monkeypat
     assert "the amdsmi package is not installed" in caplog.text
 
 
-LOAD = "from accelmon.amdsmi_library import load_amdsmi; module, why = load_amdsmi(); print(why)"
+LOAD = "from accelmon.host.amdsmi_library import load_amdsmi; module, why = load_amdsmi(); print(why)"
 
 
 def load_in_a_fresh_process(rocm: str) -> subprocess.CompletedProcess[str]:

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from accelmon.remediation import Journal
-from accelmon.slurm.fleet import Budget, Fleet, Limits
-from accelmon.slurm.nodes import parse_nodes, stamp_time
-from accelmon.slurm.repair import Options, SlurmRepair
+from accelmon.health.remediation import Journal
+from accelmon.host.slurm_nodes import parse_nodes, stamp_time
+from accelmon.schedulers.slurm.fleet import Budget, Fleet, Limits
+from accelmon.schedulers.slurm.repair import Options, SlurmRepair
 from tests.support.fake_scontrol import Cluster
 from tests.test_fleet import NODES, all_at_once, loop_on, out_by_accelmon, run, together
 from tests.test_remediation import failing

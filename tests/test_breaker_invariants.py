@@ -20,16 +20,17 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from accelmon import health, remediation
-from accelmon.checks import Check
+from accelmon import health
 from accelmon.config import load
-from accelmon.metrics import Samples
-from accelmon.remediation import Journal
-from accelmon.runtime import Collector, Sampler
+from accelmon.exporter.checks import Check
+from accelmon.exporter.metrics import Samples
+from accelmon.exporter.runtime import Collector, Sampler
+from accelmon.health import remediation
+from accelmon.health.remediation import Journal
 from accelmon.scan import sample_within, scan_health
-from accelmon.slurm.evidence import gres_gpus, not_back
-from accelmon.slurm.fleet import Limits
-from accelmon.slurm.repair import Options, SlurmRepair
+from accelmon.schedulers.slurm.evidence import gres_gpus, not_back
+from accelmon.schedulers.slurm.fleet import Limits
+from accelmon.schedulers.slurm.repair import Options, SlurmRepair
 from tests.support.exposition import sample_value, text_of
 from tests.support.fake_scontrol import Cluster
 from tests.support.jobs_tree import scan_config
@@ -176,7 +177,7 @@ def test_a_check_that_cannot_read_slurm_journals_it_and_the_exporter_serves_it(t
     assert sample_value(health_samples(journal, False), "accelmon_node_remediation_held", why="uncounted") == 1
     later = time.time() + 3600
     from accelmon.collectors.health import serve_journal
-    from accelmon.metrics import Samples
+    from accelmon.exporter.metrics import Samples
 
     out = Samples()
     serve_journal(out, journal, False, "act", later)
@@ -274,8 +275,8 @@ def test_every_check_that_judged_nothing_is_no_pass_in_a_real_scan():
     """A GPU the driver lists but NVML does not answer for (accelmon_gpu_up absent) is marked as not answering by
     the evaluation itself, not only in hand-made verdicts."""
     from accelmon.collectors import collectors
-    from accelmon.gpu_metrics import UP
-    from accelmon.metrics import Samples
+    from accelmon.exporter.metrics import Samples
+    from accelmon.health.gpu_metrics import UP
 
     samples = Samples()
     samples.add(UP, ["0", "GPU-0"], 1)
@@ -337,7 +338,7 @@ def test_a_pause_erased_from_every_comment_holds_on_the_nodes_that_saw_it_until_
     silently, and drains started again mid-incident. A node whose check saw the pause keeps holding, says so, and
     its exporter serves it; `accelmon-remediation resume` ends it."""
     from accelmon.collectors.health import HealthCollector
-    from accelmon.slurm.fleet import Fleet, Limits
+    from accelmon.schedulers.slurm.fleet import Fleet, Limits
 
     cluster = Cluster(tmp_path, {f"gpu-{n}": "IDLE" for n in range(20)})
     cluster.edit("gpu-3", comment="rack R12 Asset=SN12345")
@@ -360,8 +361,8 @@ def test_a_pause_erased_from_every_comment_holds_on_the_nodes_that_saw_it_until_
 def test_the_health_check_finds_scontrol_outside_the_path_slurmd_gives_it(tmp_path, monkeypatch):
     """slurmd gives a HealthCheckProgram little more than SLURMD_NODENAME: scontrol in /opt/slurm/bin was never
     found, every call failed and the check said "nothing done". It is looked for where sites install it."""
-    from accelmon.slurm import health as slurm_health
-    from accelmon.slurm import nodes
+    from accelmon.host import slurm_nodes as nodes
+    from accelmon.schedulers.slurm import health as slurm_health
 
     place = tmp_path / "opt-slurm-bin"
     place.mkdir()
@@ -469,7 +470,7 @@ def test_after_accelmons_reboot_the_gpus_of_before_must_answer(tmp_path):
 def test_a_pause_erased_while_every_node_was_healthy_still_holds(tmp_path):
     """The pause set while every check was healthy (none listed the fleet), then `NodeName=ALL Comment=`: a healthy
     check reads its own node and remembers the pause its Comment carried, so the first failure still holds."""
-    from accelmon.slurm.fleet import Fleet, Limits
+    from accelmon.schedulers.slurm.fleet import Fleet, Limits
 
     cluster = Cluster(tmp_path, {f"gpu-{n}": "IDLE" for n in range(20)})
     Fleet(str(cluster.command), run, Limits()).pause("INC-42")
@@ -482,7 +483,7 @@ def test_a_pause_erased_while_every_node_was_healthy_still_holds(tmp_path):
 def test_a_resume_from_a_host_behind_the_pausers_clock_ends_the_pause(tmp_path):
     """Paused from a host 10 minutes ahead, resumed 5 minutes later from one on time: the nodes that remembered the
     pause used to hold it, comparing the two hosts' clocks. Any resume marker ends it (a pause removes them all)."""
-    from accelmon.slurm.fleet import Fleet, Limits
+    from accelmon.schedulers.slurm.fleet import Fleet, Limits
 
     cluster = Cluster(tmp_path, {f"gpu-{n}": "IDLE" for n in range(20)})
     Fleet(str(cluster.command), run, Limits(), now=lambda: time.time() + 600).pause("INC-42")

@@ -16,8 +16,8 @@ import yaml
 from accelmon import cloudwatch
 from accelmon.cloudwatch import Aggregator, CloudWatchSettings, MetricChoice, Publisher, batches, parse_settings
 from accelmon.collectors import known_metrics, nvml
-from accelmon.metrics import Catalogue, Samples
-from accelmon.registry import ConfigError
+from accelmon.exporter.metrics import Catalogue, Samples
+from accelmon.exporter.registry import ConfigError
 from tests.support.cloudwatch_doubles import FakeImds, RecordingProxy, SilentSocket
 from tests.support.exposition import promtool_check, sample_value
 from tests.support.neuron_reports import line, report

@@ -13,8 +13,8 @@ from accelmon.collectors.amd import AmdCollector
 from accelmon.collectors.dcgm_compat import FIELDS, DcgmCompatCollector
 from accelmon.collectors.kernel_log import KernelLogCollector
 from accelmon.collectors.nvml import NvmlCollector
-from accelmon.metrics import render
-from accelmon.runtime import Sampler
+from accelmon.exporter.metrics import render
+from accelmon.exporter.runtime import Sampler
 from tests.support.exposition import DCGM_EXPORTER_NAMES, check_golden, promtool_check, sample_value, text_of
 from tests.support.jobs_tree import MINORS, bus_id, nvidia_procfs, uuid
 from tests.support.kernel_log_lines import BOOT, record, xid_line

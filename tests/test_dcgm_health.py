@@ -10,7 +10,7 @@ import pytest
 from accelmon import health
 from accelmon.collectors import dcgm_health, nvml
 from accelmon.collectors.dcgm_health import STATE, DcgmHealthCollector
-from accelmon.metrics import Samples
+from accelmon.exporter.metrics import Samples
 from tests.support.clock import ManualClock
 from tests.support.exposition import check_golden, promtool_check, sample_value, text_of
 from tests.support.paths import FAKE_DCGM_BINDINGS

@@ -13,8 +13,9 @@ import urllib.request
 
 import pytest
 
-from accelmon import drill_store, health
-from accelmon.checks import ActiveDrill
+from accelmon import health
+from accelmon.exporter.checks import ActiveDrill
+from accelmon.health import drill_store
 from tests.support.jobs_tree import nvidia_procfs
 from tests.support.kernel_log_lines import BOOT
 from tests.support.processes import (
@@ -49,7 +50,7 @@ def node(tmp_path, fake_nvml_dir):
 
 def run_drill(node, *args: str) -> subprocess.CompletedProcess[str]:
     config, env = node
-    command = [sys.executable, "-m", "accelmon.drill", "--config", str(config), *args]
+    command = [sys.executable, "-m", "accelmon.drills.drill", "--config", str(config), *args]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
 
 
@@ -227,7 +228,7 @@ def test_the_slurm_hook_drains_with_a_reason_that_says_drill(node, tmp_path):
     assert run_drill(node, "start", "--gpu", "0", "--xid", "79").returncode == 0
     env = {**env, "PATH": f"{scontrol.parent}:{env['PATH']}", "SLURMD_NODENAME": "n1"}
     result = subprocess.run(
-        [sys.executable, "-m", "accelmon.slurm.health", "--config", str(config)], env=env, capture_output=True,
+        [sys.executable, "-m", "accelmon.schedulers.slurm.health", "--config", str(config)], env=env, capture_output=True,
         text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr

@@ -12,7 +12,7 @@ from accelmon import health
 from accelmon.collectors import fabric, nvml
 from accelmon.collectors.fabric import FabricCollector, fabric_manager_running
 from accelmon.collectors.nvml import NvmlCollector
-from accelmon.runtime import Exporter, Sampler
+from accelmon.exporter.runtime import Exporter, Sampler
 from tests.support.checks import check, nvml_only
 from tests.support.exposition import check_golden, promtool_check, sample_value, text_of
 from tests.support.waiting import returns_while_blocked, wait_until
@@ -71,9 +71,9 @@ def test_link_states_and_error_counters_per_link(make_collector):
 
 
 def test_what_each_link_leads_to_is_asked_once_and_served_every_interval(make_collector, fake_nvml):
-    """accelmon_gpu_nvlink_remote_info (which GPUs a reset must take together, accelmon.reset_scope): GPU 0's link 0
-    is a bridge to GPU 1, its other links lead to NVSwitches. The wiring does not change while the driver runs: asked
-    once per link, then served from memory (18 links x 2 calls would be 36 calls a GPU at every interval)."""
+    """accelmon_gpu_nvlink_remote_info (which GPUs a reset must take together, accelmon.health.reset_scope): GPU 0's
+    link 0 is a bridge to GPU 1, its other links lead to NVSwitches. The wiring does not change while the driver runs:
+    asked once per link, then served from memory (18 links x 2 calls would be 36 calls a GPU at every interval)."""
     collector = make_collector("gpus 2\nnvlink 0 4\nnvlink_peer 0 0 1\n")
     text = read(collector)
     assert sample_value(text, "accelmon_gpu_nvlink_remote_info", gpu="0", link="0", remote_type="gpu",

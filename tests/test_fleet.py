@@ -1,7 +1,7 @@
-"""The fleet-wide limits (accelmon.slurm.fleet) as Slurm really runs the health checks: all at once. A fake controller
-(tests/support/fake_scontrol.py) serialises calls as slurmctld does and stamps each reason with the real time; N
-checks meet it at the same moment. Each check here is the repair loop of its own node, in its own thread, calling
-the fake scontrol as a process, with the real settle wait."""
+"""The fleet-wide limits (accelmon.schedulers.slurm.fleet) as Slurm really runs the health checks: all at once. A fake
+controller (tests/support/fake_scontrol.py) serialises calls as slurmctld does and stamps each reason with the real
+time; N checks meet it at the same moment. Each check here is the repair loop of its own node, in its own thread,
+calling the fake scontrol as a process, with the real settle wait."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from typing import Callable
 import pytest
 
 from accelmon import health
-from accelmon.remediation import Journal
-from accelmon.slurm.fleet import Fleet, Limits
-from accelmon.slurm.nodes import parse_json, parse_nodes, run_scontrol
-from accelmon.slurm.pause import pause_of
-from accelmon.slurm.repair import Options, SlurmRepair
+from accelmon.health.remediation import Journal
+from accelmon.host.slurm_nodes import parse_json, parse_nodes, run_scontrol
+from accelmon.host.slurm_pause import pause_of
+from accelmon.schedulers.slurm.fleet import Fleet, Limits
+from accelmon.schedulers.slurm.repair import Options, SlurmRepair
 from tests.support.exposition import sample_value
 from tests.support.fake_scontrol import Cluster
 from tests.test_remediation import failing, health_samples
@@ -273,7 +273,7 @@ def test_the_command_pauses_shows_and_resumes(tmp_path):
     """accelmon-remediation as an operator runs it: pause, status (the switch, the breaker's count, the hour's
     repairs), resume; bad arguments fail before Slurm is asked."""
     cluster = Cluster(tmp_path, {"a": "IDLE+DRAIN|accelmon: GPU 1 xid: reboot_node", "b": "IDLE", "c": "IDLE"})
-    command = [sys.executable, "-m", "accelmon.slurm.remediation_cli", "--scontrol", str(cluster.command)]
+    command = [sys.executable, "-m", "accelmon.schedulers.slurm.remediation_cli", "--scontrol", str(cluster.command)]
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([*command, *args], capture_output=True, text=True, timeout=60)

@@ -9,12 +9,13 @@ import subprocess
 
 import pytest
 
-from accelmon import gpu_metrics, health
+from accelmon import health
 from accelmon.collectors import collectors, fabric, kernel_log, nvml
 from accelmon.collectors.health import served
 from accelmon.collectors.kernel_log import KernelLogCollector
 from accelmon.collectors.nvml import NvmlCollector
-from accelmon.metrics import Samples
+from accelmon.exporter.metrics import Samples
+from accelmon.health import gpu_metrics
 from tests.support.exposition import promtool_check, sample_value, series, text_of
 from tests.support.jobs_tree import nvidia_procfs, uuid
 from tests.support.kernel_log_lines import BOOT, HISTORY, record, xid_line
@@ -169,8 +170,8 @@ def test_the_json_is_what_docs_promise(tmp_path, procfs, nvml_samples):
 
 def test_a_check_is_declared_where_its_series_are_served():
     """A check is declared by the collector whose series it reads, so it runs only where that collector runs. The
-    GPU device checks (accelmon.gpu_metrics) judge series that nvml and amd both serve: both declare the same check
-    objects, and each runs once. No two checks share a name."""
+    GPU device checks (accelmon.health.gpu_metrics) judge series that nvml and amd both serve: both declare the same
+    check objects, and each runs once. No two checks share a name."""
     by_name: dict[str, object] = {}
     for registration in collectors().values():
         for declared in (*registration.gpu_checks, *registration.node_checks):

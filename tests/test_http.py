@@ -13,9 +13,9 @@ from http.client import HTTPConnection
 
 import pytest
 
-from accelmon import server as http
 from accelmon.cli import make_server
-from accelmon.runtime import Exporter, Sampler
+from accelmon.exporter import server as http
+from accelmon.exporter.runtime import Exporter, Sampler
 from tests.support.processes import exporter_env, free_port, rss_kib, start_exporter, stop, wait_until_serving
 from tests.support.toy import Steady
 from tests.support.waiting import wait_until
@@ -227,7 +227,7 @@ def test_openmetrics_for_a_client_that_asks_for_it(served):
 
 
 def test_a_sample_is_rendered_once_however_often_it_is_scraped(monkeypatch):
-    from accelmon import runtime
+    from accelmon.exporter import runtime
 
     rendered = []
     real_render = runtime.render

@@ -12,10 +12,10 @@ PACKAGE = ROOT / "exporters" / "accelmon"
 # The command-line modules: they parse arguments and call the library; nothing below them may import them.
 COMMAND_LINES = {
     "accelmon.cli",
-    "accelmon.drill",
-    "accelmon.slurm.health",
-    "accelmon.oar.health",
-    "accelmon.slurm.remediation_cli",
+    "accelmon.drills.drill",
+    "accelmon.schedulers.slurm.health",
+    "accelmon.schedulers.oar.health",
+    "accelmon.schedulers.slurm.remediation_cli",
     "accelmon.report.cli",
 }
 # Front doors that may import a command line: `python -m` modules, and the report package, whose `main` is the
@@ -114,7 +114,9 @@ def test_the_cycle_finder_finds_a_cycle_and_a_lazy_import() -> None:
 def test_the_graph_sees_imports_inside_functions(tmp_path: Path) -> None:
     graph = import_graph()
     # registry.collectors() imports the collectors by name (importlib), not by an import statement: no edge.
-    assert "accelmon.registry" in graph and "accelmon.collectors.nvml" not in graph["accelmon.registry"]
+    assert (
+        "accelmon.exporter.registry" in graph and "accelmon.collectors.nvml" not in graph["accelmon.exporter.registry"]
+    )
     # An edge the package certainly has, written `from accelmon import x`.
     assert "accelmon.health" in graph["accelmon.collectors.health"]
 
@@ -136,8 +138,8 @@ def test_the_metric_model_runs_nothing_and_each_job_source_stands_alone() -> Non
     that samples collectors on threads nor any collector; each scheduler's job source reads its own files, never
     another's (what they share is the record's keys)."""
     graph = import_graph()
-    assert reachable(graph, "accelmon.metrics") <= {"accelmon"}
+    assert reachable(graph, "accelmon.exporter.metrics") <= {"accelmon"}
     sources = {"accelmon.job_sources.slurm", "accelmon.job_sources.oar", "accelmon.job_sources.cgroups"}
     for source in sources:
         assert not reachable(graph, source) & (sources | {"accelmon.job_sources"}), source
-    assert not any(target.startswith("accelmon.collectors") for target in reachable(graph, "accelmon.runtime"))
+    assert not any(target.startswith("accelmon.collectors") for target in reachable(graph, "accelmon.exporter.runtime"))

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from accelmon import perf_events
 from accelmon.collectors.job_perf import JobPerfCollector, has_pmu
 from accelmon.config import load
-from accelmon.perf_events import Event, PerfError
+from accelmon.host import perf_events
+from accelmon.host.perf_events import Event, PerfError
 from accelmon.scan import plan
 from tests.support.exposition import check_golden, promtool_check, sample_value, text_of
 from tests.support.jobs_tree import job_cgroup_stats, slurm_job_cgroup

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from accelmon.collectors import jobs
+from accelmon.host.nvidia import NvmlSession
 from accelmon.job_sources import cgroups
-from accelmon.nvidia import NvmlSession
 from tests.support.ansible import render_role_template
 from tests.support.exposition import check_golden, promtool_check, sample_value, text_of
 from tests.support.jobs_tree import MINORS, nvidia_procfs, slurm_job_cgroup, uuid

@@ -10,8 +10,8 @@ import pytest
 from accelmon import job_sources
 from accelmon.collectors import collectors, jobs
 from accelmon.collectors.job_resources import JobResourcesCollector
+from accelmon.exporter.registry import Paths
 from accelmon.job_sources import cgroups, oar
-from accelmon.registry import Paths
 from tests.support.exposition import promtool_check, sample_value, text_of
 from tests.support.jobs_tree import (
     JOB_USER_SECONDS,

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from accelmon import health, xid
+from accelmon import health
 from accelmon.collectors import kernel_log
 from accelmon.collectors.kernel_log import KernelLogCollector, bus_id
-from accelmon.kmsg import KernelLog, Record, parse_record
-from accelmon.metrics import Samples, render
+from accelmon.exporter.metrics import Samples, render
+from accelmon.health import xid
+from accelmon.host.kmsg import KernelLog, Record, parse_record
 from tests.support.exposition import check_golden, promtool_check, sample_value
 from tests.support.jobs_tree import nvidia_procfs, uuid
 from tests.support.kernel_log_lines import BOOT, HISTORY, USER_INFO, USER_WARNING, record, xid_line

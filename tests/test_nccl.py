@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from accelmon import nccl_ras
 from accelmon.collectors import nccl
 from accelmon.collectors.nccl import NcclCollector, local_addresses
-from accelmon.nccl_ras import RasError
+from accelmon.host import nccl_ras
+from accelmon.host.nccl_ras import RasError
 from tests.support.ansible import render_role_template
 from tests.support.exposition import check_golden, promtool_check, sample_value, series, text_of
 from tests.support.fake_ras import TEXT_ANSWER, FakeRas, communicator, json_answer, listen, missing_rank, rank

@@ -13,7 +13,9 @@ import urllib.request
 
 import pytest
 
-from accelmon import drill_store, nccl_drill, nccl_ras
+from accelmon.drills import nccl_drill
+from accelmon.health import drill_store
+from accelmon.host import nccl_ras
 from tests.support.fake_ras import listen
 from tests.support.jobs_tree import nvidia_procfs, uuid
 from tests.support.processes import exporter_env, free_port, start_exporter, stop, wait_until_serving
@@ -49,7 +51,7 @@ def node(tmp_path, fake_nvml_dir):
 
 
 def drill_command(node, *args: str) -> list[str]:
-    return [sys.executable, "-m", "accelmon.drill", "--config", str(node["config"]), *args]
+    return [sys.executable, "-m", "accelmon.drills.drill", "--config", str(node["config"]), *args]
 
 
 def run_drill(node, *args: str) -> subprocess.CompletedProcess[str]:

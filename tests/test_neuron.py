@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from accelmon.collectors import collectors
 from accelmon.collectors.neuron import NeuronCollector
-from accelmon.registry import Paths
+from accelmon.exporter.registry import Paths
 from tests.support.exposition import check_golden, promtool_check, text_of
 from tests.support.exposition import sample_value as value
 from tests.support.jobs_tree import slurm_job_cgroup
@@ -205,7 +205,7 @@ def test_malformed_lines_are_counted_but_logged_once_a_minute(caplog):
 
 def test_an_over_long_line_is_one_malformed_line_and_reading_goes_on(tmp_path, monkeypatch):
     """A 100 MB line took 14.8 s of CPU in quadratic copying and counted as 4 malformed lines."""
-    from accelmon import neuron_monitor
+    from accelmon.host import neuron_monitor
 
     monkeypatch.setattr(neuron_monitor, "MAX_LINE_BYTES", 1 << 20)
     huge = "x" * (5 << 20)  # five times the limit

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from accelmon import drill_store
 from accelmon.collectors.infiniband import InfinibandCollector
+from accelmon.health import drill_store
 from tests.support.exposition import sample_value, series, text_of
 from tests.support.infiniband_tree import standard_tree
 
@@ -31,7 +31,7 @@ def node(tmp_path):
 
 
 def drill(config, *args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "accelmon.drill", "--config", str(config), *args]
+    command = [sys.executable, "-m", "accelmon.drills.drill", "--config", str(config), *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=60)
 
 

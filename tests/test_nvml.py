@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from accelmon import health
 from accelmon.collectors import kernel_log, nvml
 from accelmon.collectors.nvml import NvmlCollector
-from accelmon.runtime import Exporter, Sampler
+from accelmon.exporter.runtime import Exporter, Sampler
 from tests.support.checks import check, nvml_only
 from tests.support.clock import ManualClock
 from tests.support.exposition import text_of
@@ -309,7 +309,7 @@ def test_a_mig_devices_profile_is_matched_by_its_slices_and_memory():
     attributes NVML will not give has no profile (an empty label, absent to Prometheus)."""
     from types import SimpleNamespace
 
-    from accelmon.nvidia import MigProfiles
+    from accelmon.host.nvidia import MigProfiles
 
     class Error(Exception):
         pass
@@ -407,7 +407,8 @@ def test_a_gpu_slowed_mid_run_is_served_slowed(make_collector, tmp_path):
     ],
 )
 def test_the_device_checks_on_nvml_samples(rows, name, verdict, action):
-    """The GPU device checks (accelmon.gpu_metrics, declared by nvml) and the xid check over NVML's XID events."""
+    """The GPU device checks (accelmon.health.gpu_metrics, declared by nvml) and the xid check over NVML's XID
+    events."""
     node = health.evaluate([nvml_only(rows)], now=0, registrations=[kernel_log.REGISTRATION, nvml.REGISTRATION])
     found = check(node, "0", name)
     assert (found.verdict, found.action) == (verdict, action), found

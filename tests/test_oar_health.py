@@ -36,7 +36,7 @@ def node(tmp_path: Path, fake_nvml_dir: Path):
         environment = exporter_env(fake_nvml_dir, tmp_path / "nvml.conf")
         if checklog_env:
             environment["CHECKLOGFILE"] = str(checklog)
-        command = [sys.executable, "-m", "accelmon.oar.health", "--config", str(config), *extra]
+        command = [sys.executable, "-m", "accelmon.schedulers.oar.health", "--config", str(config), *extra]
         result = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=60)
         return result, checklog.read_text() if checklog.exists() else None
 

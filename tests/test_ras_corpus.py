@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from accelmon import nccl_ras
 from accelmon.collectors.nccl import NcclCollector
+from accelmon.host import nccl_ras
 from tests.support.exposition import sample_value, series, text_of
 from tests.support.fake_ras import TEXT_ANSWER, FakeRas
 from tests.support.ras_corpus import (

@@ -14,7 +14,7 @@ import yaml
 
 from accelmon.collectors import collectors
 from accelmon.config import ConfigError, load
-from accelmon.registry import Option
+from accelmon.exporter.registry import Option
 from accelmon.scan import plan
 from tests.support.ansible import run_local_play
 from tests.support.exposition import check_golden
@@ -27,11 +27,11 @@ UNIT_TEMPLATE = ROOT / "ansible" / "roles" / "accelmon_exporter" / "templates" /
 TOY = '''
 """A toy collector, added by a test without touching any other file."""
 
-from accelmon.metrics import Catalogue, Samples
+from accelmon.exporter.metrics import Catalogue, Samples
 
-from accelmon.runtime import Collector
-from accelmon.checks import Check, NodeCheck
-from accelmon.registry import Option, Registration, register, seconds
+from accelmon.exporter.runtime import Collector
+from accelmon.exporter.checks import Check, NodeCheck
+from accelmon.exporter.registry import Option, Registration, register, seconds
 
 CATALOGUE = Catalogue("toy", "Toy widgets", "Counted by hand.")
 WIDGETS = CATALOGUE.gauge("accelmon_toy_widgets", "Widgets on the bench.", ["colour"])
@@ -313,8 +313,8 @@ def _imports(path: Path) -> list[tuple[str, str]]:
 
 
 def test_no_collector_imports_another_and_no_private_name_crosses_a_module():
-    """What collectors share is in host libraries (accelmon.nvidia, accelmon.job_sources, accelmon.dcgm,
-    accelmon.gpu_metrics): a change to one collector cannot break another through an import."""
+    """What collectors share is in host libraries (accelmon.host.nvidia, accelmon.job_sources, accelmon.host.dcgm,
+    accelmon.health.gpu_metrics): a change to one collector cannot break another through an import."""
     package = ROOT / "exporters" / "accelmon"
     offences = []
     for path in sorted(package.rglob("*.py")):

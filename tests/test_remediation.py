@@ -1,5 +1,5 @@
-"""From verdict to repair (accelmon.remediation, accelmon.slurm.repair): the circuit breaker, the repair loop in
-observe and act modes, the journal and its repeat offenders, over a stateful stand-in for scontrol
+"""From verdict to repair (accelmon.health.remediation, accelmon.schedulers.slurm.repair): the circuit breaker, the
+repair loop in observe and act modes, the journal and its repeat offenders, over a stateful stand-in for scontrol
 (tests/support/fake_scontrol.py) that answers and changes the cluster as Slurm would."""
 
 from __future__ import annotations
@@ -15,13 +15,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from accelmon import health, remediation
-from accelmon.checks import Check
-from accelmon.remediation import Journal, Record
-from accelmon.slurm import nodes as slurm_nodes
-from accelmon.slurm.fleet import Limits
-from accelmon.slurm.nodes import run_scontrol
-from accelmon.slurm.repair import Options, SlurmRepair
+from accelmon import health
+from accelmon.exporter.checks import Check
+from accelmon.health import remediation
+from accelmon.health.remediation import Journal, Record
+from accelmon.host import slurm_nodes
+from accelmon.host.slurm_nodes import run_scontrol
+from accelmon.schedulers.slurm.fleet import Limits
+from accelmon.schedulers.slurm.repair import Options, SlurmRepair
 from tests.support.exposition import sample_value, series, text_of
 from tests.support.fake_scontrol import Cluster
 from tests.support.jobs_tree import bus_id, nvidia_procfs
@@ -175,7 +176,7 @@ def test_the_fleet_sees_a_held_drain_and_its_counts(site, tmp_path):
 
 def health_samples(journal: Journal, failing: bool, mode: str = "act") -> str:
     from accelmon.collectors.health import serve_journal
-    from accelmon.metrics import Samples
+    from accelmon.exporter.metrics import Samples
 
     out = Samples()
     serve_journal(out, journal, failing, mode)
@@ -528,7 +529,7 @@ def test_the_journal_keeps_its_newest_records(tmp_path, monkeypatch):
 
 APPENDER = """
 import sys
-from accelmon.remediation import Journal, Record
+from accelmon.health.remediation import Journal, Record
 journal = Journal(sys.argv[1])
 for n in range(100):
     journal.append(Record(float(n), sys.argv[2], "drained"))
@@ -608,7 +609,7 @@ def test_the_health_check_resets_a_gpu_whose_xid_a_reset_clears(tmp_path, fake_n
         config.write_text(yaml.safe_dump({"paths": {"procfs": str(procfs), "kmsg": str(kmsg)},
                                           "collectors": {"health": options}}))  # fmt: skip
         env = {**exporter_env(fake_nvml_dir, tmp_path / "nvml.conf"), "SLURMD_NODENAME": NODE}
-        command = [sys.executable, "-m", "accelmon.slurm.health", "--config", str(config)]
+        command = [sys.executable, "-m", "accelmon.schedulers.slurm.health", "--config", str(config)]
         command += ["--scontrol", str(cluster.command), "--foreground", "--dcgmi", str(tmp_path / "no-dcgmi")]
         result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, result.stderr

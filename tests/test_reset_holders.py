@@ -12,14 +12,14 @@ from typing import Optional
 import pytest
 
 from accelmon import health
-from accelmon.checks import Check
 from accelmon.config import load
-from accelmon.gpu_holders import Holder, cgroups, device_files, holders, service, systemd_cgroup
-from accelmon.remediation import Journal
+from accelmon.exporter.checks import Check
+from accelmon.health.remediation import Journal
+from accelmon.host.gpu_holders import Holder, cgroups, device_files, holders, service, systemd_cgroup
 from accelmon.scan import scan_health
-from accelmon.slurm import diag, gpu_reset, repair
-from accelmon.slurm.fleet import Limits
-from accelmon.slurm.repair import Options, SlurmRepair
+from accelmon.schedulers.slurm import diag, gpu_reset, repair
+from accelmon.schedulers.slurm.fleet import Limits
+from accelmon.schedulers.slurm.repair import Options, SlurmRepair
 from tests.support.fake_scontrol import Cluster
 from tests.support.jobs_tree import bus_id, nvidia_procfs, scan_config
 from tests.test_fleet import run

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from accelmon import health, reset_scope
-from accelmon.checks import Check
+from accelmon import health
 from accelmon.config import load
-from accelmon.remediation import Journal
+from accelmon.exporter.checks import Check
+from accelmon.health import reset_scope
+from accelmon.health.remediation import Journal
 from accelmon.scan import scan_health
 from tests.support.fake_scontrol import Cluster
 from tests.support.jobs_tree import nvidia_procfs

@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
-from accelmon.metrics import Catalogue, Samples
-from accelmon.runtime import Collector, Exporter, Sampler
+from accelmon.exporter.metrics import Catalogue, Samples
+from accelmon.exporter.runtime import Collector, Exporter, Sampler
 from tests.support.waiting import returns_while_blocked, wait_until
 
 CATALOGUE = Catalogue("test", "test")

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from accelmon.collectors.scheduler import SchedulerCollector
-from accelmon.runtime import Exporter, Sampler
-from accelmon.slurm.nodes import STATES, ledger_state
+from accelmon.exporter.runtime import Exporter, Sampler
+from accelmon.host.slurm_nodes import STATES, ledger_state
 from tests.support.exposition import check_golden, promtool_check, sample_value, series, text_of
 from tests.support.fake_scontrol import Cluster
 from tests.support.waiting import wait_until

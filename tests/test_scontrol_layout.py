@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from accelmon.slurm import nodes as slurm_nodes
-from accelmon.slurm.fleet import Fleet, Limits
-from accelmon.slurm.nodes import Listing, field_value, find_scontrol, parse_nodes, run_scontrol
-from accelmon.slurm.pause import pause_of
+from accelmon.host import slurm_nodes
+from accelmon.host.slurm_nodes import Listing, field_value, find_scontrol, parse_nodes, run_scontrol
+from accelmon.host.slurm_pause import pause_of
+from accelmon.schedulers.slurm.fleet import Fleet, Limits
 from tests.support.fake_scontrol import Cluster, line, stamp
 
 # The fields of 22.05.8's one-line node in the order slurm_sprint_node_table prints them (those the fake prints).

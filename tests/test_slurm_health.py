@@ -51,7 +51,15 @@ def node(tmp_path: Path, fake_nvml_dir: Path):
         calls.write_text("")
         environment = exporter_env(fake_nvml_dir, tmp_path / "nvml.conf")
         environment.update(NODE_STATE=state, SLURMD_NODENAME="gpu-7", **env)
-        command = [sys.executable, "-m", "accelmon.slurm.health", "--config", str(config), "--scontrol", str(scontrol)]
+        command = [
+            sys.executable,
+            "-m",
+            "accelmon.schedulers.slurm.health",
+            "--config",
+            str(config),
+            "--scontrol",
+            str(scontrol),
+        ]
         result = subprocess.run([*command, *extra], env=environment, capture_output=True, text=True, timeout=60)
         return result, calls.read_text().splitlines()
 
@@ -157,7 +165,7 @@ def prolog(tmp_path: Path):
         env = exporter_env(None, None)
         env.update(NODE_STATE="MIXED", SLURMD_NODENAME="gpu-7", DIAG_REPORT=str(tmp_path / "report.json"))
         env["DIAG_STATUS"] = str(status)
-        command = [sys.executable, "-m", "accelmon.slurm.health", "--diag", "--scontrol", str(scontrol),
+        command = [sys.executable, "-m", "accelmon.schedulers.slurm.health", "--diag", "--scontrol", str(scontrol),
                    "--config", str(journal_config(tmp_path))]  # fmt: skip
         result = subprocess.run(
             [*command, "--dcgmi", str(dcgmi), *extra], env=env, capture_output=True, text=True, timeout=60
@@ -212,6 +220,6 @@ def failing_prolog(tmp_path: Path, scontrol: Path) -> subprocess.CompletedProces
     (tmp_path / "report.json").write_text(diag_report("GPU Memory"))
     env = exporter_env(None, None)
     env.update(SLURMD_NODENAME="gpu-7", DIAG_REPORT=str(tmp_path / "report.json"), DIAG_STATUS="226")
-    command = [sys.executable, "-m", "accelmon.slurm.health", "--diag", "--scontrol", str(scontrol),
+    command = [sys.executable, "-m", "accelmon.schedulers.slurm.health", "--diag", "--scontrol", str(scontrol),
                "--config", str(journal_config(tmp_path))]  # fmt: skip
     return subprocess.run([*command, "--dcgmi", str(dcgmi)], env=env, capture_output=True, text=True, timeout=60)

@@ -1,4 +1,4 @@
-"""Which path joins each GPU to each RDMA NIC (accelmon.topology), on fixture trees of real node layouts
+"""Which path joins each GPU to each RDMA NIC (accelmon.host.topology), on fixture trees of real node layouts
 (tests/support/pci_tree.py, each with its expected matrix), and as the infiniband collector serves it (issue 59);
 which NIC NCCL uses for each GPU, as NCCL v2.28.7-1 chooses it (issue 68)."""
 
@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from accelmon import topology
 from accelmon.collectors.infiniband import InfinibandCollector
+from accelmon.host import topology
 from tests.support.exposition import promtool_check, series, text_of
 from tests.support.jobs_tree import uuid
 from tests.support.path_rules import path_faults_test

@@ -15,8 +15,8 @@ import pytest
 
 from accelmon.cli import make_server
 from accelmon.config import ConfigError
-from accelmon.runtime import Exporter, Sampler
-from accelmon.webconfig import load_web_config
+from accelmon.exporter.runtime import Exporter, Sampler
+from accelmon.exporter.webconfig import load_web_config
 from tests.support.paths import ROOT
 from tests.support.toy import Steady
 
@@ -148,7 +148,7 @@ def test_basic_auth_without_tls_is_refused_before_serving(tmp_path):
 
 def test_the_remembered_password_is_only_a_digest():
     config_users = {"prometheus": bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(4))}
-    from accelmon.webconfig import WebConfig
+    from accelmon.exporter.webconfig import WebConfig
 
     config = WebConfig(users=config_users, _checkpw=bcrypt.checkpw, _dummy=config_users["prometheus"])
     assert config.is_known("prometheus", PASSWORD) is None
@@ -191,7 +191,7 @@ def test_check_config_validates_the_web_config_file(tmp_path, pki):
 
 
 def test_a_client_that_never_finishes_the_tls_handshake_is_cut_off(pki, serve, monkeypatch):
-    from accelmon import server as http
+    from accelmon.exporter import server as http
 
     monkeypatch.setattr(http, "HEAD_SECONDS", 0.5)
     port = serve(f"tls_server_config: {{cert_file: {pki}/server.crt, key_file: {pki}/server.key}}\n")

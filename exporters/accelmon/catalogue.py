@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 from accelmon import cloudwatch, health
-from accelmon.checks import GpuCheck, NodeCheck
 from accelmon.collectors import collectors
-from accelmon.metrics import Catalogue
-from accelmon.runtime import SELF
+from accelmon.exporter.checks import GpuCheck, NodeCheck
+from accelmon.exporter.metrics import Catalogue
+from accelmon.exporter.runtime import SELF
 
 
 def catalogues() -> list[Catalogue]:

@@ -14,11 +14,11 @@ from accelmon import __version__, health
 from accelmon.cloudwatch import Publisher, check_boto3, cost_report
 from accelmon.collectors import collectors, known_metrics
 from accelmon.config import LOG_LEVELS, ConfigError, Settings, check_listen_address, load
-from accelmon.registry import Paths
-from accelmon.runtime import Exporter
+from accelmon.exporter.registry import Paths
+from accelmon.exporter.runtime import Exporter
+from accelmon.exporter.server import IPNetwork, MetricsServer, notify_systemd
+from accelmon.exporter.webconfig import WebConfig, load_web_config
 from accelmon.scan import SCAN_FAILED, build_samplers, plan, scan_health
-from accelmon.server import IPNetwork, MetricsServer, notify_systemd
-from accelmon.webconfig import WebConfig, load_web_config
 
 log = logging.getLogger("accelmon")
 

@@ -9,8 +9,8 @@ import yaml
 
 from accelmon.cloudwatch import CloudWatchSettings, parse_settings
 from accelmon.collectors import collectors, known_metrics
-from accelmon.registry import ConfigError, Paths
-from accelmon.server import IPNetwork, allowed_networks
+from accelmon.exporter.registry import ConfigError, Paths
+from accelmon.exporter.server import IPNetwork, allowed_networks
 
 DEFAULT_PORT = 19470
 DEFAULT_LISTEN_ADDRESS = f":{DEFAULT_PORT}"

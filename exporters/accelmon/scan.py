@@ -12,17 +12,18 @@ import sys
 import threading
 import time
 
-from accelmon import drill_store, health
-from accelmon.checks import Check
+from accelmon import health
 from accelmon.collectors import collectors
 from accelmon.config import ConfigError, Settings, load
-from accelmon.registry import Registration
-from accelmon.remediation import JOURNAL, Journal
-from accelmon.runtime import Exporter, Sampler
+from accelmon.exporter.checks import Check
+from accelmon.exporter.registry import Registration
+from accelmon.exporter.runtime import Exporter, Sampler
+from accelmon.health import drill_store
+from accelmon.health.remediation import JOURNAL, Journal
 
 SCAN_FAILED = 3  # the scan's own exit status when it could not run: 0, 1 and 2 are the verdicts
 # The scan's own limit: within slurmd's 60 s for a whole health check, with room for the check's calls to Slurm
-# (accelmon.slurm.fleet.CHECK_BUDGET_SECONDS). A healthy 8-GPU node scans in about a second.
+# (accelmon.schedulers.slurm.fleet.CHECK_BUDGET_SECONDS). A healthy 8-GPU node scans in about a second.
 SCAN_DEADLINE_SECONDS = 30.0
 
 

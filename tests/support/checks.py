@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from accelmon import health
-from accelmon.checks import Check
 from accelmon.collectors import nvml
-from accelmon.metrics import Samples
+from accelmon.exporter.checks import Check
+from accelmon.exporter.metrics import Samples
 
 
 def nvml_only(rows: list[tuple[object, list[str], float]]) -> Samples:

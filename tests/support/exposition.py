@@ -10,8 +10,8 @@ from typing import Optional
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from accelmon.metrics import Samples, render
-from accelmon.runtime import Collector
+from accelmon.exporter.metrics import Samples, render
+from accelmon.exporter.runtime import Collector
 from tests.support.paths import GOLDEN
 
 # Self-metrics whose values change from run to run; left out of golden comparisons.

@@ -132,7 +132,7 @@ def pci_link(sys_root: Path, function: Path) -> None:
 
 def gpu_functions(sys_root: Path, gpus: int = 8) -> None:
     """The fake driver's GPUs as PCI functions (its bus ids, tests/support/jobs_tree.bus_id): the first half under
-    socket 0's root complex beside mlx5_0 and mlx4_0, the rest under socket 1's, so that accelmon.topology finds
+    socket 0's root complex beside mlx5_0 and mlx4_0, the rest under socket 1's, so that accelmon.host.topology finds
     each GPU's nearest NIC on the Molecule workers."""
     for index in range(gpus):
         root, numa = ("pci0000:00", 0) if index < gpus // 2 else ("pci0000:80", 1)

@@ -1,4 +1,4 @@
-"""Fixture sysfs and procfs trees of real node layouts, for accelmon.topology: the PCI hierarchy under
+"""Fixture sysfs and procfs trees of real node layouts, for accelmon.host.topology: the PCI hierarchy under
 `devices/pciDDDD:BB/...` with `bus/pci/devices/<function>` links and `numa_node` files, the RDMA devices in
 `class/infiniband/<name>/device`, and the GPUs in the NVIDIA driver's procfs. Each layout's expected matrix is written
 beside it, by the levels NVML defines (nvml.h, nvmlGpuTopologyLevel_t: SINGLE a single PCIe switch, MULTIPLE several
@@ -8,7 +8,7 @@ beside these trees in this round (no GPU machine was lent).
 
 Each RDMA device has its ports as the kernel shows them (`ports/N/{state,phys_state,rate,link_layer}`, ACTIVE at
 400 Gb/s InfiniBand unless told) and, where a layout gives them, the PCIe links' `max_link_speed`/`max_link_width`
-that NCCL rates paths by (accelmon.topology.nccl_local)."""
+that NCCL rates paths by (accelmon.host.topology.nccl_local)."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def nic(
 
 
 def number_gpus(procfs: Path) -> None:
-    """The UUIDs in bus order, as NVML numbers the GPUs (accelmon.nvidia.driver_gpu_entries)."""
+    """The UUIDs in bus order, as NVML numbers the GPUs (accelmon.host.nvidia.driver_gpu_entries)."""
     root = procfs / "driver" / "nvidia" / "gpus"
     for index, folder in enumerate(sorted(root.iterdir(), key=lambda p: p.name.lower())):
         text = (folder / "information").read_text().splitlines()

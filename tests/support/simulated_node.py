@@ -29,9 +29,9 @@ from tests.support.waiting import wait_until
 
 
 def repair_history(path: Path) -> Path:
-    """A repair journal as the Slurm health check leaves it (accelmon.remediation): GPU 2 drained for an ECC error
-    two days ago, reset and resumed, then failing again: drained for hardware_service, a repeat offender."""
-    from accelmon.remediation import Journal, Record
+    """A repair journal as the Slurm health check leaves it (accelmon.health.remediation): GPU 2 drained for an ECC
+    error two days ago, reset and resumed, then failing again: drained for hardware_service, a repeat offender."""
+    from accelmon.health.remediation import Journal, Record
 
     gpu = ({"index": "2", "uuid": "GPU-00000002-0000-4000-8000-000000000000", "serial": "1650000000002"},)
     now = time.time()

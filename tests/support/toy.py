@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from accelmon.metrics import Catalogue, Samples
-from accelmon.runtime import Collector
+from accelmon.exporter.metrics import Catalogue, Samples
+from accelmon.exporter.runtime import Collector
 
 VALUE = Catalogue("test", "test").gauge("test_value", "A value.", ["source"])
 

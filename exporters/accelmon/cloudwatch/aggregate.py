@@ -15,7 +15,7 @@ from accelmon.cloudwatch.limits import (
     MAX_REQUEST_BYTES,
     SMALLEST_VALUE,
 )
-from accelmon.metrics import MetricSpec, Samples
+from accelmon.exporter.metrics import MetricSpec, Samples
 
 if TYPE_CHECKING:
     from accelmon.cloudwatch.settings import CloudWatchSettings, MetricChoice

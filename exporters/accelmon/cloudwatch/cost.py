@@ -6,7 +6,7 @@ import math
 
 from accelmon.cloudwatch.aggregate import Aggregator, batches, datums
 from accelmon.cloudwatch.settings import INSTANCE_DIMENSIONS, CloudWatchSettings
-from accelmon.metrics import MetricSpec, Samples
+from accelmon.exporter.metrics import MetricSpec, Samples
 
 # List prices in US East (N. Virginia), from https://aws.amazon.com/cloudwatch/pricing/ as recorded on 2026-11-23
 # (other regions differ; the free tier's 10 metrics and 1 million requests are per account, not subtracted here).

@@ -13,7 +13,7 @@ from typing import Any
 from accelmon.cloudwatch.aggregate import Aggregator, batches, datums
 from accelmon.cloudwatch.identity import instance_identity
 from accelmon.cloudwatch.settings import INSTANCE_DIMENSIONS, CloudWatchSettings
-from accelmon.metrics import Catalogue, MetricSpec, Samples
+from accelmon.exporter.metrics import Catalogue, MetricSpec, Samples
 
 log = logging.getLogger("accelmon.cloudwatch")
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from accelmon.cloudwatch.limits import DEVICE_DIMENSIONS, MAX_DATUMS_PER_REQUEST, MAX_DIMENSIONS
-from accelmon.metrics import MetricSpec
-from accelmon.validation import ConfigError, Option, finite
+from accelmon.exporter.metrics import MetricSpec
+from accelmon.exporter.validation import ConfigError, Option, finite
 
 UNITS = (
     "Seconds Microseconds Milliseconds Bytes Kilobytes Megabytes Gigabytes Terabytes Bits Kilobits Megabits "

@@ -1,6 +1,6 @@
 """The collectors of accelmon-exporter, one module each.
 
-Each module declares everything it knows in one `accelmon.registry.Registration` and registers itself when
+Each module declares everything it knows in one `accelmon.exporter.registry.Registration` and registers itself when
 imported; `collectors()` here imports every module of this package. Nothing else lists the collectors. The list
 lives here, not in the registry, so that the registry (which every collector imports) imports no collector.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from accelmon.metrics import MetricSpec
-from accelmon.registry import REGISTRY, Registration
+from accelmon.exporter.metrics import MetricSpec
+from accelmon.exporter.registry import REGISTRY, Registration
 
 
 def collectors() -> dict[str, Registration]:

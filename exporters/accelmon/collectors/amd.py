@@ -24,9 +24,11 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable
 
-from accelmon.amdsmi_library import PINNED_BINDINGS, load_amdsmi
-from accelmon.checks import Check, GpuCheck, GpuKey, View
-from accelmon.gpu_metrics import (
+from accelmon.exporter.checks import Check, GpuCheck, GpuKey, View
+from accelmon.exporter.metrics import Catalogue, Samples
+from accelmon.exporter.registry import Paths, Registration, markers_present, register, seconds
+from accelmon.exporter.runtime import Collector
+from accelmon.health.gpu_metrics import (
     CLOCK_EVENT,
     DEVICE_CHECKS,
     DEVICE_DRILLS,
@@ -53,10 +55,8 @@ from accelmon.gpu_metrics import (
     UP,
     UTILIZATION,
 )
-from accelmon.metrics import Catalogue, Samples
-from accelmon.nvidia import nvidia_driver_loaded
-from accelmon.registry import Paths, Registration, markers_present, register, seconds
-from accelmon.runtime import Collector
+from accelmon.host.amdsmi_library import PINNED_BINDINGS, load_amdsmi
+from accelmon.host.nvidia import nvidia_driver_loaded
 
 log = logging.getLogger("accelmon.amd")
 

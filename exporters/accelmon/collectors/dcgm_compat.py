@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 from accelmon.collectors import collectors
-from accelmon.metrics import Catalogue, MetricSpec, Samples
-from accelmon.nvidia import driver_gpu_entries
-from accelmon.registry import Option, Registration, never, register, seconds
-from accelmon.runtime import Collector, Sampler
+from accelmon.exporter.metrics import Catalogue, MetricSpec, Samples
+from accelmon.exporter.registry import Option, Registration, never, register, seconds
+from accelmon.exporter.runtime import Collector, Sampler
+from accelmon.host.nvidia import driver_gpu_entries
 
 MIB = 2**20
 # dcgm-exporter's labels (MIG's GPU_I_ID and GPU_I_PROFILE empty outside MIG, which Prometheus reads as absent).

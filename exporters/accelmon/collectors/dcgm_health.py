@@ -20,12 +20,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from accelmon import xid as catalogue
-from accelmon.checks import VERDICTS, Check, GpuCheck, GpuKey, View
-from accelmon.dcgm import DCGM_BINDINGS_PATH, DCGM_HOST, dcgm_connect
-from accelmon.metrics import Catalogue, Samples
-from accelmon.registry import Paths, Registration, register, seconds
-from accelmon.runtime import Collector
+from accelmon.exporter.checks import VERDICTS, Check, GpuCheck, GpuKey, View
+from accelmon.exporter.metrics import Catalogue, Samples
+from accelmon.exporter.registry import Paths, Registration, register, seconds
+from accelmon.exporter.runtime import Collector
+from accelmon.health import xid as catalogue
+from accelmon.host.dcgm import DCGM_BINDINGS_PATH, DCGM_HOST, dcgm_connect
 
 log = logging.getLogger("accelmon.dcgm_health")
 

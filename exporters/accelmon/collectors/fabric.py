@@ -24,10 +24,10 @@ from typing import Any, Optional
 
 import pynvml
 
-from accelmon.checks import Check, Drill, GpuCheck, GpuKey, NodeCheck, View
-from accelmon.metrics import Catalogue, Samples
-from accelmon.nvidia import NVML_DEVICES, OwnSessionCollector, nvidia_driver_loaded, text
-from accelmon.registry import Registration, register, seconds
+from accelmon.exporter.checks import Check, Drill, GpuCheck, GpuKey, NodeCheck, View
+from accelmon.exporter.metrics import Catalogue, Samples
+from accelmon.exporter.registry import Registration, register, seconds
+from accelmon.host.nvidia import NVML_DEVICES, OwnSessionCollector, nvidia_driver_loaded, text
 
 log = logging.getLogger("accelmon.fabric")
 

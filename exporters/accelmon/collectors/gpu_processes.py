@@ -25,10 +25,10 @@ import time
 from collections import defaultdict
 from typing import Any, Callable
 
+from accelmon.exporter.metrics import Catalogue, Samples
+from accelmon.exporter.registry import Registration, register, seconds
+from accelmon.host.nvidia import NVML_DEVICES, OwnSessionCollector, nvidia_driver_loaded
 from accelmon.job_sources.cgroups import JobOfProcess
-from accelmon.metrics import Catalogue, Samples
-from accelmon.nvidia import NVML_DEVICES, OwnSessionCollector, nvidia_driver_loaded
-from accelmon.registry import Registration, register, seconds
 
 log = logging.getLogger("accelmon.gpu_processes")
 

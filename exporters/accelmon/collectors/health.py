@@ -16,13 +16,14 @@ import os
 import time
 from collections.abc import Callable
 
-from accelmon import drill_store, health, remediation
+from accelmon import health
 from accelmon.collectors import collectors
-from accelmon.metrics import Catalogue, Samples
-from accelmon.registry import Paths, Registration, register, seconds
-from accelmon.remediation import Journal
-from accelmon.runtime import Collector, Sampler
-from accelmon.slurm.pause import PauseMemory, paused_path
+from accelmon.exporter.metrics import Catalogue, Samples
+from accelmon.exporter.registry import Paths, Registration, register, seconds
+from accelmon.exporter.runtime import Collector, Sampler
+from accelmon.health import drill_store, remediation
+from accelmon.health.remediation import Journal
+from accelmon.host.slurm_pause import PauseMemory, paused_path
 
 C = Catalogue(
     "health",
@@ -51,7 +52,7 @@ DRILL_ACTIVE = C.gauge(
     "1 while a drill (accelmon-drill) rehearses this check's failure on the GPU: its verdict is no real fault.",
     ["gpu", "uuid", "check"],
 )
-# From verdict to repair (accelmon.remediation): what the Slurm health check decided and did, from its journal.
+# From verdict to repair (accelmon.health.remediation): what the Slurm health check decided and did, from its journal.
 MODE = C.gauge(
     "accelmon_remediation_mode_info",
     "The repair loop's mode (observe: say, act: do), from the health options.",
@@ -92,7 +93,8 @@ BREAKER_NODES = C.gauge(
     "The circuit breaker's counts when it held this node's drain back: nodes out by accelmon, nodes listed, limit.",
     ["count"],
 )
-# Why the check holds back now (accelmon.slurm.fleet), one series a reason: the fleet's limits as the alerts read them.
+# Why the check holds back now (accelmon.schedulers.slurm.fleet), one series a reason: the fleet's limits as the alerts
+# read them.
 HOLDS = ("breaker", "uncounted", "paused", "pace")
 HELD = C.gauge(
     "accelmon_node_remediation_held",

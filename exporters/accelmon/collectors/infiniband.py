@@ -16,7 +16,7 @@ class link or firmware changes or LAYOUT_SECONDS pass; the values are read every
 
 Where the node has NVIDIA GPUs too, which path joins each GPU to each device (`accelmon_gpu_nic_info{link}`, as
 `nvidia-smi topo -m` names it) and the ports NCCL uses for each GPU by default (`accelmon_gpu_nic_nearest_info`,
-chosen as NCCL chooses: accelmon.topology.nccl_local) among the ports in service: ACTIVE now or since the exporter
+chosen as NCCL chooses: accelmon.host.topology.nccl_local) among the ports in service: ACTIVE now or since the exporter
 started (a port that went down stays the GPU's, at the best rate it had, so that its fault is seen: an uncabled
 port, a virtual function never up, is never in service), with the node's NCCL_IB_HCA (/etc/nccl.conf); worked out
 again when a GPU, a device, a port in service, its rate or NCCL_IB_HCA changes.
@@ -31,11 +31,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from accelmon import drill_store, topology
-from accelmon.metrics import Catalogue, MetricSpec, Samples
-from accelmon.registry import Paths, Registration, register, seconds
-from accelmon.runtime import Collector
-from accelmon.validation import Option
+from accelmon.exporter.metrics import Catalogue, MetricSpec, Samples
+from accelmon.exporter.registry import Paths, Registration, register, seconds
+from accelmon.exporter.runtime import Collector
+from accelmon.exporter.validation import Option
+from accelmon.health import drill_store
+from accelmon.host import topology
 
 log = logging.getLogger("accelmon.infiniband")
 

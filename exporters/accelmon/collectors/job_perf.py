@@ -1,6 +1,6 @@
 """Hardware and software counters per batch job, counted by the kernel in the job's cgroup: cycles, instructions,
 cache references and misses, branch misses, context switches, CPU migrations, page faults, and floating-point
-operations by precision where the CPU's micro-architecture is in the table of `accelmon.perf_events`.
+operations by precision where the CPU's micro-architecture is in the table of `accelmon.host.perf_events`.
 
 Example exposition lines::
 
@@ -23,15 +23,15 @@ import resource
 from dataclasses import dataclass, field
 from typing import Optional
 
-from accelmon import perf_events
+from accelmon.exporter.metrics import Catalogue, Samples
+from accelmon.exporter.registry import Option, Registration, never, register, seconds
+from accelmon.exporter.runtime import Collector
+from accelmon.host import perf_events
+from accelmon.host.perf_events import Counters, Event, KernelCounters, PerfError
 from accelmon.job_sources import recorded_job_ids
 from accelmon.job_sources.cgroups import cpu_list, job_cgroups, read_first
 from accelmon.job_sources.oar import OAR_RUNTIME_DIR
 from accelmon.job_sources.slurm import STATE_DIR
-from accelmon.metrics import Catalogue, Samples
-from accelmon.perf_events import Counters, Event, KernelCounters, PerfError
-from accelmon.registry import Option, Registration, never, register, seconds
-from accelmon.runtime import Collector
 
 log = logging.getLogger("accelmon.job_perf")
 

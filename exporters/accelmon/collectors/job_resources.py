@@ -23,13 +23,13 @@ import logging
 import os
 from typing import Optional
 
+from accelmon.exporter.metrics import Catalogue, MetricSpec, Samples, scaled
+from accelmon.exporter.registry import Registration, register, seconds
+from accelmon.exporter.runtime import Collector
 from accelmon.job_sources import has_job_records, recorded_job_ids
 from accelmon.job_sources.cgroups import cpu_list, job_cgroups, read_first
 from accelmon.job_sources.oar import OAR_RUNTIME_DIR
 from accelmon.job_sources.slurm import STATE_DIR
-from accelmon.metrics import Catalogue, MetricSpec, Samples, scaled
-from accelmon.registry import Registration, register, seconds
-from accelmon.runtime import Collector
 
 log = logging.getLogger("accelmon.job_resources")
 

@@ -27,13 +27,13 @@ import os
 import re
 import time
 
+from accelmon.exporter.metrics import Catalogue, Samples
+from accelmon.exporter.registry import Option, Registration, register, seconds
+from accelmon.exporter.runtime import Collector
+from accelmon.host.nvidia import NVML_DEVICES, DriverGpu, NvmlSession, driver_gpus
 from accelmon.job_sources import has_job_records
 from accelmon.job_sources.oar import OAR_RUNTIME_DIR, OarJobs
 from accelmon.job_sources.slurm import STATE_DIR, read_record, record_names
-from accelmon.metrics import Catalogue, Samples
-from accelmon.nvidia import NVML_DEVICES, DriverGpu, NvmlSession, driver_gpus
-from accelmon.registry import Option, Registration, register, seconds
-from accelmon.runtime import Collector
 
 log = logging.getLogger("accelmon.jobs")
 

@@ -13,7 +13,7 @@ EPIPE means records were overwritten before they were read: the sequence numbers
 and reading goes on. A regular file in the same format (tests, or a saved log) is followed as it grows.
 
 Trust: an XID makes a GPU fail its health check and the node drained, so only the driver's own lines count: a
-record of the kernel's facility (userspace cannot write one, accelmon.kmsg) whose message starts with the driver's
+record of the kernel's facility (userspace cannot write one, accelmon.host.kmsg) whose message starts with the driver's
 prefix (`NVRM: Xid (`, `nvidia-nvswitchN: SXid (`) and is in the driver's form. Other kernel messages print text
 users give them (`tmpfs: Unknown parameter 'NVRM: Xid (...'` from an unprivileged mount in a user namespace);
 those, records written from userspace and lines in no form the driver prints are skipped and counted in
@@ -45,14 +45,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from accelmon import xid as catalogue
-from accelmon.checks import Check, Drill, GpuCheck, GpuKey, NodeCheck, View, when, worst
-from accelmon.gpu_metrics import XID_ERRORS as NVML_XID_ERRORS
-from accelmon.kmsg import KERNEL_FACILITY, KernelLog
-from accelmon.metrics import Catalogue, Samples
-from accelmon.nvidia import driver_gpus_by_bus, nvidia_driver_loaded
-from accelmon.registry import Paths, Registration, register, seconds
-from accelmon.runtime import Collector
+from accelmon.exporter.checks import Check, Drill, GpuCheck, GpuKey, NodeCheck, View, when, worst
+from accelmon.exporter.metrics import Catalogue, Samples
+from accelmon.exporter.registry import Paths, Registration, register, seconds
+from accelmon.exporter.runtime import Collector
+from accelmon.health import xid as catalogue
+from accelmon.health.gpu_metrics import XID_ERRORS as NVML_XID_ERRORS
+from accelmon.host.kmsg import KERNEL_FACILITY, KernelLog
+from accelmon.host.nvidia import driver_gpus_by_bus, nvidia_driver_loaded
 
 log = logging.getLogger("accelmon.kernel_log")
 
@@ -60,7 +60,7 @@ C = Catalogue(
     "kernel_log",
     "Kernel log: XIDs and SXids",
     "Source: the kernel log (`--path.kmsg`, default /dev/kmsg), history since boot included. XID codes are named "
-    "by the catalogue in `accelmon/xid.py` (docs/health.md). The service reads it with CAP_SYSLOG only "
+    "by the catalogue in `accelmon/health/xid.py` (docs/health.md). The service reads it with CAP_SYSLOG only "
     "(ProtectKernelLogs off where this collector is on).",
 )
 XID_GPU = ["gpu", "uuid", "pci_bus_id"]
@@ -304,8 +304,8 @@ class KernelLogCollector(Collector):
 
 def check_xid(view: View, gpu: GpuKey, now: float) -> Check:
     """Critical XIDs fail until the node reboots (the kernel log holds them since boot), or, for those whose action
-    is reset_gpu, until the repair loop resets the GPU (accelmon.remediation); the others warn for an hour. From the
-    kernel log where it is read, else from NVML's events since the exporter started: each XID is counted from one
+    is reset_gpu, until the repair loop resets the GPU (accelmon.health.remediation); the others warn for an hour. From
+    the kernel log where it is read, else from NVML's events since the exporter started: each XID is counted from one
     source only."""
     findings: list[tuple[str, str, str]] = []  # (verdict, detail, action)
     if _kernel_log_readable(view):

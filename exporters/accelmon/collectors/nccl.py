@@ -20,7 +20,7 @@ text: NCCL makes the whole answer on its one RAS thread before sending it), boun
 MAX_ANSWER_BYTES; a query past its deadline is awaited before the job is asked again. Every query's result is counted
 (`accelmon_nccl_queries_total{result}`); `refused` (a socket seen listening that refuses) is an error. A job's port
 is asked, and its answer believed, only while every socket listening on it is the job's user's (procfs's net/tcp
-uid against the record's `uid`; accelmon.tcp_sockets): another user's is `foreign_socket`.
+uid against the record's `uid`; accelmon.host.tcp_sockets): another user's is `foreign_socket`.
 Series are summaries plus outliers: per communicator (at most `max_communicators` an answer, the
 most troubled; the rest counted) its size and ranks answering and missing, its status and highest collective
 count; per rank only the missing or dead ones and those behind, at most `max_ranks` of each per communicator. A
@@ -40,28 +40,28 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Optional, Protocol
 
-from accelmon import nccl_ras
+from accelmon.exporter.metrics import Catalogue, MetricSpec, Samples
+from accelmon.exporter.registry import Option, Paths, Registration, register, seconds
+from accelmon.exporter.runtime import Collector
+from accelmon.host import nccl_ras
+from accelmon.host.nccl_ras import JobStatus, Pending, Rank, RasError
+from accelmon.host.nvidia import NVML_DEVICES, NvmlSession
+from accelmon.host.tcp_sockets import listening_sockets, listening_uids
 from accelmon.job_sources import has_job_records
 from accelmon.job_sources.slurm import STATE_DIR, read_record, record_names
-from accelmon.metrics import Catalogue, MetricSpec, Samples
-from accelmon.nccl_ras import JobStatus, Pending, Rank, RasError
-from accelmon.nvidia import NVML_DEVICES, NvmlSession
-from accelmon.registry import Option, Paths, Registration, register, seconds
-from accelmon.runtime import Collector
-from accelmon.tcp_sockets import listening_sockets, listening_uids
 
 log = logging.getLogger("accelmon.nccl")
 
 # A rank is about 535 bytes of JSON in each of its communicators: a 4,096-rank job with one communicator answers about
 # 2 MiB, a 16k-rank job with six about 50 MiB, too much to parse in an exporter's memory. Past this, the text form
-# (only the ranks that stand out) is asked instead (accelmon.nccl_ras.ask). JSON is asked only where expected under
+# (only the ranks that stand out) is asked instead (accelmon.host.nccl_ras.ask). JSON is asked only where expected under
 # JSON_FAST_BYTES (4 MiB), so 8 MiB leaves it room to grow twofold; what a job's socket sends up to the cap is built
 # into objects (as much as 7 times its size, in the worst case nccl_ras allows), within the unit's MemoryMax=256M.
 MAX_ANSWER_BYTES = 8 * 1024 * 1024
 RESULTS = ("ok", "refused", "timeout", "cut_short", "malformed", "protocol", "too_large", "foreign_socket",
            "owner_unknown", "pending", "deferred")  # fmt: skip
-# The form each job is asked in (accelmon.nccl_ras_client.FORMS), from its latest answer: NCCL makes an answer whole
-# before sending it, in a buffer grown 4 KiB at a time (quadratic: 9 MB took 4.6 s, 18.5 MB 19.1 s with its format
+# The form each job is asked in (accelmon.host.nccl_ras_client.FORMS), from its latest answer: NCCL makes an answer
+# whole before sending it, in a buffer grown 4 KiB at a time (quadratic: 9 MB took 4.6 s, 18.5 MB 19.1 s with its format
 # strings), on the job's one RAS thread. JSON while it is expected under JSON_FAST_BYTES (about a second), the verbose
 # text up to VERBOSE_RANKS rank places, else the short text (a few KiB at any size). A job not answered yet is asked
 # the short form first, which sizes it, and then, in the same interval, JSON if it is small.
@@ -228,7 +228,7 @@ class Seen:
 
 
 def form_for(seen: Seen) -> str:
-    """The form to ask a job in (accelmon.nccl_ras_client.FORMS), from its latest answer."""
+    """The form to ask a job in (accelmon.host.nccl_ras_client.FORMS), from its latest answer."""
     if seen.ranks is None and seen.json_bytes is None:
         return "short"  # not sized yet: the form that is small at any size
     expected = seen.json_bytes if seen.json_bytes is not None else (seen.ranks or 0) * RANK_JSON_BYTES

@@ -45,10 +45,10 @@ from typing import Callable, Optional, Union
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from accelmon.metrics import Catalogue, MetricSpec, Samples
-from accelmon.nvidia import driver_gpus
-from accelmon.registry import Option, Registration, register, seconds
-from accelmon.runtime import Collector
+from accelmon.exporter.metrics import Catalogue, MetricSpec, Samples
+from accelmon.exporter.registry import Option, Registration, register, seconds
+from accelmon.exporter.runtime import Collector
+from accelmon.host.nvidia import driver_gpus
 
 log = logging.getLogger("accelmon.nccl_inspector")
 

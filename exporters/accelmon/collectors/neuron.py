@@ -21,11 +21,11 @@ import os
 import time
 from typing import Any, Callable
 
+from accelmon.exporter.metrics import Catalogue, Samples
+from accelmon.exporter.registry import Option, Paths, Registration, register, seconds
+from accelmon.exporter.runtime import Collector
+from accelmon.host.neuron_monitor import MonitorSupervisor, NeuronState, find_monitor, number, runtime_tag
 from accelmon.job_sources.cgroups import JobOfProcess
-from accelmon.metrics import Catalogue, Samples
-from accelmon.neuron_monitor import MonitorSupervisor, NeuronState, find_monitor, number, runtime_tag
-from accelmon.registry import Option, Paths, Registration, register, seconds
-from accelmon.runtime import Collector
 
 log = logging.getLogger("accelmon.neuron")
 
@@ -231,7 +231,7 @@ class NeuronCollector(Collector):
         self.stall_seconds = stall_seconds if stall_seconds is not None else max(30.0, 3 * period_seconds)
         self._clock = clock
         self.state = NeuronState()
-        # neuron-monitor, run and kept running by a supervisor of its own (accelmon.neuron_monitor)
+        # neuron-monitor, run and kept running by a supervisor of its own (accelmon.host.neuron_monitor)
         self.supervisor = MonitorSupervisor(
             monitor, period_seconds, self.stall_seconds, max_backoff_seconds, self.state, clock
         )

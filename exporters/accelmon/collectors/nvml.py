@@ -8,8 +8,9 @@ Per-GPU series carry only `gpu` (index) and `uuid`; strings are in `accelmon_gpu
 answers `NotSupported`, `FunctionNotFound` (older driver) or `NoPermission` for is remembered per GPU and
 never asked again. A GPU that answers `GpuIsLost`/`Unknown` is reported with `accelmon_gpu_up 0` while the
 others keep reporting. PCIe throughput (about 20 ms per direction per GPU) is read on its own thread at a
-slower interval and XID events are waited for on another (`accelmon.nvidia.XidEvents`), so neither slows the main
-sample. The NVML session is `accelmon.nvidia.NvmlSession`'s, tried again every minute while NVML does not answer."""
+slower interval and XID events are waited for on another (`accelmon.host.nvidia.XidEvents`), so neither slows the main
+sample. The NVML session is `accelmon.host.nvidia.NvmlSession`'s, tried again every minute while NVML does not
+answer."""
 
 from __future__ import annotations
 
@@ -22,7 +23,10 @@ from typing import Any, Callable, Optional
 
 import pynvml
 
-from accelmon.gpu_metrics import (
+from accelmon.exporter.metrics import Samples, scaled
+from accelmon.exporter.registry import Registration, register
+from accelmon.exporter.runtime import Collector
+from accelmon.health.gpu_metrics import (
     BAR1_TOTAL,
     BAR1_USED,
     CATALOGUE,
@@ -77,10 +81,7 @@ from accelmon.gpu_metrics import (
     XID_ERRORS,
     XID_EVENTS,
 )
-from accelmon.metrics import Samples, scaled
-from accelmon.nvidia import NVML_MIG_DEVICES, MigProfiles, NvmlSession, XidEvents, nvidia_driver_loaded, text
-from accelmon.registry import Registration, register
-from accelmon.runtime import Collector
+from accelmon.host.nvidia import NVML_MIG_DEVICES, MigProfiles, NvmlSession, XidEvents, nvidia_driver_loaded, text
 
 log = logging.getLogger("accelmon.nvml")
 

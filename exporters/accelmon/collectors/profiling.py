@@ -27,11 +27,11 @@ from typing import Any, Callable, Protocol
 
 import pynvml
 
-from accelmon.dcgm import DCGM_BINDINGS_PATH, DCGM_HOST, dcgm_connect
-from accelmon.metrics import Catalogue, Samples
-from accelmon.nvidia import NVML_MIG_DEVICES, NvmlSession
-from accelmon.registry import Option, Registration, never, register, seconds
-from accelmon.runtime import Collector
+from accelmon.exporter.metrics import Catalogue, Samples
+from accelmon.exporter.registry import Option, Registration, never, register, seconds
+from accelmon.exporter.runtime import Collector
+from accelmon.host.dcgm import DCGM_BINDINGS_PATH, DCGM_HOST, dcgm_connect
+from accelmon.host.nvidia import NVML_MIG_DEVICES, NvmlSession
 
 log = logging.getLogger("accelmon.profiling")
 

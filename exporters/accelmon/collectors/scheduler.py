@@ -38,11 +38,11 @@ import shutil
 import subprocess
 from typing import Any, Callable, Optional
 
-from accelmon.metrics import Catalogue, Samples
-from accelmon.registry import Option, Paths, Registration, register, seconds
-from accelmon.runtime import Collector
-from accelmon.slurm.nodes import STATES, Listing, SlurmNode, by_host_name, ledger_state, node_name, run_scontrol
-from accelmon.slurm.pause import pause_of
+from accelmon.exporter.metrics import Catalogue, Samples
+from accelmon.exporter.registry import Option, Paths, Registration, register, seconds
+from accelmon.exporter.runtime import Collector
+from accelmon.host.slurm_nodes import STATES, Listing, SlurmNode, by_host_name, ledger_state, node_name, run_scontrol
+from accelmon.host.slurm_pause import pause_of
 
 log = logging.getLogger("accelmon.scheduler")
 

@@ -16,8 +16,8 @@ import os
 import re
 import socket
 
+from accelmon.exporter.validation import Option
 from accelmon.job_sources.records import MAX_RECORD_BYTES, clean
-from accelmon.validation import Option
 
 log = logging.getLogger("accelmon.jobs")
 

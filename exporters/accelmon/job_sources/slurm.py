@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 
+from accelmon.exporter.validation import Option
 from accelmon.job_sources.records import KEYS, MAX_RECORD_BYTES, clean
-from accelmon.validation import Option
 
 # The job records' directory: one declaration, which job_resources and job_perf share and the role reads through
 # `--check-config --json` (and renders into the prolog and epilog).

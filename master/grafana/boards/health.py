@@ -87,7 +87,7 @@ DASHBOARD = Dashboard(
             "table",
             24,
             7,
-            description="Named by the XID catalogue (exporters/accelmon/xid.py) with its severity and action.",
+            description="Named by the XID catalogue (exporters/accelmon/health/xid.py) with its severity and action.",
         ),
         Panel(
             "NVLink link map (1 up, 0 down)",
