@@ -228,8 +228,8 @@ def test_the_slurm_hook_drains_with_a_reason_that_says_drill(node, tmp_path):
     assert run_drill(node, "start", "--gpu", "0", "--xid", "79").returncode == 0
     env = {**env, "PATH": f"{scontrol.parent}:{env['PATH']}", "SLURMD_NODENAME": "n1"}
     result = subprocess.run(
-        [sys.executable, "-m", "accelmon.schedulers.slurm.health", "--config", str(config)], env=env, capture_output=True,
-        text=True, timeout=60,
+        [sys.executable, "-m", "accelmon.schedulers.slurm.health", "--config", str(config)],
+        env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     drained = [line for line in calls.read_text().splitlines() if line.startswith("update")]
