@@ -61,6 +61,15 @@ def test_each_role_has_a_readme_whose_variables_are_its_argument_spec(role):
         assert f"| `{name}` |" in readme, name
 
 
+def controller_env(work: Path, **extra: str) -> dict[str, str]:
+    """The controller's environment for a test's ansible-playbook: HOME in `work`, so that what a deploy keeps in
+    the controller's home (~/.accelmon: the scrape PKI, Grafana's secret key), even in --check, is the test's and
+    never the real home's of whoever runs the tests."""
+    (work / "home").mkdir(exist_ok=True)
+    return {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "NO_COLOR": "1", "HOME": str(work / "home"),
+            **extra}  # fmt: skip
+
+
 def deploy(
     tmp_path: Path, *variables: str, group: str = "worker", env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
@@ -71,7 +80,7 @@ def deploy(
     inventory.write_text(
         "".join(f"[{name}]\n{host if group == name else ''}\n\n" for name in ("master", "worker", "store"))
     )
-    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "NO_COLOR": "1", **(env or {})}
+    env = controller_env(tmp_path, **(env or {}))
     args = [arg for variable in variables for arg in ("-e", variable)]
     return subprocess.run(
         [
@@ -300,7 +309,7 @@ def batch_deploy(work: Path, group: str, cases: list[tuple[Any, str]]) -> tuple[
         yaml.safe_dump({"all": {"children": {name: {"hosts": hosts if name == group else {}}
                                              for name in ("master", "worker", "store")}}})
     )  # fmt: skip
-    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "NO_COLOR": "1", "ANSIBLE_FORKS": "8"}
+    env = controller_env(work, ANSIBLE_FORKS="8")
     result = subprocess.run(
         [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory), "--check",
          str(ROOT / "ansible" / "deploy.yaml")],
@@ -745,6 +754,9 @@ def test_check_mode_works_on_a_host_not_deployed_yet(tmp_path):
     assert result.returncode == 0, output[-3000:]
     assert task_results(output, "Create the group") == ["changed"]
     assert task_results(output, "Ensure accelmon-exporter is enabled and running") == ["skipping"]
+    # What --check writes on the controller (the scrape PKI) is in the test's home, not the real one.
+    pki = tmp_path / "home" / ".accelmon" / "pki"
+    assert (pki / "ca.key").is_file() and (pki / "hosts" / "localhost.crt").is_file()
 
 
 def test_new_workers_are_deployed_fully_and_no_other_worker_is_touched(tmp_path):
@@ -760,8 +772,7 @@ def test_new_workers_are_deployed_fully_and_no_other_worker_is_touched(tmp_path)
     command = [str(Path(sys.executable).parent / "ansible-playbook"), *command[1:], "--check"]
     command = [part.strip("'") for part in command]
     result = subprocess.run(
-        command, capture_output=True, text=True, cwd=ROOT, timeout=300,
-        env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "NO_COLOR": "1"},
+        command, capture_output=True, text=True, cwd=ROOT, timeout=300, env=controller_env(tmp_path),
     )  # fmt: skip
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
@@ -794,8 +805,7 @@ def render_masters(work: Path, hosts: dict[str, dict[str, Any]], group_vars: dic
     result = subprocess.run(
         [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(work / "hosts.yml"),
          "-e", f"ansible_python_interpreter={sys.executable}", str(work / "play.yml")],
-        capture_output=True, text=True, cwd=ROOT, timeout=300,
-        env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "NO_COLOR": "1"},
+        capture_output=True, text=True, cwd=ROOT, timeout=300, env=controller_env(work),
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:]
     return {
