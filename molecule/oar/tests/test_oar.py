@@ -5,10 +5,15 @@ its series leave both nodes. Nothing of accelmon's runs in OAR."""
 from __future__ import annotations
 
 import re
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import testinfra
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "shared"))
+from verify import scrape_options
 
 SERVER, NODE = "accelmon-oar-server", "accelmon-oar-node"
 GPU_MINORS = {SERVER: {"0", "2"}, NODE: {"1", "3"}}  # prepare.yml's resources
@@ -21,7 +26,7 @@ def hosts() -> dict[str, testinfra.host.Host]:
 
 
 def metrics(host) -> str:
-    return host.check_output("curl -sf http://127.0.0.1:19470/metrics")
+    return host.check_output(f"curl -sf {scrape_options(host, 19470)}")
 
 
 def wait_for(host, pattern: str, seconds: int = 90) -> str:

@@ -1,8 +1,13 @@
 """Verify a converged worker: the exporter serves the simulated GPUs, as a hardened, unprivileged service."""
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "shared"))
+from verify import scrape_options
 
 testinfra_hosts = ["podman://accelmon-worker"]
 # systemd-analyze security's exposure, measured: 3.2 without the hardening directives (issue 12), 1.5 with them,
@@ -11,13 +16,13 @@ MAX_EXPOSURE = 1.9
 
 
 def scrape(host, port):
-    return host.check_output(f"curl -sf http://127.0.0.1:{port}/metrics")
+    return host.check_output(f"curl -sf {scrape_options(host, port)}")
 
 
 def test_exporter_serves_gpu_metrics(host):
     text = host.check_output(
-        "for i in $(seq 1 30); do curl -sf http://127.0.0.1:19470/metrics | grep -q accelmon_gpu_up && break; "
-        "sleep 1; done; curl -sf http://127.0.0.1:19470/metrics"
+        f"for i in $(seq 1 30); do curl -sf {scrape_options(host, 19470)} | grep -q accelmon_gpu_up && break; "
+        f"sleep 1; done; curl -sf {scrape_options(host, 19470)}"
     )
     up = [line for line in text.splitlines() if line.startswith("accelmon_gpu_up{")]
     assert len(up) == 8
@@ -56,8 +61,8 @@ def test_the_service_reads_the_kernel_log_and_judges_the_gpus(host):
 
 def test_neuron_monitor_reports_arrive(host):
     text = host.check_output(
-        "for i in $(seq 1 30); do curl -sf http://127.0.0.1:19470/metrics | grep -q accelmon_neuroncore_utilization "
-        "&& break; sleep 1; done; curl -sf http://127.0.0.1:19470/metrics"
+        f"for i in $(seq 1 30); do curl -sf {scrape_options(host, 19470)} | grep -q accelmon_neuroncore_utilization "
+        f"&& break; sleep 1; done; curl -sf {scrape_options(host, 19470)}"
     )
     assert 'accelmon_neuroncore_utilization_ratio{neuroncore="1",runtime_tag="llama-serve"} 0.875' in text
     assert "accelmon_neuron_monitor_up 1" in text
@@ -144,8 +149,8 @@ def test_files_are_not_world_writable(host):
 def test_node_exporter_runs_without_infiniband(host):
     assert host.service("prometheus-node-exporter").is_running
     text = host.check_output(
-        "for i in $(seq 1 30); do curl -sf http://127.0.0.1:9100/metrics >/dev/null && break; sleep 1; done; "
-        "curl -sf http://127.0.0.1:9100/metrics"
+        f"for i in $(seq 1 30); do curl -sf {scrape_options(host, 9100)} >/dev/null && break; sleep 1; done; "
+        f"curl -sf {scrape_options(host, 9100)}"
     )
     assert "node_cpu_seconds_total" in text
     assert 'node_scrape_collector_success{collector="infiniband"}' not in text
@@ -204,14 +209,14 @@ def test_slurm_prolog_and_epilog_attribute_gpus_to_a_job(host):
     )
     wanted = 'accelmon_gpu_job_info{account="ml",gpu="1",job_id="777",user="alice",uuid="GPU-00000001-'
     text = host.check_output(
-        f"for i in $(seq 1 20); do curl -sf http://127.0.0.1:19470/metrics | grep -qF '{wanted}' && break; "
-        "sleep 1; done; curl -sf http://127.0.0.1:19470/metrics"
+        f"for i in $(seq 1 20); do curl -sf {scrape_options(host, 19470)} | grep -qF '{wanted}' && break; "
+        f"sleep 1; done; curl -sf {scrape_options(host, 19470)}"
     )
     assert wanted in text
     host.check_output("env -i SLURM_JOB_ID=777 /bin/sh /etc/slurm/epilog.d/50-accelmon.sh")
     text = host.check_output(
-        "for i in $(seq 1 20); do curl -sf http://127.0.0.1:19470/metrics | grep -q 'job_id=\"777\"' || break; "
-        "sleep 1; done; curl -sf http://127.0.0.1:19470/metrics"
+        f"for i in $(seq 1 20); do curl -sf {scrape_options(host, 19470)} | grep -q 'job_id=\"777\"' || break; "
+        f"sleep 1; done; curl -sf {scrape_options(host, 19470)}"
     )
     assert 'job_id="777"' not in text
     assert "accelmon_jobs_running 0.0" in text

@@ -1,13 +1,19 @@
 """Verify the AMD worker: the role installed AMD's amdsmi bindings and joined the GPU groups, and the hardened
 service serves two MI300X (the fake libamd_smi.so) under the shared names, with their health judged."""
 
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "shared"))
+from verify import scrape_options
+
 testinfra_hosts = ["podman://accelmon-worker-amd"]
 
 
 def metrics(host):
     return host.check_output(
-        "for i in $(seq 1 30); do curl -sf http://127.0.0.1:19470/metrics | grep -q 'accelmon_gpu_up{' && break; "
-        "sleep 1; done; curl -sf http://127.0.0.1:19470/metrics"
+        f"for i in $(seq 1 30); do curl -sf {scrape_options(host, 19470)} | grep -q 'accelmon_gpu_up{{' && break; "
+        f"sleep 1; done; curl -sf {scrape_options(host, 19470)}"
     )
 
 
