@@ -36,6 +36,7 @@ from tests.support.pci_tree import (
     pcie_server,
     two_nics_under_one_switch,
 )
+from tests.support.waiting import returns_while_blocked
 
 # promtool over the master's rules, the live job rules rendered by the role through Ansible (tests/support/rules.py):
 # the e2e tier, where Ansible is installed (the Python 3.9 tier has only the exporter's dependencies).
@@ -404,3 +405,76 @@ def test_an_hca_trained_below_its_pcie_link_is_a_fault_of_the_gpus_that_use_it(t
         for gpu in (0, 1)
     ]  # fmt: skip
     assert path_faults_test([text_of(collector) for _ in range(3)], expected, tmp_path) == ""
+
+
+# The attack on issue 68's topology: files NCCL reads that a bad producer or a careless site makes hostile.
+def sample_within(collector: InfinibandCollector) -> list[tuple[str, ...]]:
+    return returns_while_blocked(lambda: served(collector, "accelmon_gpu_nic_nearest_info"))
+
+
+def release(fifo) -> None:
+    """Open the FIFO's writing end without waiting, so that a reader left blocked on it (before the fix) ends."""
+    import os
+
+    try:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:
+        pass
+
+
+def hostile_topology_file(path, kind: str) -> None:
+    import os
+
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dev-zero":
+        os.symlink("/dev/zero", path)
+    elif kind == "deep-nesting":  # NCCL stops at 256 nodes (topo.h NCCL_TOPO_XML_MAX_NODES); Python's stack at 1000
+        path.write_text('<system version="1"><cpu numaid="0">' + '<pci busid="0000:00:00.0">' * 3000
+                        + "</pci>" * 3000 + "</cpu></system>")  # fmt: skip
+    elif kind == "too-many-nodes":  # 300 sibling devices: NCCL's parser refuses past 256 nodes
+        devices = "".join(f'<pci busid="0000:{n // 32:02x}:{n % 32:02x}.0"/>' for n in range(300))
+        path.write_text(f'<system version="1"><cpu numaid="0">{devices}</cpu></system>')
+    elif kind == "billion-laughs":  # entities: NCCL's parser (xml.cc) knows none and fails on a DOCTYPE
+        entities = '<!ENTITY a0 "lol">' + "".join(f'<!ENTITY a{n} "{f"&a{n - 1};" * 10}">' for n in range(1, 7))
+        path.write_text(f'<!DOCTYPE system [{entities}]><system version="1"><cpu numaid="0">'
+                        '<pci busid="0001:00:00.0" class="&a6;"/></cpu></system>')  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "deep-nesting", "too-many-nodes", "billion-laughs"])
+def test_a_hostile_topology_file_is_refused_and_sysfs_kept(tmp_path, kind):
+    """NCCL_TOPO_FILE a FIFO (opening one waited for a writer for good: the collector's sample hung, every port's
+    counters with it), a link to /dev/zero, nesting past Python's recursion limit (RecursionError out of the
+    sample), more elements than NCCL's parser takes (256: NCCL fails on it, the file placed 300 devices), entities
+    (a billion laughs; NCCL's parser fails on a DOCTYPE): each is not read, logged, and sysfs's places stand."""
+    sysfs, procfs = azure_nd_h100_v5(tmp_path)
+    hostile = tmp_path / "topo.xml"
+    hostile_topology_file(hostile, kind)
+    try:
+        assert returns_while_blocked(lambda: topology.topo_file_places(str(hostile))) == {}
+        collector = InfinibandCollector(sysfs=str(sysfs), procfs=str(procfs), nccl_conf=str(tmp_path / "none"),
+                                        nccl_topo_file=str(hostile))  # fmt: skip
+        assert [row[1] for row in sample_within(collector)][:4] == ["mlx5_ib0", "mlx5_ib2", "mlx5_ib1", "mlx5_ib3"]
+    finally:
+        if kind == "fifo":
+            release(hostile)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
+def test_an_nccl_conf_that_is_no_regular_file_is_not_read(tmp_path, kind):
+    """/etc/nccl.conf a FIFO (the sample waited for a writer for good) or a link to /dev/zero (one endless line
+    read into memory every sample): not read, as if absent; a real one is read, to its first 64 KiB."""
+    sysfs, procfs = healthy_idle_node(tmp_path)
+    conf = tmp_path / "nccl.conf"
+    hostile_topology_file(conf, kind)
+    try:
+        collector = InfinibandCollector(sysfs=str(sysfs), procfs=str(procfs), nccl_conf=str(conf))
+        assert {row[1] for row in sample_within(collector)} == {"mlx5_0"}
+        assert returns_while_blocked(lambda: topology.nccl_conf_value(str(conf))) == ""
+    finally:
+        if kind == "fifo":
+            release(conf)
+    big = tmp_path / "big.conf"
+    big.write_text("NCCL_DEBUG=INFO\n" + "#" * (1 << 20) + "\nNCCL_IB_HCA=mlx5_9\n")
+    assert topology.nccl_conf_value(str(big), "NCCL_DEBUG") == "INFO"
+    assert topology.nccl_conf_value(str(big)) == ""  # past the first 64 KiB: no conf file is that long

@@ -56,6 +56,9 @@ from xml.etree import ElementTree
 
 from accelmon.host.gpu_holders import read as _read
 from accelmon.host.nvidia import driver_gpu_entries
+from accelmon.host.topology_files import nccl_conf_value as nccl_conf_value  # callers read it here
+from accelmon.host.topology_files import nccl_conf_values as nccl_conf_values
+from accelmon.host.topology_files import read_regular
 
 log = logging.getLogger("accelmon.topology")
 LINKS = ("PIX", "PXB", "PHB", "NODE", "SYS")  # nearest first
@@ -213,6 +216,7 @@ def ib_hca_filter(spec: str) -> Callable[[str, str], bool]:
 
 NCCL_TOPO_DEFAULT = "/var/run/nvidia-topologyd/virtualTopology.xml"  # read when NCCL_TOPO_FILE is unset (topo.cc)
 TOPO_FILE_LIMIT = 1 << 20  # bytes: a topology file is a few KiB; more is not read
+TOPO_FILE_NODES = 256  # elements NCCL's parser takes (topo.h NCCL_TOPO_XML_MAX_NODES); more, it fails
 
 
 def topo_file_places(path: str) -> dict[str, Place]:
@@ -224,11 +228,18 @@ def topo_file_places(path: str) -> dict[str, Place]:
     if not path:
         return {}
     try:
-        with open(path, "rb") as stream:
-            data = stream.read(TOPO_FILE_LIMIT + 1)
+        data = read_regular(path, TOPO_FILE_LIMIT)
         if len(data) > TOPO_FILE_LIMIT:
             raise ValueError(f"over {TOPO_FILE_LIMIT} bytes")
-        system = ElementTree.fromstring(data)  # expat: no external entities; amplification limited (2.4+)
+        # NCCL's parser (xml.cc `xmlGetNode`) knows no declaration or entity: a DOCTYPE fails there. Refused before
+        # parsing, so no entity is expanded (a billion laughs; expat limits amplification only from 2.4).
+        if re.search(rb"<![^-]", data):
+            raise ValueError("a declaration or entity, which NCCL's parser does not read")
+        system = ElementTree.fromstring(data)
+        # NCCL's parser stops at NCCL_TOPO_XML_MAX_NODES elements (topo.h, xml.cc `xmlLoadSub`), which also bounds
+        # the nesting walked below (Python's recursion limit is 1000).
+        if sum(1 for _ in system.iter()) > TOPO_FILE_NODES:
+            raise ValueError(f"over {TOPO_FILE_NODES} elements")
     except FileNotFoundError:
         return {}
     except (OSError, ValueError, ElementTree.ParseError) as error:
@@ -239,7 +250,7 @@ def topo_file_places(path: str) -> dict[str, Place]:
     def walk(node: ElementTree.Element, numa: int, chain: tuple[str, ...], links: tuple[float, ...]) -> None:
         for child in node.findall("pci"):
             busid = (child.get("busid") or "").lower()
-            if busid.count(":") != 2 or len(places) > 4096:
+            if busid.count(":") != 2:
                 continue
             bandwidth = link_bandwidth(child.get("link_speed") or "", _int(child.get("link_width") or "0"))
             places[busid] = Place(f"topo:cpu{numa}", (*chain, busid), numa, "", (*links, bandwidth))
@@ -248,26 +259,6 @@ def topo_file_places(path: str) -> dict[str, Place]:
     for cpu in system.iter("cpu"):
         walk(cpu, _int(cpu.get("numaid") or "-1"), (), ())
     return places
-
-
-def nccl_conf_value(path: str, name: str = "NCCL_IB_HCA") -> str:
-    """A variable as NCCL's conf file sets it (param.cc `setEnvFile`: `NAME=value` lines, `#` comments), '' if
-    absent. /etc/nccl.conf holds what a site sets for every job of the node."""
-    return nccl_conf_values(path, (name,))[0]
-
-
-def nccl_conf_values(path: str, names: tuple[str, ...]) -> tuple[str, ...]:
-    """Several variables of NCCL's conf file in one reading, each '' if absent (the first line that sets it)."""
-    found: dict[str, str] = {}
-    try:
-        with open(path, encoding="utf-8", errors="replace") as stream:
-            for line in stream:
-                key, sep, value = line.rstrip("\n").partition("=")
-                if sep and not line.startswith("#") and key in names:
-                    found.setdefault(key, value)
-    except OSError:
-        pass
-    return tuple(found.get(name, "") for name in names)
 
 
 def inter_cpu_bandwidth(procfs: str) -> float:
