@@ -28,9 +28,9 @@ ROLES = ROOT / "ansible" / "roles"
 WORKERS = {"gpu-1": {"ansible_host": "10.0.0.5"}, "gpu-2": {}}
 
 
-def run_play(work: Path, tasks: list[dict], variables: dict[str, Any], *flags: str) -> str:
+def run_play(work: Path, tasks: list[dict], variables: dict[str, Any], *flags: str, passes: bool = True) -> str:
     """One play over two local 'workers' (gpu-1 at 10.0.0.5, gpu-2 by name), HOME in `work`: the default PKI
-    directory (~/.accelmon/pki) is the test's. Returns the output; the play must pass."""
+    directory (~/.accelmon/pki) is the test's. Returns the output; the play must pass (or fail: passes=False)."""
     inventory = {"all": {"hosts": {name: {"ansible_connection": "local", **own} for name, own in WORKERS.items()}}}
     (work / "hosts.yml").write_text(yaml.safe_dump(inventory))
     play = [{"hosts": "all", "gather_facts": False, "tasks": tasks}]
@@ -44,7 +44,7 @@ def run_play(work: Path, tasks: list[dict], variables: dict[str, Any], *flags: s
              "ANSIBLE_ROLES_PATH": str(ROLES)},
     )  # fmt: skip
     output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-4000:]
+    assert (result.returncode == 0) == passes, output[-4000:]
     return output
 
 
@@ -294,3 +294,29 @@ def test_a_password_over_plain_http_stops_the_deploy_in_preflight(tmp_path, grou
     assert result.returncode != 0 and message in " ".join(output.split()), output[-3000:]
     assert "in-clear-text-1" not in output
     assert not (tmp_path / "home" / ".accelmon").exists()  # stopped before the PKI step
+
+
+def test_a_fleet_deployed_from_a_lost_pki_stops_the_deploy_unless_rotated(tmp_path):
+    """The controller's PKI directory lost (a new controller, a wiped home): the deploy would make a new CA and
+    password, re-issue the hosts it reaches and leave every other one unscraped (401, unknown CA). A host whose
+    deployed web config holds another scrape hash stops it, naming the host and the way out, before the host
+    changes; accelmon_exporter_pki_rotate=true re-issues (before: the new PKI was deployed silently)."""
+    deployed = {"__accelmon_exporter_pki_deployed": {"path": "{{ playbook_dir }}/{{ inventory_hostname }}-web.yml",
+                                                     "key": "hash"}}  # fmt: skip
+    run_play(tmp_path, pki_tasks(), {})
+    for name in WORKERS:  # what the role wrote on each worker from this PKI
+        made = json.loads((tmp_path / f"{name}.json").read_text())
+        (tmp_path / f"{name}-web.yml").write_text(yaml.safe_dump({"basic_auth_users": {"prometheus": made["hash"]}}))
+    run_play(tmp_path, pki_tasks(**deployed), {})  # the same PKI: goes on
+    shutil.rmtree(tmp_path / "home" / ".accelmon")
+    output = run_play(tmp_path, pki_tasks(**deployed), {}, passes=False)
+    for name in WORKERS:
+        assert f"{name} was deployed with another scrape credential" in output
+    assert "accelmon_exporter_pki_rotate=true" in output
+    assert "$2b$" not in output  # neither hash printed
+    run_play(tmp_path, pki_tasks(**deployed), {"accelmon_exporter_pki_rotate": True})
+    # Re-issued (gpu-1 given the new hash), and a worker never deployed (no web config yet): both go on.
+    rotated = json.loads((tmp_path / "gpu-1.json").read_text())["hash"]
+    (tmp_path / "gpu-1-web.yml").write_text(yaml.safe_dump({"basic_auth_users": {"prometheus": rotated}}))
+    (tmp_path / "gpu-2-web.yml").unlink()
+    run_play(tmp_path, pki_tasks(**deployed), {})
