@@ -478,3 +478,16 @@ def test_an_nccl_conf_that_is_no_regular_file_is_not_read(tmp_path, kind):
     big.write_text("NCCL_DEBUG=INFO\n" + "#" * (1 << 20) + "\nNCCL_IB_HCA=mlx5_9\n")
     assert topology.nccl_conf_value(str(big), "NCCL_DEBUG") == "INFO"
     assert topology.nccl_conf_value(str(big)) == ""  # past the first 64 KiB: no conf file is that long
+
+
+@pytest.mark.parametrize("digits", [20, 5000])
+def test_an_nccl_conf_number_past_strtolls_range_takes_nccls_default(tmp_path, digits):
+    """NCCL_P2P_PXN_LEVEL past int64 in /etc/nccl.conf: NCCL's strtoll fails with ERANGE and the default (2) stands
+    (param.cc `ncclLoadParam`), so point-to-point rails are served; before, 20 digits read as a level of their own
+    (no rails) and 5,000 raised ValueError (Python's int() digit limit) out of the sample: no port served at all."""
+    sysfs, procfs = hgx_h100(tmp_path)
+    nvswitches(procfs)
+    conf = tmp_path / "nccl.conf"
+    conf.write_text("NCCL_P2P_PXN_LEVEL=" + "9" * digits + "\n")
+    collector = InfinibandCollector(sysfs=str(sysfs), procfs=str(procfs), nccl_conf=str(conf))
+    assert len(served(collector, "accelmon_gpu_nic_rail_info")) == 8 * 7

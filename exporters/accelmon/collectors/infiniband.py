@@ -478,14 +478,17 @@ def peer_memory_loaded(sysfs: str) -> bool:
 
 def _int_or(text: str, default: int) -> int:
     """An integer setting as NCCL reads it (param.cc `ncclLoadParam`: unset or empty, the default; else strtoll's
-    leading number, 0 where there is none)."""
+    leading number, 0 where there is none; past int64, strtoll's ERANGE: the default)."""
     if not text:
         return default
     match = re.match(r"\s*[+-]?(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)", text)
     if match is None:
         return 0
     digits = match.group(1)
-    return int(match.group(0), 16 if digits[:2] in ("0x", "0X") else 8 if digits[:1] == "0" else 10)
+    if len(digits) > 24:  # past int64 in any base (and past Python's int() digit limit in a hostile file)
+        return default
+    value = int(match.group(0), 16 if digits[:2] in ("0x", "0X") else 8 if digits[:1] == "0" else 10)
+    return value if -(1 << 63) <= value < 1 << 63 else default
 
 
 def _has_class(paths: Paths, options: dict[str, object]) -> bool:
