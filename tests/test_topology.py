@@ -491,3 +491,20 @@ def test_an_nccl_conf_number_past_strtolls_range_takes_nccls_default(tmp_path, d
     conf.write_text("NCCL_P2P_PXN_LEVEL=" + "9" * digits + "\n")
     collector = InfinibandCollector(sysfs=str(sysfs), procfs=str(procfs), nccl_conf=str(conf))
     assert len(served(collector, "accelmon_gpu_nic_rail_info")) == 8 * 7
+
+
+def test_a_pcie_gen6_link_is_rated_as_nccl_rates_it(tmp_path):
+    """An HGX B300-like tree: GPU and ConnectX-8 (800G) on PCIe Gen6, which sysfs prints `64.0 GT/s PCIe` and NCCL
+    rates 480 per lane (topo.cc `kvDictPciGen`), a BlueField-3 front-end port (400G RoCE, Gen5) on the GPU's own
+    leaf switch. NCCL: 96 GB/s to the ConnectX-8, 48 to the BlueField: the ConnectX-8. Before, the speed was
+    rewritten `64 GT/s`, which no entry starts, and rated as Gen3 (12 GB/s): a tie, won by the nearer BlueField."""
+    sysfs, procfs = tmp_path / "sys", tmp_path / "proc"
+    gen6, top = ("64.0 GT/s PCIe", 16), ["pci0000:00", "0000:00:01.0", "0000:01:00.0"]
+    gpu(sysfs, procfs, [*top, "0000:02:00.0", "0000:03:00.0", "0000:04:00.0", "0000:05:00.0"], 0, gen6)
+    nic(sysfs, "mlx5_0", [*top, "0000:02:00.0", "0000:03:00.0", "0000:04:01.0", "0000:06:00.0"], 0,
+        {1: {"rate": "400 Gb/sec (4X NDR)", "link_layer": "Ethernet"}}, GEN5, "MT41692")  # fmt: skip
+    nic(sysfs, "mlx5_1", [*top, "0000:02:01.0", "0000:07:00.0", "0000:08:00.0", "0000:09:00.0"], 0,
+        {1: {"rate": "800 Gb/sec (4X XDR)"}}, gen6, "MT4131")  # fmt: skip
+    number_gpus(procfs)
+    cpuinfo(procfs)
+    assert nccl_choice(sysfs, procfs) == [("0", "mlx5_1", "1", "PXB")]

@@ -300,20 +300,21 @@ def _int(text: str) -> int:
 
 
 def _pci_bandwidth(directory: str) -> float:
-    """GB/s of the PCIe link above the function at `directory`, as NCCL rates it: the lower max_link_speed and the
-    narrower max_link_width of the function and its parent port (a width NCCL cannot read counts 0, then 16; a
-    speed it cannot read, Gen3's), width x per-lane rate / 80 (xml.cc `ncclTopoGetXmlFromSys`, topo.cc
-    `ncclTopoAddPci`)."""
+    """GB/s of the PCIe link above the function at `directory`, as NCCL rates it: the text of the lower
+    max_link_speed of the function and its parent port and the narrower max_link_width (a width NCCL cannot read
+    counts 0, then 16; a speed it cannot read, Gen3's), width x per-lane rate / 80 (xml.cc `ncclTopoGetXmlFromSys`
+    keeps the lower speed's own text, topo.cc `ncclTopoAddPci` rates it: `64.0 GT/s PCIe` is Gen6's, `64 GT/s`
+    no entry's)."""
     parent = os.path.dirname(directory)
     speeds = []
     for where in (directory, parent):
+        text = _read(os.path.join(where, "max_link_speed"))
         try:
-            speeds.append(float(_read(os.path.join(where, "max_link_speed")).split()[0]))
+            speeds.append((float(text.split()[0]), text))
         except (ValueError, IndexError):
             pass
     widths = [max(_int(_read(os.path.join(where, "max_link_width"))), 0) for where in (directory, parent)]
-    speed = f"{min(speeds):g} GT/s" if speeds else ""  # the kernel's own form up to 5.6, which the table knows
-    return link_bandwidth(speed, min(widths))
+    return link_bandwidth(min(speeds)[1] if speeds else "", min(widths))
 
 
 # topo.cc `kvDictPciGen`, matched as xml.h `kvConvertToInt` matches: the first entry the text starts with, in this
