@@ -15,14 +15,16 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
+import yaml
 
 from accelmon.collectors import nccl
 from accelmon.collectors.nccl import NcclCollector, local_addresses
-from accelmon.host import nccl_ras
+from accelmon.host import nccl_ras, nccl_ras_budget
 from accelmon.host.nccl_ras import RasError
 from tests.support.ansible import render_role_template
 from tests.support.exposition import check_golden, promtool_check, sample_value, series, text_of
 from tests.support.fake_ras import TEXT_ANSWER, FakeRas, communicator, json_answer, listen, missing_rank, rank
+from tests.support.paths import ROOT
 from tests.support.ras_corpus import TextComm, text_answer
 
 HERE = "10.0.0.12"  # this node's address in the fixture procfs
@@ -144,7 +146,7 @@ def test_a_4096_rank_job_serves_summaries_and_outliers(node):
     behind = series(text, "accelmon_nccl_rank_collectives_behind")
     assert [(b["rank"], v) for b, v in behind] == [("0", 20.0), ("512", 20.0), ("1024", 20.0), ("1536", 20.0)]
     assert sample_value(text, "accelmon_nccl_communicator_ranks", job_id="5", communicator="0x1", state="missing") == 20
-    assert len(text.splitlines()) < 60  # no series per rank of the 4,116
+    assert len(text.splitlines()) < 80  # no series per rank of the 4,116
 
 
 def test_every_node_asks_the_steps_its_nccl_runs_and_one_node_keeps_asking(node, tmp_path):
@@ -711,3 +713,120 @@ def test_two_steps_of_one_job_on_a_node_serve_each_job_series_once(node):
     promtool_check(text)
     assert {s["communicator"] for s, _ in series(text, "accelmon_nccl_communicator_status")} == {"0x1", "0x2"}
     assert series(text, "accelmon_nccl_collection_timeouts") == [({"job_id": "5"}, 5.0)]
+
+
+def crowded_answer(job: int, step: int) -> str:
+    """A step's RAS answer at the collector's bounds: 64 communicators (max_communicators; 16 for every third job),
+    each with 8 ranks missing and 8 behind (max_ranks): 29 series a communicator, about 1,900 an answer."""
+    comms = []
+    for number in range(64 if job % 3 else 16):
+        ranks = [rank(n, 100 if n < 8 else 90) for n in range(16)]
+        missing = [missing_rank(n, "10.2.0.1", 9000 + n, 0, False) for n in range(16, 24)]
+        comms.append(communicator(f"0x{job:04x}{step:02x}{number:04x}", ranks, missing))
+    return json_answer(comms)
+
+
+def crowded_node(tmp_path: Path, jobs: int, ledger=None) -> NcclCollector:
+    """`jobs` jobs on one node, each with its block of four step ports, every step answering at the bounds."""
+    state, ports, answers = tmp_path / "jobs", {}, {}
+    state.mkdir()
+    for job in range(jobs):
+        first = nccl_ras.JOB_PORT_BASE + nccl_ras.STEP_PORTS * job
+        (state / f"slurm-{100 + job}").write_text(
+            f"scheduler=slurm\njob_id={100 + job}\nuser=ann\nuid={os.getuid()}\nnccl_ras_port={first}\n"
+            f"nccl_ras_ports={nccl_ras.STEP_PORTS}\nnccl_ras_query=1\n"
+        )
+        for step in range(nccl_ras.STEP_PORTS):
+            ports[first + step] = os.getuid()
+            answers[first + step] = crowded_answer(job, step)
+
+    def asker(host, port, timeout, max_bytes, *, want, factor, keep):
+        return "json", answers[port]
+
+    root = procfs(tmp_path / "proc", ports)
+    return NcclCollector(str(state), "", 5.0, 8, str(root), Gpus(), asker=asker, ledger=ledger)
+
+
+def test_a_crowded_node_stays_within_its_budget_and_keeps_every_jobs_summary(tmp_path):
+    """12 jobs of 4 steps on one node, each step's answer about 1,900 series: 91,000 series, past the master's
+    sample_limit (20,000), which fails the node's whole scrape, its GPU series with it. The node's budget serves every
+    job's summary and the smallest jobs' detail, drops the largest jobs' detail whole, and counts what it drops."""
+    collector = crowded_node(tmp_path, 12)
+    text = text_of(collector)
+    promtool_check(text)
+    samples = [line for line in text.splitlines() if line and not line.startswith("#")]
+    job_series = [line for line in samples if 'job_id="' in line]
+    assert len(job_series) <= nccl_ras_budget.DEFAULT
+    # Every job's summary: its communicators by status and its most ranks missing (8 of 24 in each).
+    assert len(series(text, "accelmon_nccl_job_ranks_missing")) == 12
+    assert {v for _, v in series(text, "accelmon_nccl_job_ranks_missing")} == {8.0}
+    assert sample_value(text, "accelmon_nccl_job_communicators", job_id="111", status="incomplete") == 256
+    # The detail of whole jobs, the largest dropped first: the four small jobs' (4 steps x 16 communicators x 29
+    # series each) fit, the eight large ones' are dropped whole and counted.
+    detailed = {labels["job_id"] for labels, _ in series(text, "accelmon_nccl_communicator_size")}
+    assert detailed == {"100", "103", "106", "109"}
+    assert len(series(text, "accelmon_nccl_communicator_size")) == 4 * 4 * 16
+    demand = 8 * 4 * 64 * 29 + 4 * 4 * 16 * 29
+    kept = 4 * 4 * 16 * 29
+    assert sample_value(text, "accelmon_nccl_series_dropped_total", reason="node_budget") == demand - kept
+    assert sample_value(text, "accelmon_nccl_jobs_detail_dropped") == 8
+    # The device series of an 8-GPU node (its golden scrape) and all of this fit the master's default sample_limit.
+    assert len(samples) + node_series_besides_nccl() < master_sample_limit()
+    text = text_of(collector)  # the counter counts every interval's drops
+    assert sample_value(text, "accelmon_nccl_series_dropped_total", reason="node_budget") == 2 * (demand - kept)
+
+
+def test_the_budget_is_shared_with_what_inspector_serves(tmp_path):
+    """RAS and Inspector together: what the other collector of the budget serves now is left to it."""
+    ledger = nccl_ras_budget.Ledger()
+    ledger.fit("nccl_inspector", nccl_ras_budget.DEFAULT, {"7": (nccl_ras_budget.Samples(), big_detail(5000))})
+    text = text_of(crowded_node(tmp_path, 2, ledger=ledger))
+    # 3,000 left: the jobs' details (job 100's 4 x 16 communicators: 1,856; job 101's 4 x 64: 7,424): the smaller fits.
+    assert {labels["job_id"] for labels, _ in series(text, "accelmon_nccl_communicator_size")} == {"100"}
+    assert sample_value(text, "accelmon_nccl_jobs_detail_dropped") == 1
+    assert len(series(text, "accelmon_nccl_job_ranks_missing")) == 2
+
+
+def big_detail(count: int) -> nccl_ras_budget.Samples:
+    detail = nccl_ras_budget.Samples()
+    for number in range(count):
+        detail.add(nccl.COMM_SIZE, ("7", f"0x{number:x}"), 1)
+    return detail
+
+
+def master_sample_limit() -> int:
+    """The master role's default sample_limit, from its defaults file."""
+    defaults = yaml.safe_load((ROOT / "ansible/roles/accelmon_master/defaults/main.yml").read_text())
+    return int(defaults["accelmon_master_scrape_sample_limit"])
+
+
+# What the Molecule cluster's 8-GPU workers served a scrape, NCCL aside (the master role's defaults, beside
+# accelmon_master_scrape_sample_limit): more than the fixtures' 8-GPU golden scrape, which has no NVLink or HCA.
+MOLECULE_8_GPU_SAMPLES = 1872
+
+
+def node_series_besides_nccl() -> int:
+    """An 8-GPU node's samples without NCCL's: its golden scrape (tests/golden/nvml_h100x8), or what the Molecule
+    cluster's 8-GPU workers served, whichever is more."""
+    golden = "".join(path.read_text() for path in (ROOT / "tests/golden/nvml_h100x8").glob("*.prom"))
+    samples = [line for line in golden.splitlines() if line and not line.startswith("#")]
+    return max(len(samples), MOLECULE_8_GPU_SAMPLES)
+
+
+def test_the_default_budget_and_an_8_gpu_nodes_series_fit_the_masters_sample_limit():
+    """Read from where each is set: a change to the budget's default, the master's limit or the node's golden scrape
+    that would let one node's scrape pass the limit fails here. Well under: half the limit at most."""
+    default = int(nccl_ras_budget.MAX_JOB_SERIES.default)
+    assert default + node_series_besides_nccl() <= master_sample_limit() // 2
+    assert nccl_ras_budget.MAXIMUM + node_series_besides_nccl() < master_sample_limit()
+
+
+@pytest.mark.parametrize("value", [0, 50, 1e6, 1000.5, "many"])
+def test_a_bad_budget_is_refused_when_the_config_is_read(tmp_path, value):
+    from accelmon.cli import parser, settings_from
+    from accelmon.config import ConfigError
+
+    config = tmp_path / "accelmon.yml"
+    config.write_text(f"collectors:\n  nccl:\n    max_job_series: {value}\n")
+    with pytest.raises(ConfigError, match=r"collectors\.nccl\.max_job_series: expected"):
+        settings_from(parser().parse_args(["--config", str(config)]))

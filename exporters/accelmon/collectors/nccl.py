@@ -31,7 +31,6 @@ from joining `accelmon_gpu_job_info` on `job_id`: no label here.
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import logging
 import os
 import pwd
@@ -43,8 +42,9 @@ from typing import Optional, Protocol
 from accelmon.exporter.metrics import Catalogue, MetricSpec, Samples
 from accelmon.exporter.registry import Option, Paths, Registration, register, seconds
 from accelmon.exporter.runtime import Collector
-from accelmon.host import nccl_ras
+from accelmon.host import nccl_ras, nccl_ras_budget
 from accelmon.host.nccl_ras import JobStatus, Pending, Rank, RasError
+from accelmon.host.nccl_ras_client import asked_address, is_local, local_addresses, parse_address
 from accelmon.host.nvidia import NVML_DEVICES, NvmlSession
 from accelmon.host.tcp_sockets import listening_sockets, listening_uids
 from accelmon.job_sources import has_job_records
@@ -172,6 +172,31 @@ DRILL_ACTIVE = C.gauge(
     "1 while the job's RAS answer is a drill's (accelmon-drill nccl), not NCCL's: its missing rank is no real fault.",
     ["job_id"],
 )
+JOB_COMMUNICATORS = C.gauge(
+    "accelmon_nccl_job_communicators",
+    "The job's communicators in its latest RAS answers (every step's), by status (as "
+    "accelmon_nccl_communicator_status; only those some have): the job's summary, served even where the node's "
+    "max_job_series drops its per-communicator series.",
+    ["job_id", "status"],
+)
+JOB_RANKS_MISSING = C.gauge(
+    "accelmon_nccl_job_ranks_missing",
+    "The most ranks missing from one communicator of the job in its latest RAS answers (0: none): the job's summary, "
+    "served even where max_job_series drops its per-rank series.",
+    ["job_id"],
+)
+SERIES_DROPPED = C.counter(
+    "accelmon_nccl_series_dropped_total",
+    "Job series not served since start, by reason: node_budget (the node's job-level NCCL series, RAS and Inspector "
+    "together, past max_job_series: the largest jobs' per-communicator and per-rank series dropped, their summary "
+    "kept).",
+    ["reason"],
+)
+JOBS_CUT = C.gauge(
+    "accelmon_nccl_jobs_detail_dropped",
+    "Jobs whose per-communicator and per-rank RAS series were dropped at the latest interval (max_job_series).",
+    (),
+)
 JOBS_ASKED = C.gauge(
     "accelmon_nccl_jobs_asked", "RAS sockets asked at the latest interval (this node's share of the jobs).", ()
 )
@@ -246,32 +271,6 @@ def ports_of(record: dict[str, str]) -> list[int]:
     return [int(first) + step for step in range(int(count) if count.isdigit() and 0 < int(count) <= 64 else 1)]
 
 
-def local_addresses(procfs: str) -> set[str]:
-    """This node's IP addresses, as RAS writes a rank's host: IPv4 from `net/fib_trie` (its LOCAL entries), IPv6
-    from `net/if_inet6`."""
-    found = {"127.0.0.1", "::1"}
-    try:
-        with open(os.path.join(procfs, "net", "fib_trie"), encoding="utf-8") as stream:
-            last = ""
-            for line in stream:
-                words = line.split()
-                if len(words) == 2 and words[0] in ("|--", "+--"):
-                    last = words[1]
-                elif words[:3] == ["/32", "host", "LOCAL"] and last:
-                    found.add(last)
-    except OSError:
-        pass
-    try:
-        with open(os.path.join(procfs, "net", "if_inet6"), encoding="utf-8") as stream:
-            for line in stream:
-                raw = line.split()[0] if line.split() else ""
-                if len(raw) == 32:
-                    found.add(str(ipaddress.IPv6Address(bytes.fromhex(raw))))
-    except (OSError, ValueError):
-        pass
-    return found
-
-
 def job_uid(record: dict[str, str]) -> Optional[int]:
     """The uid of the job's user: the prolog's `uid` (SLURM_JOB_UID), else its `user` looked up (NSS)."""
     if record.get("uid", "").isdigit():
@@ -282,33 +281,6 @@ def job_uid(record: dict[str, str]) -> Optional[int]:
         return None
 
 
-def is_local(host: str) -> bool:
-    """A host whose sockets this node's net/tcp lists: loopback (RAS's NCCL_RAS_ADDR is localhost:PORT)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def asked_address(host: str, listening: set[str]) -> str:
-    """The address to connect to for `host` when the job's sockets listen on `listening`: never a name to resolve.
-    NCCL binds the one address NCCL_RAS_ADDR=localhost:PORT resolves to first (rasClientInitSocket,
-    src/ras/client_support.cc v2.28.7-1:163-190); another user may bind the other loopback's PORT (127.0.0.1 and ::1
-    do not conflict) for an instant at a time, between the checks of net/tcp. Connecting to "localhost" tries ::1
-    first where /etc/hosts names it too (Debian's default): that user's answer, believed as the job's."""
-    mapped = sorted({"127.0.0.1" if a == "0.0.0.0" else "::1" if a == "::" else a for a in listening})
-    if host in mapped or not mapped:
-        return host
-    return next((a for a in mapped if is_local(a)), mapped[0])
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    host, _, port = text.rpartition(":")
-    return host.strip("[]") or "localhost", int(port)
-
-
 class NcclCollector(Collector):
     name = "nccl"
 
@@ -316,7 +288,13 @@ class NcclCollector(Collector):
         self, state_dir: str, addresses: str, timeout: float, max_ranks: int, procfs: str,
         nvml: Optional[NvmlSession] = None, asker: Ask = nccl_ras.ask,
         max_communicators: int = nccl_ras.MAX_COMMUNICATORS, factor: int = 1, max_bytes: int = MAX_ANSWER_BYTES,
+        max_job_series: int = nccl_ras_budget.DEFAULT, ledger: Optional[nccl_ras_budget.Ledger] = None,
     ) -> None:  # fmt: skip
+        self.max_job_series = max_job_series
+        self.ledger = (
+            ledger if ledger is not None else nccl_ras_budget.Ledger()
+        )  # the exporter's: nccl_ras_budget.LEDGER
+        self.dropped = 0  # series, since start (node_budget)
         self.state_dir = state_dir
         self.max_bytes = max_bytes
         self.seen: dict[tuple[str, str, int], Seen] = {}
@@ -427,7 +405,8 @@ class NcclCollector(Collector):
                 pending.close()
         local, uuids = (local_addresses(self.procfs), self.uuids()) if targets else (set(), {})
         asked, began = 0, time.monotonic()
-        totals: dict[tuple[MetricSpec, str], int] = {}  # each job's own series, over its answers
+        totals: dict[tuple[MetricSpec, tuple[str, ...]], int] = {}  # each job's own series, over its answers
+        jobs: dict[str, tuple[Samples, Samples]] = {}  # job -> its summary, its detail (nccl_ras_budget)
         # Jobs whose latest query was answered first, then the others by their latest query, oldest first; past one
         # timeout_seconds, only the first are asked this interval: a socket that accepts and never answers costs a
         # whole timeout (every interval: no late answer to await), and a user's many such sockets held every other
@@ -456,10 +435,15 @@ class NcclCollector(Collector):
                     log.warning("NCCL RAS of job %s at %s:%d: %s", job or "?", host, port, error)
                 continue
             self.results["ok"] += 1
-            self.serve(out, job, status, local, uuids, totals)
-        for (spec, job), value in totals.items():
+            self.serve(jobs.setdefault(job, (Samples(), Samples()))[1], job, status, local, uuids, totals)
+        for (spec, labels), value in totals.items():
             if spec is not DRILL_ACTIVE or value:
-                out.add(spec, (job, "missing_rank_walk") if spec is GARBLED else (job,), value)
+                jobs.setdefault(labels[0], (Samples(), Samples()))[0].add(spec, labels, value)
+        kept, dropped, cut = self.ledger.fit(self.name, self.max_job_series, jobs)
+        out.extend(kept)
+        self.dropped += dropped
+        out.add(SERIES_DROPPED, ("node_budget",), self.dropped)
+        out.add(JOBS_CUT, (), cut)
         out.add(JOBS_ASKED, (), asked)
         for result, count in self.results.items():
             out.add(QUERIES, (result,), count)
@@ -511,11 +495,20 @@ class NcclCollector(Collector):
     def serve(
         self, out: Samples, job: str, status: JobStatus, local: set[str], uuids: dict[int, str], totals: dict
     ) -> None:
-        """The answer's communicators and ranks; its job's own series are summed in `totals` (one job's steps that
-        run at once answer on ports of their own: each job series once, never one an answer)."""
+        """The answer's communicators and ranks (the job's detail) into `out`; its job's own series (its summary)
+        are summed in `totals` (one job's steps that run at once answer on ports of their own: each job series
+        once, never one an answer)."""
         for spec, value in ((DRILL_ACTIVE, int(status.drill)), (COMM_DROPPED, status.dropped),
                             (GARBLED, status.phantoms), (COLLECTION_TIMEOUTS, status.timeouts)):  # fmt: skip
-            totals[(spec, job)] = totals.get((spec, job), 0) + value
+            key = (spec, (job, "missing_rank_walk") if spec is GARBLED else (job,))
+            totals[key] = totals.get(key, 0) + value
+        missing = (JOB_RANKS_MISSING, (job,))
+        totals[missing] = totals.get(missing, 0)
+        for comm in status.communicators:  # the summary kept when the detail below is not (nccl_ras_budget)
+            by_status = (JOB_COMMUNICATORS, (job, comm.status))
+            totals[by_status] = totals.get(by_status, 0) + 1
+            unreached = comm.size - comm.answering - comm.left if comm.size else 0
+            totals[missing] = max(totals[missing], len(comm.missing), unreached)
 
         def labels(comm: str, rank: Rank) -> list[str]:
             uuid = uuids.get(rank.nvml_dev, "") if rank.host in local else ""
@@ -564,6 +557,8 @@ def _build(options: dict[str, object], paths: Paths) -> NcclCollector:
         NvmlSession("no GPU UUID for the ranks on this node", retry_seconds=300),
         max_communicators=int(options["max_communicators"]),  # type: ignore[call-overload]
         factor=int(options["ras_timeout_factor"]),  # type: ignore[call-overload]
+        max_job_series=int(options["max_job_series"]),  # type: ignore[call-overload]
+        ledger=nccl_ras_budget.LEDGER,
     )
 
 
@@ -586,6 +581,7 @@ REGISTRATION = register(
             ADDRESSES,
             MAX_RANKS,
             MAX_COMMUNICATORS,
+            nccl_ras_budget.MAX_JOB_SERIES,
             STATE_DIR,
         ),
         enabled_by_default=_jobs_or_addresses,

@@ -5,6 +5,8 @@ the answers; docs/jobs.md, "NCCL RAS", says why each step is so.
 
 from __future__ import annotations
 
+import ipaddress
+import os
 import re
 import socket
 import time
@@ -201,3 +203,59 @@ class Pending:
 
     def close(self) -> None:
         self.exchange.close()
+
+
+# Where a job's RAS socket is asked: this node's addresses, loopback, the address its user's socket listens on.
+
+
+def local_addresses(procfs: str) -> set[str]:
+    """This node's IP addresses, as RAS writes a rank's host: IPv4 from `net/fib_trie` (its LOCAL entries), IPv6
+    from `net/if_inet6`."""
+    found = {"127.0.0.1", "::1"}
+    try:
+        with open(os.path.join(procfs, "net", "fib_trie"), encoding="utf-8") as stream:
+            last = ""
+            for line in stream:
+                words = line.split()
+                if len(words) == 2 and words[0] in ("|--", "+--"):
+                    last = words[1]
+                elif words[:3] == ["/32", "host", "LOCAL"] and last:
+                    found.add(last)
+    except OSError:
+        pass
+    try:
+        with open(os.path.join(procfs, "net", "if_inet6"), encoding="utf-8") as stream:
+            for line in stream:
+                raw = line.split()[0] if line.split() else ""
+                if len(raw) == 32:
+                    found.add(str(ipaddress.IPv6Address(bytes.fromhex(raw))))
+    except (OSError, ValueError):
+        pass
+    return found
+
+
+def is_local(host: str) -> bool:
+    """A host whose sockets this node's net/tcp lists: loopback (RAS's NCCL_RAS_ADDR is localhost:PORT)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def asked_address(host: str, listening: set[str]) -> str:
+    """The address to connect to for `host` when the job's sockets listen on `listening`: never a name to resolve.
+    NCCL binds the one address NCCL_RAS_ADDR=localhost:PORT resolves to first (rasClientInitSocket,
+    src/ras/client_support.cc v2.28.7-1:163-190); another user may bind the other loopback's PORT (127.0.0.1 and ::1
+    do not conflict) for an instant at a time, between the checks of net/tcp. Connecting to "localhost" tries ::1
+    first where /etc/hosts names it too (Debian's default): that user's answer, believed as the job's."""
+    mapped = sorted({"127.0.0.1" if a == "0.0.0.0" else "::1" if a == "::" else a for a in listening})
+    if host in mapped or not mapped:
+        return host
+    return next((a for a in mapped if is_local(a)), mapped[0])
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    return host.strip("[]") or "localhost", int(port)
