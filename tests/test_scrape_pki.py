@@ -28,10 +28,13 @@ ROLES = ROOT / "ansible" / "roles"
 WORKERS = {"gpu-1": {"ansible_host": "10.0.0.5"}, "gpu-2": {}}
 
 
-def run_play(work: Path, tasks: list[dict], variables: dict[str, Any], *flags: str, passes: bool = True) -> str:
+def run_play(
+    work: Path, tasks: list[dict], variables: dict[str, Any], *flags: str, passes: bool = True,
+    workers: dict[str, dict[str, str]] = WORKERS,
+) -> str:  # fmt: skip
     """One play over two local 'workers' (gpu-1 at 10.0.0.5, gpu-2 by name), HOME in `work`: the default PKI
     directory (~/.accelmon/pki) is the test's. Returns the output; the play must pass (or fail: passes=False)."""
-    inventory = {"all": {"hosts": {name: {"ansible_connection": "local", **own} for name, own in WORKERS.items()}}}
+    inventory = {"all": {"hosts": {name: {"ansible_connection": "local", **own} for name, own in workers.items()}}}
     (work / "hosts.yml").write_text(yaml.safe_dump(inventory))
     play = [{"hosts": "all", "gather_facts": False, "tasks": tasks}]
     (work / "play.yml").write_text(yaml.safe_dump(play))
@@ -320,3 +323,29 @@ def test_a_fleet_deployed_from_a_lost_pki_stops_the_deploy_unless_rotated(tmp_pa
     (tmp_path / "gpu-1-web.yml").write_text(yaml.safe_dump({"basic_auth_users": {"prometheus": rotated}}))
     (tmp_path / "gpu-2-web.yml").unlink()
     run_play(tmp_path, pki_tasks(**deployed), {})
+
+
+def test_workers_reached_by_ipv6_are_named_by_their_certificate_and_scraped_in_brackets(tmp_path):
+    """An inventory's IPv6 ansible_host, bare or in brackets: the certificate names the address (an IP SAN, not
+    'IP:[...]', which made the certificate fail), and the masters' targets bracket it before the port (before:
+    '2001:db8::6:19470', which Prometheus cannot split into host and port)."""
+    x509 = pytest.importorskip("cryptography.x509")
+    workers = {"gpu-6": {"ansible_host": "2001:db8::6"}, "gpu-7": {"ansible_host": "[2001:db8::7]"},
+               "gpu-8": {"ansible_host": "gpu-8.ib.example"}}  # fmt: skip
+    targets = {"ansible.builtin.template": {"src": str(ROLES / "accelmon_master" / "templates" / "targets.json.j2"),
+                                            "dest": "{{ playbook_dir }}/targets.json", "mode": "0644"},
+               "vars": {"accelmon_master_worker_group": "all", "item": {"port_variable": "x", "default_port": 19470}},
+               "delegate_to": "localhost", "run_once": True}  # fmt: skip
+    run_play(tmp_path, [*pki_tasks(), targets], {}, workers=workers)
+    pki = tmp_path / "home" / ".accelmon" / "pki"
+    for host, (dns, ips) in {"gpu-6": ({"gpu-6"}, {"2001:db8::6"}), "gpu-7": ({"gpu-7"}, {"2001:db8::7"}),
+                             "gpu-8": ({"gpu-8", "gpu-8.ib.example"}, set())}.items():  # fmt: skip
+        cert = x509.load_pem_x509_certificate((pki / "hosts" / f"{host}.crt").read_bytes())
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert (
+            set(san.get_values_for_type(x509.DNSName)),
+            {str(ip) for ip in san.get_values_for_type(x509.IPAddress)},
+        ) == (dns, ips)
+    found = {t["labels"]["node"]: t["targets"] for t in json.loads((tmp_path / "targets.json").read_text())}
+    assert found == {"gpu-6": ["[2001:db8::6]:19470"], "gpu-7": ["[2001:db8::7]:19470"],
+                     "gpu-8": ["gpu-8.ib.example:19470"]}  # fmt: skip
