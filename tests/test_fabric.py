@@ -12,6 +12,7 @@ from accelmon import health
 from accelmon.collectors import fabric, nvml
 from accelmon.collectors.fabric import FabricCollector, fabric_manager_running
 from accelmon.collectors.nvml import NvmlCollector
+from accelmon.exporter.metrics import Samples
 from accelmon.exporter.runtime import Exporter, Sampler
 from tests.support.checks import check, nvml_only
 from tests.support.exposition import check_golden, promtool_check, sample_value, text_of
@@ -43,6 +44,13 @@ def make_collector(fake_nvml, procfs, started) -> Iterator[Callable[[str], Fabri
 
 def read(collector: FabricCollector) -> str:
     return text_of(collector)
+
+
+def gpu0_up() -> Samples:
+    """NVML's listing of the fake's GPU 0, for the checks to judge the fabric collector's series of it."""
+    samples = Samples()
+    samples.add(nvml.UP, ["0", UUID0], 1)
+    return samples
 
 
 def test_gpus_without_nvlink_or_fabric_have_no_series_and_are_asked_once(make_collector, fake_nvml):
@@ -103,7 +111,7 @@ def test_a_pcie_gpu_without_a_bridge_has_no_link_down(make_collector, fake_nvml)
     ]  # fmt: skip
     assert sample_value(text, "accelmon_gpu_nvlink_links_unconnected", gpu="1") == 8
     promtool_check(text)
-    node = health.evaluate([nvml_only([]), collector.sample()], now=0, registrations=CHECKED)
+    node = health.evaluate([gpu0_up(), collector.sample()], now=0, registrations=CHECKED)
     assert check(node, "0", "nvlink").verdict == "ok"
 
 
@@ -286,3 +294,22 @@ def test_golden(make_collector):
     )
     promtool_check(text)
     check_golden("fabric_h100x2.prom", text)
+
+
+@pytest.mark.parametrize("wiring", ["fabric", "nvswitches"])
+def test_a_link_on_an_nvlink_fabric_never_up_since_the_start_is_a_link_lost(make_collector, procfs, wiring):
+    """A GPU of an NVSwitch board (every link wired: an HGX H100's 18 to its switches) whose link 17 did not train
+    before the exporter started (a reboot onto a dead link) and whose other end NVML then names nothing: a link
+    down, a fault, never a link that leads nowhere. Wired where the GPU reports an NVLink fabric (Hopper and later)
+    or the nvidia-nvswitch driver lists switches (an A100 board). Before, it was hidden as unconnected: no link_down
+    path fault, no nvlink failure, on a node running with a link lost."""
+    if wiring == "nvswitches":
+        (procfs / "driver" / "nvidia-nvswitch" / "devices" / "0000:c0:00.0").mkdir(parents=True)
+    config = "gpus 2\nnvlink_unbridged 0 18\n" + "".join(f"nvlink_peer 0 {link} 1\n" for link in range(17))
+    collector = make_collector(config + ("fabric 0 3 0 2\n" if wiring == "fabric" else ""))
+    text = read(collector)
+    assert sample_value(text, "accelmon_gpu_nvlink_link_up", gpu="0", link="16") == 1
+    assert sample_value(text, "accelmon_gpu_nvlink_link_up", gpu="0", link="17") == 0
+    assert sample_value(text, "accelmon_gpu_nvlink_links_unconnected", gpu="0") == 0
+    node = health.evaluate([gpu0_up(), collector.sample()], now=0, registrations=CHECKED)
+    assert check(node, "0", "nvlink").verdict == "failure"

@@ -28,6 +28,7 @@ from accelmon.exporter.checks import Check, Drill, GpuCheck, GpuKey, NodeCheck, 
 from accelmon.exporter.metrics import Catalogue, Samples
 from accelmon.exporter.registry import Registration, register, seconds
 from accelmon.host.nvidia import NVML_DEVICES, OwnSessionCollector, nvidia_driver_loaded, text
+from accelmon.host.topology import NVSWITCH_DEVICES
 
 log = logging.getLogger("accelmon.fabric")
 
@@ -58,7 +59,8 @@ LINK_REMOTE = C.gauge(
 LINKS_UNCONNECTED = C.gauge(
     "accelmon_gpu_nvlink_links_unconnected",
     "NVLink links the GPU has that lead nowhere: never up since the exporter started and no device named at the "
-    "other end (a PCIe GPU without an NVLink bridge: 12 on an A100 PCIe); they have no link series.",
+    "other end (a PCIe GPU without an NVLink bridge: 12 on an A100 PCIe; never on an NVLink fabric or NVSwitch "
+    "board); they have no link series.",
     GPU,
 )
 FABRIC_STATE = C.gauge(
@@ -121,6 +123,7 @@ class FabricCollector(OwnSessionCollector):
     def __init__(self, procfs: str = "/proc", nvml: Any = None) -> None:
         super().__init__(nvml)
         self.procfs = procfs
+        self._switches = os.path.join(procfs, *NVSWITCH_DEVICES)
         self.gpus: list[Gpu] = []
 
     def found(self, gpus: list[tuple[int, Any, str]]) -> None:
@@ -130,14 +133,23 @@ class FabricCollector(OwnSessionCollector):
         self.ensure_open()
         out = Samples()
         any_fabric = False
+        # On an NVSwitch board every link of every GPU is wired to a switch (an HGX H100's 18, an A100's 12): one
+        # that never trained is lost, whatever NVML names at its other end.
+        try:
+            switched = bool(os.listdir(self._switches))
+        except OSError:
+            switched = False  # no nvidia-nvswitch driver: no switch listed
         for gpu in self.gpus:
             if gpu.handle is None or not gpu.uuid:
                 self._identify(gpu)
                 if not gpu.uuid:
                     continue
             try:
-                self._sample_links(gpu, out)
-                any_fabric |= self._sample_fabric(gpu, out)
+                fabric = Samples()
+                on_fabric = self._sample_fabric(gpu, fabric)
+                self._sample_links(gpu, out, wired=on_fabric or switched)
+                out.extend(fabric)
+                any_fabric |= on_fabric
             except (self.nvml.NVMLError_GpuIsLost, self.nvml.NVMLError_Unknown) as error:
                 # The device counters report the lost GPU (accelmon_gpu_up 0); its links are simply left out.
                 log.debug("GPU %d lost: %s", gpu.index, error)
@@ -153,7 +165,8 @@ class FabricCollector(OwnSessionCollector):
         except self.nvml.NVMLError:
             pass
 
-    def _sample_links(self, gpu: Gpu, out: Samples) -> None:
+    def _sample_links(self, gpu: Gpu, out: Samples, wired: bool = False) -> None:
+        """Its links' series; `wired`: the GPU is on an NVLink fabric or NVSwitch board, where no link leads nowhere."""
         nvml = self.nvml
         if gpu.links is None:
             gpu.links = self._find_links(gpu)
@@ -170,9 +183,10 @@ class FabricCollector(OwnSessionCollector):
             if up:
                 gpu.trained.add(link)
             remote = self._remote(gpu, link)
-            if link not in gpu.trained and not _leads_somewhere(remote):
+            if link not in gpu.trained and not wired and not _leads_somewhere(remote):
                 # Never up and wired to nothing NVML names: a PCIe GPU without a bridge (an A100 PCIe answers all 12
-                # links down), not a link lost. A link once up, or one NVML names the other end of, stays served.
+                # links down), not a link lost. A link once up, or one NVML names the other end of, stays served;
+                # so does every link of a GPU on a fabric or an NVSwitch board (a reboot onto a dead link).
                 unconnected += 1
                 continue
             if up is not None:
