@@ -349,3 +349,26 @@ def test_workers_reached_by_ipv6_are_named_by_their_certificate_and_scraped_in_b
     found = {t["labels"]["node"]: t["targets"] for t in json.loads((tmp_path / "targets.json").read_text())}
     assert found == {"gpu-6": ["[2001:db8::6]:19470"], "gpu-7": ["[2001:db8::7]:19470"],
                      "gpu-8": ["gpu-8.ib.example:19470"]}  # fmt: skip
+
+
+def test_a_certificate_near_its_end_is_signed_again_by_the_next_deploy(tmp_path):
+    """A worker's certificate within 90 days of its end is re-signed by the same CA at the next deploy (before:
+    x509_certificate kept it until it expired and every scrape of the worker failed); one with longer left is
+    kept, so a second deploy still changes nothing."""
+    x509 = pytest.importorskip("cryptography.x509")
+    crt = tmp_path / "home" / ".accelmon" / "pki" / "hosts" / "gpu-1.crt"
+
+    def end():
+        return x509.load_pem_x509_certificate(crt.read_bytes()).not_valid_after_utc
+
+    run_play(tmp_path, pki_tasks(__accelmon_exporter_pki_host_days=30), {})
+    short = end()
+    second = run_play(tmp_path, pki_tasks(), {})
+    renewed = end()
+    assert (renewed - short).days > 700
+    assert changed_counts(second)["gpu-1"] >= 1
+    third = run_play(tmp_path, pki_tasks(), {})
+    assert end() == renewed and changed_counts(third) == {"gpu-1": 0, "gpu-2": 0}
+    verified = subprocess.run(["openssl", "verify", "-CAfile", str(crt.parent.parent / "ca.crt"), str(crt)],
+                              capture_output=True, text=True)  # fmt: skip
+    assert verified.returncode == 0, verified.stdout + verified.stderr
