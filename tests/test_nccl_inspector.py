@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from accelmon.collectors import nccl
 from accelmon.collectors.nccl_inspector import MAX_FILE_BYTES, NcclInspectorCollector
+from accelmon.host import nccl_ras_budget
 from tests.support import inspector_corpus
 from tests.support.ansible import render_role_template
 from tests.support.exposition import check_golden, promtool_check, sample_value, series, text_of
@@ -312,3 +314,40 @@ def test_files_of_gpus_this_node_does_not_have_are_not_served(tmp_path):
     bus = series(text, "accelmon_nccl_bus_bandwidth_bytes_per_second")
     assert [(s["gpu"], s["uuid"]) for s, _ in bus] == [("3", uuid(3))]
     assert sample_value(text, "accelmon_nccl_inspector_files", state="unknown_gpu") == 500
+
+
+def budget_node(tmp_path: Path) -> None:
+    """Three jobs' directories: job 1 one GPU of 10 communicators (40 series), job 2 eight GPUs of 10 (320), job 3
+    eight GPUs of 64 (2,048)."""
+    for job, gpus, comms in (("1", 1, 10), ("2", 8, 10), ("3", 8, 64)):
+        for gpu in range(gpus):
+            text = "".join(lines(gpu, 300.0, job=job, comm=f"0x{job}{c:04x}") for c in range(comms))
+            gpu_file(tmp_path / "dump" / job, gpu, text)
+
+
+def test_the_nodes_budget_drops_the_largest_jobs_series_whole_and_counts_them(tmp_path):
+    """Inspector's series are jobs' too: a node's jobs past max_job_series (with the nccl collector's) failed the
+    node's whole scrape at the master's sample_limit. The largest job is dropped whole, the others served."""
+    budget_node(tmp_path)
+    procfs = nvidia_procfs(tmp_path / "proc", gpus=8)
+    text = text_of(NcclInspectorCollector(str(tmp_path / "dump"), 120.0, 64, str(procfs), max_job_series=1000))
+    promtool_check(text)
+    served = series(text, "accelmon_nccl_bus_bandwidth_bytes_per_second")
+    assert sorted({s["job_id"] for s, _ in served}) == ["1", "2"] and len(served) == 90
+    assert sample_value(text, "accelmon_nccl_inspector_series_dropped_total", reason="node_budget") == 2048
+
+
+def test_the_budget_is_shared_with_the_nccl_collectors_series(tmp_path):
+    """RAS and Inspector together: what the nccl collector serves now is left to it (accelmon.host.nccl_ras_budget)."""
+    budget_node(tmp_path)
+    ledger = nccl_ras_budget.Ledger()
+    ras = nccl_ras_budget.Samples()
+    for number in range(700):
+        ras.add(nccl.COMM_SIZE, ("9", f"0x{number:x}"), 8)
+    ledger.fit("nccl", 1000, {"9": (ras, nccl_ras_budget.Samples())})  # 700 series of RAS summary
+    procfs = nvidia_procfs(tmp_path / "proc", gpus=8)
+    collector = NcclInspectorCollector(str(tmp_path / "dump"), 120.0, 64, str(procfs), max_job_series=1000,
+                                       ledger=ledger)  # fmt: skip
+    text = text_of(collector)
+    assert {s["job_id"] for s, _ in series(text, "accelmon_nccl_bus_bandwidth_bytes_per_second")} == {"1"}
+    assert sample_value(text, "accelmon_nccl_inspector_series_dropped_total", reason="node_budget") == 2048 + 320

@@ -48,6 +48,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from accelmon.exporter.metrics import Catalogue, MetricSpec, Samples
 from accelmon.exporter.registry import Option, Registration, register, seconds
 from accelmon.exporter.runtime import Collector
+from accelmon.host import nccl_ras_budget
 from accelmon.host.nvidia import driver_gpus
 
 log = logging.getLogger("accelmon.nccl_inspector")
@@ -112,6 +113,12 @@ FILES = C.gauge(
     "Inspector files found, by state: fresh (read), stale (older than max_age_seconds: left out), unknown_gpu (named "
     "by the UUID of no GPU of this node, as the driver's procfs lists them: not read).",
     ["state"],
+)
+DROPPED = C.counter(
+    "accelmon_nccl_inspector_series_dropped_total",
+    "Series not served since start, by reason: node_budget (the node's job-level NCCL series, RAS and Inspector "
+    "together, past max_job_series: the largest jobs' series dropped whole; accelmon.host.nccl_ras_budget).",
+    ["reason"],
 )
 SKIPPED = C.counter(
     "accelmon_nccl_inspector_skipped_lines_total",
@@ -245,8 +252,12 @@ class NcclInspectorCollector(Collector):
 
     def __init__(
         self, dump_dir: str, max_age: float, max_communicators: int, procfs: str,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.time, max_job_series: int = nccl_ras_budget.DEFAULT,
+        ledger: Optional[nccl_ras_budget.Ledger] = None,
     ) -> None:  # fmt: skip
+        self.max_job_series = max_job_series
+        self.ledger = ledger if ledger is not None else nccl_ras_budget.Ledger()  # the exporter passes its LEDGER
+        self.dropped = 0  # series, since start (node_budget)
         self.dump_dir = dump_dir
         self.max_age = max_age
         self.max_communicators = max_communicators
@@ -276,7 +287,7 @@ class NcclInspectorCollector(Collector):
         return found
 
     def sample(self) -> Samples:
-        out = Samples()
+        out, read = Samples(), Samples()
         fresh = stale = 0
         files = self.files()
         by_uuid = driver_gpus(self.procfs)[1] if files else {}
@@ -288,23 +299,32 @@ class NcclInspectorCollector(Collector):
                 unknown += 1
                 continue
             try:
-                read = read_regular(path, now - self.max_age)
+                raw = read_regular(path, now - self.max_age)
             except OSError:
                 continue  # removed with its job's directory
-            if read is None:
+            if raw is None:
                 stale += 1
                 continue
-            if isinstance(read, str):
-                self._skip(path, 0, read)
+            if isinstance(raw, str):
+                self._skip(path, 0, raw)
                 continue
-            raw = read
             fresh += 1
             if len(raw) > MAX_FILE_BYTES:
                 self._skip(path, raw.count(b"\n"), f"over {MAX_FILE_BYTES} bytes")
                 continue
             gpu = by_uuid[uuid].index
-            self.read_file(out, raw.decode(errors="replace"), (job, gpu, uuid), path, served)
+            self.read_file(read, raw.decode(errors="replace"), (job, gpu, uuid), path, served)
         self._told &= {path for path, _, _ in files}  # forget the files of ended jobs
+        # Every series here is a job's detail (its first label the job id): fitted with the nccl collector's in the
+        # node's max_job_series, the largest jobs' dropped whole (accelmon.host.nccl_ras_budget).
+        jobs: dict[str, tuple[Samples, Samples]] = {}
+        for spec, rows in read.rows.items():
+            for values, value in rows:
+                jobs.setdefault(values[0], (Samples(), Samples()))[1].add(spec, values, value)
+        kept, dropped, _ = self.ledger.fit(self.name, self.max_job_series, jobs)
+        out.extend(kept)
+        self.dropped += dropped
+        out.add(DROPPED, ("node_budget",), self.dropped)
         out.add(FILES, ("fresh",), fresh)
         out.add(FILES, ("stale",), stale)
         out.add(FILES, ("unknown_gpu",), unknown)
@@ -407,6 +427,8 @@ REGISTRATION = register(
             float(options["max_age_seconds"]),
             int(options["max_communicators"]),
             paths.procfs,
+            max_job_series=int(options["max_job_series"]),
+            ledger=nccl_ras_budget.LEDGER,
         ),
         catalogue=C,
         options=(
@@ -414,6 +436,7 @@ REGISTRATION = register(
             DUMP_DIR,
             MAX_AGE,
             MAX_COMMUNICATORS,
+            nccl_ras_budget.MAX_JOB_SERIES,
         ),
         enabled_by_default=lambda paths, options: os.path.isdir(str(options["dump_dir"])),
     )
