@@ -25,7 +25,8 @@ Series are summaries plus outliers: per communicator (at most `max_communicators
 most troubled; the rest counted) its size and ranks answering and missing, its status and highest collective
 count; per rank only the missing or dead ones and those behind, at most `max_ranks` of each per communicator. A
 rank on this node (its host one of this node's addresses) carries its GPU's UUID. The job's user and account come
-from joining `accelmon_gpu_job_info` on `job_id`: no label here.
+from joining `accelmon_gpu_job_info` on `job_id`: no label here. The node's job series, with Inspector's, fit in
+`max_job_series` (accelmon.host.nccl_ras_budget): each job's summary always, the largest jobs' detail dropped first.
 """
 
 from __future__ import annotations
