@@ -4,11 +4,14 @@ scripts/layout_graph.py reads the imports; these tests run it as a user does, on
 
 from __future__ import annotations
 
+import runpy
 import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from accelmon import health
 from accelmon.collectors import fabric
@@ -29,35 +32,82 @@ def test_the_folders_import_one_another_only_in_the_allowed_directions():
     assert result.stdout.splitlines()[1] == "exporter     -"  # the lowest folder imports no other
 
 
-def broken_copy(tmp_path: Path, module: str, line: str) -> Path:
-    copy = tmp_path / "accelmon"
+def broken_copy(tmp_path: Path, module: str, line: str, folder: str) -> Path:
+    copy = tmp_path / folder
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
     target = copy / module
     target.write_text(target.read_text() + f"\n{line}\n")
     return copy
 
 
-def test_an_upward_import_fails_the_check(tmp_path):
+# (module of a copy of the package, the line added to it, what the check must say[, the copy's folder, if not
+# accelmon: a copy named otherwise is checked alike]).
+BROKEN = {
     # The metric model reaching the Slurm integration: a cycle through every folder between them.
-    copy = broken_copy(tmp_path, "exporter/metrics.py", "from accelmon.schedulers.slurm import fleet")
-    result = layout("--check", "--package", str(copy))
-    assert result.returncode == 1
-    assert "layout: exporter imports schedulers: against the allowed directions" in result.stderr
-
-
-def test_a_private_name_across_folders_fails_the_check(tmp_path):
-    copy = broken_copy(tmp_path, "collectors/jobs.py", "from accelmon.host.nvidia import _private")
-    result = layout("--check", "--package", str(copy))
-    assert result.returncode == 1
-    assert "accelmon.collectors.jobs imports the private accelmon.host.nvidia._private across folders" in result.stderr
-
-
-def test_the_repair_policy_importing_slurms_node_fails_the_check(tmp_path):
+    "upward-import": (
+        "exporter/metrics.py",
+        "from accelmon.schedulers.slurm import fleet",
+        "layout: exporter imports schedulers: against the allowed directions",
+    ),
+    "private-name-imported": (
+        "collectors/jobs.py",
+        "from accelmon.host.nvidia import _private",
+        "accelmon.collectors.jobs uses the private accelmon.host.nvidia._private across folders",
+    ),
+    # The same name, reached as an attribute of the module rather than imported by name.
+    "private-name-read-through-a-module": (
+        "collectors/jobs.py",
+        "from accelmon.host import nvidia as nv\nLEAK = nv._private",
+        "accelmon.collectors.jobs uses the private accelmon.host.nvidia._private across folders",
+    ),
     # health may import host, but not the Slurm client there: the policy is the scheduler's to adapt to.
-    copy = broken_copy(tmp_path, "health/remediation.py", "from accelmon.host.slurm_nodes import SlurmNode")
-    result = layout("--check", "--package", str(copy))
+    "repair-policy-importing-slurms-node": (
+        "health/remediation.py",
+        "from accelmon.host.slurm_nodes import SlurmNode",
+        "accelmon.health.remediation reaches accelmon.host.slurm_nodes: health and repair know no scheduler",
+    ),
+    # reset_scope imports gpu_holders; were gpu_holders to read Slurm's nodes, the policy would depend on Slurm.
+    "health-reaching-slurm-through-a-host-library": (
+        "host/gpu_holders.py",
+        "from accelmon.host.slurm_nodes import SlurmNode",
+        "accelmon.health.reset_scope reaches accelmon.host.slurm_nodes: health and repair know no scheduler",
+    ),
+    "repair-policy-in-a-copy-named-otherwise": (
+        "health/remediation.py",
+        "from accelmon.host import slurm_nodes",
+        "accelmon.health.remediation reaches accelmon.host.slurm_nodes: health and repair know no scheduler",
+        "copy",
+    ),
+    # schedulers/ is one folder to the graph; its Slurm and OAR folders stand side by side all the same.
+    "one-scheduler-importing-another": (
+        "schedulers/oar/health.py",
+        "from ..slurm import fleet",
+        "accelmon.schedulers.oar.health imports accelmon.schedulers.slurm.fleet: one schedulers folder imports",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BROKEN))
+def test_a_broken_copy_fails_the_check(tmp_path, case):
+    module, line, said, *folder = BROKEN[case]
+    result = layout("--check", "--package", str(broken_copy(tmp_path, module, line, *folder or ["accelmon"])))
     assert result.returncode == 1
-    assert "health and repair know no scheduler" in result.stderr
+    assert said in result.stderr
+
+
+def test_a_folder_that_is_not_the_package_is_refused(tmp_path):
+    # An empty graph would pass every rule.
+    result = layout("--check", "--package", str(tmp_path / "missing"))
+    assert result.returncode == 2
+    assert "not a copy of exporters/accelmon" in result.stderr
+
+
+def test_allowed_directions_that_could_close_a_loop_are_refused():
+    unordered = runpy.run_path(str(SCRIPT))["unordered"]
+    assert unordered({"low": set(), "middle": {"low", "high"}, "high": {"middle"}}) == [
+        "middle may import high, not listed before it in ALLOWED: folders could import each other"
+    ]
+    assert unordered(runpy.run_path(str(SCRIPT))["ALLOWED"]) == []
 
 
 def test_the_architecture_page_draws_the_graph_the_code_has():
