@@ -19,7 +19,8 @@ import yaml
 
 from accelmon.collectors import nccl
 from accelmon.collectors.nccl import NcclCollector, local_addresses
-from accelmon.host import nccl_ras, nccl_ras_budget
+from accelmon.exporter import job_series_budget
+from accelmon.host import nccl_ras
 from accelmon.host.nccl_ras import RasError
 from tests.support.ansible import render_role_template
 from tests.support.exposition import check_golden, promtool_check, sample_value, series, text_of
@@ -756,7 +757,7 @@ def test_a_crowded_node_stays_within_its_budget_and_keeps_every_jobs_summary(tmp
     promtool_check(text)
     samples = [line for line in text.splitlines() if line and not line.startswith("#")]
     job_series = [line for line in samples if 'job_id="' in line]
-    assert len(job_series) <= nccl_ras_budget.DEFAULT
+    assert len(job_series) <= job_series_budget.DEFAULT
     # Every job's summary: its communicators by status and its most ranks missing (8 of 24 in each).
     assert len(series(text, "accelmon_nccl_job_ranks_missing")) == 12
     assert {v for _, v in series(text, "accelmon_nccl_job_ranks_missing")} == {8.0}
@@ -778,8 +779,8 @@ def test_a_crowded_node_stays_within_its_budget_and_keeps_every_jobs_summary(tmp
 
 def test_the_budget_is_shared_with_what_inspector_serves(tmp_path):
     """RAS and Inspector together: what the other collector of the budget serves now is left to it."""
-    ledger = nccl_ras_budget.Ledger()
-    ledger.fit("nccl_inspector", nccl_ras_budget.DEFAULT, {"7": (nccl_ras_budget.Samples(), big_detail(5000))})
+    ledger = job_series_budget.Ledger()
+    ledger.fit("nccl_inspector", job_series_budget.DEFAULT, {"7": (job_series_budget.Samples(), big_detail(5000))})
     text = text_of(crowded_node(tmp_path, 2, ledger=ledger))
     # 3,000 left: the jobs' details (job 100's 4 x 16 communicators: 1,856; job 101's 4 x 64: 7,424): the smaller fits.
     assert {labels["job_id"] for labels, _ in series(text, "accelmon_nccl_communicator_size")} == {"100"}
@@ -787,8 +788,8 @@ def test_the_budget_is_shared_with_what_inspector_serves(tmp_path):
     assert len(series(text, "accelmon_nccl_job_ranks_missing")) == 2
 
 
-def big_detail(count: int) -> nccl_ras_budget.Samples:
-    detail = nccl_ras_budget.Samples()
+def big_detail(count: int) -> job_series_budget.Samples:
+    detail = job_series_budget.Samples()
     for number in range(count):
         detail.add(nccl.COMM_SIZE, ("7", f"0x{number:x}"), 1)
     return detail
@@ -816,9 +817,9 @@ def node_series_besides_nccl() -> int:
 def test_the_default_budget_and_an_8_gpu_nodes_series_fit_the_masters_sample_limit():
     """Read from where each is set: a change to the budget's default, the master's limit or the node's golden scrape
     that would let one node's scrape pass the limit fails here. Well under: half the limit at most."""
-    default = int(nccl_ras_budget.MAX_JOB_SERIES.default)
+    default = int(job_series_budget.MAX_JOB_SERIES.default)
     assert default + node_series_besides_nccl() <= master_sample_limit() // 2
-    assert nccl_ras_budget.MAXIMUM + node_series_besides_nccl() < master_sample_limit()
+    assert job_series_budget.MAXIMUM + node_series_besides_nccl() < master_sample_limit()
 
 
 @pytest.mark.parametrize("value", [0, 50, 1e6, 1000.5, "many"])

@@ -14,7 +14,7 @@ import pytest
 
 from accelmon.collectors import nccl
 from accelmon.collectors.nccl_inspector import MAX_FILE_BYTES, NcclInspectorCollector
-from accelmon.host import nccl_ras_budget
+from accelmon.exporter import job_series_budget
 from tests.support import inspector_corpus
 from tests.support.ansible import render_role_template
 from tests.support.exposition import check_golden, promtool_check, sample_value, series, text_of
@@ -338,13 +338,14 @@ def test_the_nodes_budget_drops_the_largest_jobs_series_whole_and_counts_them(tm
 
 
 def test_the_budget_is_shared_with_the_nccl_collectors_series(tmp_path):
-    """RAS and Inspector together: what the nccl collector serves now is left to it (accelmon.host.nccl_ras_budget)."""
+    """RAS and Inspector together: what the nccl collector serves now is left to it
+    (accelmon.exporter.job_series_budget)."""
     budget_node(tmp_path)
-    ledger = nccl_ras_budget.Ledger()
-    ras = nccl_ras_budget.Samples()
+    ledger = job_series_budget.Ledger()
+    ras = job_series_budget.Samples()
     for number in range(700):
         ras.add(nccl.COMM_SIZE, ("9", f"0x{number:x}"), 8)
-    ledger.fit("nccl", 1000, {"9": (ras, nccl_ras_budget.Samples())})  # 700 series of RAS summary
+    ledger.fit("nccl", 1000, {"9": (ras, job_series_budget.Samples())})  # 700 series of RAS summary
     procfs = nvidia_procfs(tmp_path / "proc", gpus=8)
     collector = NcclInspectorCollector(str(tmp_path / "dump"), 120.0, 64, str(procfs), max_job_series=1000,
                                        ledger=ledger)  # fmt: skip

@@ -26,7 +26,8 @@ most troubled; the rest counted) its size and ranks answering and missing, its s
 count; per rank only the missing or dead ones and those behind, at most `max_ranks` of each per communicator. A
 rank on this node (its host one of this node's addresses) carries its GPU's UUID. The job's user and account come
 from joining `accelmon_gpu_job_info` on `job_id`: no label here. The node's job series, with Inspector's, fit in
-`max_job_series` (accelmon.host.nccl_ras_budget): each job's summary always, the largest jobs' detail dropped first.
+`max_job_series` (accelmon.exporter.job_series_budget): each job's summary always, the largest jobs' detail
+dropped first.
 """
 
 from __future__ import annotations
@@ -40,10 +41,11 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Optional, Protocol
 
+from accelmon.exporter import job_series_budget
 from accelmon.exporter.metrics import Catalogue, MetricSpec, Samples
 from accelmon.exporter.registry import Option, Paths, Registration, register, seconds
 from accelmon.exporter.runtime import Collector
-from accelmon.host import nccl_ras, nccl_ras_budget
+from accelmon.host import nccl_ras
 from accelmon.host.nccl_ras import JobStatus, Pending, Rank, RasError
 from accelmon.host.nccl_ras_client import asked_address, is_local, local_addresses, parse_address
 from accelmon.host.nvidia import NVML_DEVICES, NvmlSession
@@ -289,12 +291,12 @@ class NcclCollector(Collector):
         self, state_dir: str, addresses: str, timeout: float, max_ranks: int, procfs: str,
         nvml: Optional[NvmlSession] = None, asker: Ask = nccl_ras.ask,
         max_communicators: int = nccl_ras.MAX_COMMUNICATORS, factor: int = 1, max_bytes: int = MAX_ANSWER_BYTES,
-        max_job_series: int = nccl_ras_budget.DEFAULT, ledger: Optional[nccl_ras_budget.Ledger] = None,
+        max_job_series: int = job_series_budget.DEFAULT, ledger: Optional[job_series_budget.Ledger] = None,
     ) -> None:  # fmt: skip
         self.max_job_series = max_job_series
         self.ledger = (
-            ledger if ledger is not None else nccl_ras_budget.Ledger()
-        )  # the exporter's: nccl_ras_budget.LEDGER
+            ledger if ledger is not None else job_series_budget.Ledger()
+        )  # the exporter's: job_series_budget.LEDGER
         self.dropped = 0  # series, since start (node_budget)
         self.state_dir = state_dir
         self.max_bytes = max_bytes
@@ -407,7 +409,7 @@ class NcclCollector(Collector):
         local, uuids = (local_addresses(self.procfs), self.uuids()) if targets else (set(), {})
         asked, began = 0, time.monotonic()
         totals: dict[tuple[MetricSpec, tuple[str, ...]], int] = {}  # each job's own series, over its answers
-        jobs: dict[str, tuple[Samples, Samples]] = {}  # job -> its summary, its detail (nccl_ras_budget)
+        jobs: dict[str, tuple[Samples, Samples]] = {}  # job -> its summary, its detail (job_series_budget)
         # Jobs whose latest query was answered first, then the others by their latest query, oldest first; past one
         # timeout_seconds, only the first are asked this interval: a socket that accepts and never answers costs a
         # whole timeout (every interval: no late answer to await), and a user's many such sockets held every other
@@ -505,7 +507,7 @@ class NcclCollector(Collector):
             totals[key] = totals.get(key, 0) + value
         missing = (JOB_RANKS_MISSING, (job,))
         totals[missing] = totals.get(missing, 0)
-        for comm in status.communicators:  # the summary kept when the detail below is not (nccl_ras_budget)
+        for comm in status.communicators:  # the summary kept when the detail below is not (job_series_budget)
             by_status = (JOB_COMMUNICATORS, (job, comm.status))
             totals[by_status] = totals.get(by_status, 0) + 1
             unreached = comm.size - comm.answering - comm.left if comm.size else 0
@@ -559,7 +561,7 @@ def _build(options: dict[str, object], paths: Paths) -> NcclCollector:
         max_communicators=int(options["max_communicators"]),  # type: ignore[call-overload]
         factor=int(options["ras_timeout_factor"]),  # type: ignore[call-overload]
         max_job_series=int(options["max_job_series"]),  # type: ignore[call-overload]
-        ledger=nccl_ras_budget.LEDGER,
+        ledger=job_series_budget.LEDGER,
     )
 
 
@@ -582,7 +584,7 @@ REGISTRATION = register(
             ADDRESSES,
             MAX_RANKS,
             MAX_COMMUNICATORS,
-            nccl_ras_budget.MAX_JOB_SERIES,
+            job_series_budget.MAX_JOB_SERIES,
             STATE_DIR,
         ),
         enabled_by_default=_jobs_or_addresses,

@@ -45,10 +45,10 @@ from typing import Callable, Optional, Union
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from accelmon.exporter import job_series_budget
 from accelmon.exporter.metrics import Catalogue, MetricSpec, Samples
 from accelmon.exporter.registry import Option, Registration, register, seconds
 from accelmon.exporter.runtime import Collector
-from accelmon.host import nccl_ras_budget
 from accelmon.host.nvidia import driver_gpus
 
 log = logging.getLogger("accelmon.nccl_inspector")
@@ -117,7 +117,7 @@ FILES = C.gauge(
 DROPPED = C.counter(
     "accelmon_nccl_inspector_series_dropped_total",
     "Series not served since start, by reason: node_budget (the node's job-level NCCL series, RAS and Inspector "
-    "together, past max_job_series: the largest jobs' series dropped whole; accelmon.host.nccl_ras_budget).",
+    "together, past max_job_series: the largest jobs' series dropped whole; accelmon.exporter.job_series_budget).",
     ["reason"],
 )
 SKIPPED = C.counter(
@@ -252,11 +252,11 @@ class NcclInspectorCollector(Collector):
 
     def __init__(
         self, dump_dir: str, max_age: float, max_communicators: int, procfs: str,
-        clock: Callable[[], float] = time.time, max_job_series: int = nccl_ras_budget.DEFAULT,
-        ledger: Optional[nccl_ras_budget.Ledger] = None,
+        clock: Callable[[], float] = time.time, max_job_series: int = job_series_budget.DEFAULT,
+        ledger: Optional[job_series_budget.Ledger] = None,
     ) -> None:  # fmt: skip
         self.max_job_series = max_job_series
-        self.ledger = ledger if ledger is not None else nccl_ras_budget.Ledger()  # the exporter passes its LEDGER
+        self.ledger = ledger if ledger is not None else job_series_budget.Ledger()  # the exporter passes its LEDGER
         self.dropped = 0  # series, since start (node_budget)
         self.dump_dir = dump_dir
         self.max_age = max_age
@@ -316,7 +316,7 @@ class NcclInspectorCollector(Collector):
             self.read_file(read, raw.decode(errors="replace"), (job, gpu, uuid), path, served)
         self._told &= {path for path, _, _ in files}  # forget the files of ended jobs
         # Every series here is a job's detail (its first label the job id): fitted with the nccl collector's in the
-        # node's max_job_series, the largest jobs' dropped whole (accelmon.host.nccl_ras_budget).
+        # node's max_job_series, the largest jobs' dropped whole (accelmon.exporter.job_series_budget).
         jobs: dict[str, tuple[Samples, Samples]] = {}
         for spec, rows in read.rows.items():
             for values, value in rows:
@@ -428,7 +428,7 @@ REGISTRATION = register(
             int(options["max_communicators"]),
             paths.procfs,
             max_job_series=int(options["max_job_series"]),
-            ledger=nccl_ras_budget.LEDGER,
+            ledger=job_series_budget.LEDGER,
         ),
         catalogue=C,
         options=(
@@ -436,7 +436,7 @@ REGISTRATION = register(
             DUMP_DIR,
             MAX_AGE,
             MAX_COMMUNICATORS,
-            nccl_ras_budget.MAX_JOB_SERIES,
+            job_series_budget.MAX_JOB_SERIES,
         ),
         enabled_by_default=lambda paths, options: os.path.isdir(str(options["dump_dir"])),
     )

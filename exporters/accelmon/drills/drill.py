@@ -9,7 +9,7 @@
 A drill is a small JSON file in the health collector's `drill_dir` (one setting of the exporter's config, default
 /run/accelmon/drills: it survives an exporter restart, not a reboot). The exporter's health checks (served, in
 `--scan`, in the Slurm and OAR hooks) read the drills in force and judge the drilled GPU as if the fault were real:
-the collector that owns the check writes the fault into the samples it judges (`accelmon.health.Drill`), so the
+the collector that owns the check writes the fault into the samples it judges (`accelmon.exporter.checks.Drill`), so the
 verdict, the action, the alerts and the scheduler's drain follow from the real check and catalogue. Everything a
 person sees says DRILL: the check's detail, the drain reason, the alert (label drill="true" and its summary).
 Nothing is written to the kernel log or the driver, and the served device series stay as they are: other tools on

@@ -1,6 +1,7 @@
 """The node's budget for its job-level NCCL series: the nccl collector's (RAS) and the nccl_inspector collector's
-together. What the two share is here, a library beside NCCL's RAS client (a collector never imports another,
-docs/architecture.md); it turns no reading into a series (docs/jobs.md, "One node's NCCL series, bounded").
+together. What the two share is here, in the exporter's machinery beside the sampler that serves them (a collector
+never imports another, and a host library turns no reading into a series: docs/architecture.md; docs/jobs.md, "One
+node's NCCL series, bounded").
 
 Why a budget of the node: the master takes a worker's scrape whole or not at all. Prometheus fails the whole scrape
 of a target that returns more samples than its `sample_limit` (scrape/target.go: errSampleLimit; the master role's
