@@ -10,10 +10,11 @@ import pytest
 
 from accelmon import health
 from accelmon.collectors import fabric, nvml
-from accelmon.collectors.fabric import FabricCollector, fabric_manager_running
+from accelmon.collectors.fabric import FabricCollector
 from accelmon.collectors.nvml import NvmlCollector
 from accelmon.exporter.metrics import Samples
 from accelmon.exporter.runtime import Exporter, Sampler
+from accelmon.host.fabric_manager import fabric_manager_running
 from tests.support.checks import check, nvml_only
 from tests.support.exposition import check_golden, promtool_check, sample_value, text_of
 from tests.support.waiting import returns_while_blocked, wait_until

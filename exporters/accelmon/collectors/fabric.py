@@ -27,6 +27,7 @@ import pynvml
 from accelmon.exporter.checks import Check, Drill, GpuCheck, GpuKey, NodeCheck, View
 from accelmon.exporter.metrics import Catalogue, Samples
 from accelmon.exporter.registry import Registration, register, seconds
+from accelmon.host.fabric_manager import fabric_manager_running
 from accelmon.host.nvidia import NVML_DEVICES, OwnSessionCollector, nvidia_driver_loaded, text
 from accelmon.host.topology import NVSWITCH_DEVICES
 
@@ -102,7 +103,6 @@ REMOTE_TYPES = {
 FABRIC_STATE_NOT_SUPPORTED = 0
 # healthMask bits 0-1: degraded bandwidth, 1 true, 2 false, 0 not reported (nvml.h NVML_GPU_FABRIC_HEALTH_MASK_*).
 DEGRADED_BW_TRUE, DEGRADED_BW_FALSE = 1, 2
-FABRIC_MANAGER_PROCESS = "nv-fabricmanager"
 
 
 @dataclass
@@ -303,24 +303,6 @@ def _leads_somewhere(remote: Optional[tuple[str, str]]) -> bool:
     if remote is None or remote[0] == "unknown":
         return False
     return any(digit not in "0:." for digit in remote[1])
-
-
-def fabric_manager_running(procfs: str) -> bool:
-    """Whether a process named nv-fabricmanager runs (its comm; the unit's name varies by distribution)."""
-    try:
-        entries = os.listdir(procfs)
-    except OSError:
-        return False
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(os.path.join(procfs, entry, "comm"), encoding="utf-8", errors="replace") as comm:
-                if comm.read().strip() == FABRIC_MANAGER_PROCESS:
-                    return True
-        except OSError:
-            continue  # the process ended meanwhile
-    return False
 
 
 # DCGM's hardware limits: one NVLink replay or recovery error is already past the limit; CRC errors matter only at

@@ -24,11 +24,11 @@ from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 from accelmon import health
-from accelmon.collectors.fabric import fabric_manager_running
 from accelmon.config import Settings
 from accelmon.health import remediation, reset_scope
 from accelmon.health.remediation import FailingGpu, Journal, Record, RepairPlan
 from accelmon.host import gpu_holders
+from accelmon.host.fabric_manager import fabric_manager_running
 from accelmon.host.slurm_nodes import SlurmNode, keyed_reason
 from accelmon.host.slurm_pause import PauseMemory, paused_path
 from accelmon.schedulers.slurm.diag import DIAG_READY_SECONDS, diagnose_when_ready
