@@ -658,7 +658,8 @@ def test_an_answer_near_the_cap_stays_within_the_units_memory(form):
     exporter's own (killed and restarted in a loop, every job of the node unread). NCCL's JSON has a value every 30
     bytes or so, its text for a job of up to 8,192 rank places a few MiB: denser JSON is malformed, a text over 4 MiB
     too_large, before anything is built of them; 8 MiB of values 16 bytes apart (the densest allowed) stays under
-    64 MiB."""
+    96 MiB (measured: 70.3 MiB on Python 3.9, whose objects are larger than 3.11's), with the exporter's own well
+    within the unit's 256 MiB."""
     if form == "json":
         answer = '{"communicators": [], "x": {' + ",".join(f'"{i}":1' for i in range(750_000)) + "}}"
         kind = "malformed"
@@ -686,7 +687,7 @@ def test_an_answer_near_the_cap_stays_within_the_units_memory(form):
             peak = tracemalloc.get_traced_memory()[1]
         finally:
             tracemalloc.stop()
-        assert peak < 64 << 20
+        assert peak < 96 << 20
 
 
 def test_two_steps_of_one_job_on_a_node_serve_each_job_series_once(node):
