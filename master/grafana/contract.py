@@ -41,6 +41,7 @@ ONLY_WHILE = {
     "accelmon_nccl_communicator_collectives_max": "an NCCL job answers RAS (tests/test_nccl.py)",
     "accelmon_nccl_drill_active": "an NCCL drill is in force (tests/test_nccl_drill.py)",
     "accelmon_nccl_collection_timeouts": "an NCCL job answers RAS (tests/test_ras_corpus.py)",
+    "accelmon_nccl_job_ranks_missing": "an NCCL job answers RAS (tests/test_nccl.py)",
     "accelmon_nccl_bus_bandwidth_bytes_per_second": "a job runs NCCL Inspector (tests/test_nccl_inspector.py)",
     "accelmon_gpu_remediation_repairs_total": "the repair loop repaired a GPU (tests/test_remediation.py)",
     "accelmon_node_remediation_events_total": "the Slurm health check decided something (tests/test_remediation.py)",

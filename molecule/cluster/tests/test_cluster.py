@@ -273,7 +273,11 @@ def test_a_slurm_job_is_attributed_while_it_runs_and_reported_after(host, tmp_pa
         port = re.search(r"^nccl_ras_port=(\d+)$", record, re.M)
         assert port and 28100 <= int(port.group(1)) < 29100, (worker, record)
         port = int(port.group(1))
-        assert f"nccl_ras_port={port}\nnccl_ras_ports=4\nnccl_ras_query={asks}" in record, (worker, record)
+        # The job's two nodes recorded too (nccl_ras_nodes: its other nodes spread their first query of a step).
+        assert f"nccl_ras_port={port}\nnccl_ras_ports=4\nnccl_ras_nodes=2\nnccl_ras_query={asks}" in record, (
+            worker,
+            record,
+        )
         assert on.check_output(f"cat /run/accelmon/nccl-ras/{job}").split() == [
             str(port),
             "4",
