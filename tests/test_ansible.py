@@ -1143,22 +1143,115 @@ def secret_file_tasks() -> list[dict]:
                                                              & set(task))]  # fmt: skip
 
 
-def test_no_secret_file_of_the_master_is_shared_with_group_65534():
-    """Each secret the master writes is readable by its service alone: owned by Prometheus's or Alertmanager's uid
-    65534 (group root, 0400), or root:root 0440 for Grafana (uid 472 in group 0); none with group 65534 (nogroup),
-    and docs/security.md's table says the same."""
+MASTER_UIDS = {"prometheus": 60090, "alertmanager": 60093, "grafana": 60300}
+
+
+def test_each_secret_file_of_the_master_is_its_services_alone():
+    """Each secret the master writes is owned by the user its service runs as (accelmon-prometheus,
+    -alertmanager, -grafana: their own uid and gid), read-only, no group or other bit: not by uid or group 65534
+    (nobody, nogroup: every `nobody` process of the host), as it was, nor root's group; docs/security.md says the
+    same."""
+    defaults = yaml.safe_load((MASTER_ROLE / "defaults" / "main.yml").read_text())
+    assert {service: defaults[f"accelmon_master_{service}_uid"] for service in MASTER_UIDS} == MASTER_UIDS
     written = {}
     for task in secret_file_tasks():
         module = task.get("ansible.builtin.copy") or task["ansible.builtin.template"]
-        mode = (str(module["owner"]), str(module["group"]), str(module["mode"]))
-        assert mode in {("65534", "root", "0400"), ("root", "root", "0440")}, (task["name"], mode)
-        written[task["name"]] = mode
-    assert len(written) >= 8, written
+        owner, group, mode = str(module["owner"]), str(module["group"]), str(module["mode"])
+        [service] = [s for s in MASTER_UIDS if owner == f"{{{{ accelmon_master_{s}_uid }}}}"] or [owner]
+        assert (group, mode) == (owner, "0400") and service in MASTER_UIDS, (task["name"], owner, group, mode)
+        written[task["name"]] = service
+    assert set(written.values()) == set(MASTER_UIDS) and len(written) >= 8, written
     role = "\n".join(p.read_text() for p in (MASTER_ROLE / "tasks").glob("*.yml"))
-    assert 'group: "65534"' not in role and "group: 65534" not in role
+    assert not [word for word in ('owner: "65534"', 'group: "65534"', "group: 65534", "owner: 65534") if word in role]
     security = (ROOT / "docs" / "security.md").read_text()
-    for row in ("| `alertmanager/alertmanager.yml` (receivers' tokens and passwords) | 65534:root | 0400 |",
-                "| `grafana/admin_password`, `grafana/secret_key` | root:root | 0440 |",
-                "| `grafana/tls/cert.crt`, `key.key` | root:root | 0440 |"):  # fmt: skip
+    rows = [
+        "| `alertmanager/alertmanager.yml` (receivers' tokens and passwords) | accelmon-alertmanager (60093) | 0400 |",
+        "| `grafana/admin_password`, `grafana/secret_key` | accelmon-grafana (60300) | 0400 |",
+        "| `grafana/tls/cert.crt`, `key.key` | accelmon-grafana (60300) | 0400 |",
+    ]
+    for row in rows:
         assert row in security, row
-    assert "65534 0640" not in security and "root:65534" not in security
+    assert "65534:root" not in security and "root:root | 0440" not in security
+
+
+def test_each_master_container_runs_as_its_own_user(tmp_path):
+    """The compose file (docker compose runs it, podman's tasks read it) runs Prometheus, Alertmanager and Grafana
+    as their own uid and gid, numbers every engine takes (the images know no such name), the operator's where set;
+    before, Prometheus and Alertmanager ran as the images' nobody (65534) and Grafana as 472 in group 0."""
+    for name in ("default", "chosen"):
+        (tmp_path / name).mkdir()
+    default = render_masters(tmp_path / "default", {"m1": {}}, {"accelmon_master_alertmanager_enabled": True})["m1"]
+    users = {name: service["user"] for name, service in default["compose"]["services"].items()}
+    assert users == {service: f"{uid}:{uid}" for service, uid in MASTER_UIDS.items()}
+    chosen = {"accelmon_master_alertmanager_enabled": True, "accelmon_master_prometheus_uid": 2001,
+              "accelmon_master_alertmanager_uid": 2002, "accelmon_master_grafana_uid": 2003}  # fmt: skip
+    rendered = render_masters(tmp_path / "chosen", {"m1": {}}, chosen)["m1"]
+    users = {name: service["user"] for name, service in rendered["compose"]["services"].items()}
+    assert users == {"prometheus": "2001:2001", "alertmanager": "2002:2002", "grafana": "2003:2003"}
+
+
+@pytest.mark.parametrize(("uid", "message"), [(1, "belongs to daemon on this host"), (65534, "not 65534 (nobody)")])
+def test_a_services_uid_another_account_holds_stops_the_deploy(tmp_path, uid, message):
+    """A uid (or gid) the host already gives another account would let it read Prometheus's secrets: the
+    preflight stops before any host changes, naming the account."""
+    result = deploy(tmp_path, f"accelmon_master_prometheus_uid={uid}", group="master")
+    assert result.returncode != 0
+    assert message in result.stdout, result.stdout[-3000:]
+    assert "PLAY [Masters]" not in result.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives files to other uids: root only")
+def test_a_master_deployed_before_has_its_data_reowned_once(tmp_path):
+    """tasks/own-data.yml with an engine that answers as docker and podman do: the data volume the images' nobody
+    owns (a master deployed before) is given to Prometheus's own uid, its contents too, its container stopped
+    meanwhile (the containers' task starts it); a second run changes nothing and touches no container. A new volume
+    the engine gave the image's nobody as the container first mounted it is re-owned after the start, and the
+    container restarted."""
+    volume = tmp_path / "volumes" / "prometheus"
+    (volume / "wal").mkdir(parents=True)
+    (volume / "wal" / "00000001").write_text("samples")
+
+    def own(uid: int) -> set[tuple[int, int]]:
+        for path in [volume, *volume.rglob("*")]:
+            os.chown(path, uid, uid)
+        return {(p.stat().st_uid, p.stat().st_gid) for p in [volume, *volume.rglob("*")]}
+
+    calls = tmp_path / "calls"
+    engine = tmp_path / "engine"
+    engine.write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> {calls}\n'
+        f'case "$*" in "volume inspect --format {{{{ .Mountpoint }}}} accelmon-prometheus-data") echo {volume};;\n'
+        '  "volume inspect"*) echo "no such volume" >&2; exit 1;; esac\n'
+    )
+    engine.chmod(0o755)
+    defaults = yaml.safe_load((MASTER_ROLE / "defaults" / "main.yml").read_text())
+    variables = {**defaults, "__accelmon_master_engine": str(engine), "accelmon_master_grafana_enabled": False}
+    (tmp_path / "vars.yml").write_text(yaml.safe_dump(variables))
+
+    def run(*phases: str) -> tuple[str, list[str]]:
+        play = [{"hosts": "localhost", "gather_facts": False, "vars_files": [str(MASTER_ROLE / "vars" / "main.yml")],
+                 "tasks": [{"ansible.builtin.include_tasks": {"file": str(MASTER_ROLE / "tasks" / "own-data.yml")},
+                            "vars": {"__accelmon_master_owning": phase}} for phase in phases]}]  # fmt: skip
+        (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
+        calls.write_text("")
+        result = subprocess.run(
+            [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
+             "-e", f"ansible_python_interpreter={sys.executable}", "-e", f"@{tmp_path / 'vars.yml'}",
+             str(tmp_path / "play.yml")],
+            capture_output=True, text=True, cwd=ROOT, timeout=300, env=controller_env(tmp_path),
+        )  # fmt: skip
+        assert result.returncode == 0, result.stdout[-3000:]
+        recap = result.stdout.split("PLAY RECAP")[-1]
+        return recap, [line for line in calls.read_text().splitlines() if "inspect" not in line]
+
+    assert own(65534) == {(65534, 65534)}
+    recap, containers = run("before", "after")
+    assert containers == ["stop accelmon-prometheus"] and "changed=2" in recap, (containers, recap)
+    assert own(-1) == {(60090, 60090)}  # -1: unchanged, read back
+    recap, containers = run("before", "after")
+    assert containers == [] and "changed=0" in recap, (containers, recap)
+    # A new volume the engine gave the image's owner of /prometheus at the first start.
+    own(65534)
+    recap, containers = run("after")
+    assert containers == ["restart accelmon-prometheus"] and own(-1) == {(60090, 60090)}, containers

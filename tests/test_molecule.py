@@ -83,6 +83,19 @@ def render_compose(tmp_path: Path, prometheus_port: int, alertmanager_port: int)
     return master_dir / "compose.yaml"
 
 
+def give_volumes_to_their_users(env: dict[str, str], uids: dict[str, int]) -> None:
+    """What the role's tasks/own-data.yml does once the containers run: each new data volume, which the engine gave
+    the image's owner of the mount point (nobody) at the first mount, is given to its service's own uid and the
+    container restarted (rootless, in podman's user namespace)."""
+    for service, uid in uids.items():
+        inspect = ["podman", "volume", "inspect", "--format", "{{.Mountpoint}}", f"accelmon-composetest-{service}-data"]
+        mountpoint = subprocess.run(inspect, capture_output=True, text=True, env=env, check=True).stdout.strip()
+        chown = ["chown", "-R", f"{uid}:{uid}", mountpoint]
+        subprocess.run(chown if os.geteuid() == 0 else ["podman", "unshare", *chown], env=env, check=True)
+        restart = ["podman", "restart", f"accelmon-composetest-{service}"]
+        subprocess.run(restart, capture_output=True, env=env, check=True, timeout=120)
+
+
 def wait_ready(url: str) -> None:
     for _ in range(60):
         try:
@@ -111,6 +124,7 @@ def test_compose_file_runs_with_podman_compose(images: None, tmp_path: Path) -> 
     try:
         up = subprocess.run([*podman_compose, "up", "-d"], capture_output=True, text=True, env=env, timeout=300)
         assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+        give_volumes_to_their_users(env, {"prometheus": 60090, "alertmanager": 60093})
         wait_ready(f"http://127.0.0.1:{prometheus_port}/-/ready")
         wait_ready(f"http://127.0.0.1:{alertmanager_port}/-/ready")
         with urllib.request.urlopen(f"http://127.0.0.1:{prometheus_port}/api/v1/rules", timeout=5) as response:
@@ -128,7 +142,7 @@ def test_compose_file_runs_with_podman_compose(images: None, tmp_path: Path) -> 
         )
         config = json.loads(inspect.stdout)[0]
         assert config["HostConfig"]["ReadonlyRootfs"] is True
-        assert config["Config"]["User"] == "65534:65534"
+        assert config["Config"]["User"] == "60090:60090"
         assert "no-new-privileges" in config["HostConfig"]["SecurityOpt"]
         assert config["HostConfig"]["CapAdd"] in (None, [])
         bindings = config["HostConfig"]["PortBindings"]["9090/tcp"]

@@ -109,12 +109,38 @@ def test_both_exporters_answer_only_over_tls_with_the_generated_password(host):
             assert status(auth, f"http://{worker}:{port}/metrics") in ("000", "400"), (worker, port)
 
 
+PROMETHEUS_UID = 60090  # accelmon_master_prometheus_uid's default
+
+
+def readable_by_nobody(uid: int, gid: int, mode: int) -> bool:
+    """Whether a process of uid 65534 or group 65534 (nobody, nogroup: many a daemon and container) reads a file."""
+    return bool(mode & 0o004 or (uid == 65534 and mode & 0o400) or (gid == 65534 and mode & 0o040))
+
+
 def test_the_scrape_secrets_are_readable_by_their_service_alone(host):
-    """The deployed files' owners and modes, as docs/security.md lists them."""
+    """The deployed files' owners and modes, as docs/security.md lists them: Prometheus's secrets and its data its
+    own user's (accelmon-prometheus), which its container runs as; none readable by uid or group 65534."""
     secrets = "/opt/accelmon-master/prometheus/secrets"
     for name in ("exporter-ca.crt", "exporter-password", "node-exporter-ca.crt", "node-exporter-password"):
         found = host.file(f"{secrets}/{name}")
-        assert (found.uid, found.group, found.mode) == (65534, "root", 0o400), name
+        assert (found.user, found.group, found.mode) == ("accelmon-prometheus", "accelmon-prometheus", 0o400), name
+        assert (found.uid, found.gid) == (PROMETHEUS_UID, PROMETHEUS_UID), name
+    # Every file under the master's secret places, whatever the deploy wrote there.
+    listed = host.check_output(
+        "find /opt/accelmon-master/prometheus/secrets /opt/accelmon-master/alertmanager /opt/accelmon-master/grafana"
+        " -type f -printf '%U %G %m %p\\n' 2>/dev/null || true"
+    ).splitlines()
+    assert len(listed) >= 4, listed
+    for line in listed:
+        uid, gid, mode, path = line.split(" ", 3)
+        if "/grafana/dashboards/" in path or path.endswith("/provisioning/dashboards/accelmon.yml"):
+            continue  # dashboards: no secret, 0644
+        assert not readable_by_nobody(int(uid), int(gid), int(mode, 8)), line
+    running = json.loads(host.check_output("podman inspect accelmon-prometheus"))[0]
+    assert running["Config"]["User"] == f"{PROMETHEUS_UID}:{PROMETHEUS_UID}"
+    data = host.check_output("podman volume inspect --format '{{.Mountpoint}}' accelmon-prometheus-data")
+    owners = host.check_output(f"find {data} -printf '%U:%G\\n' | sort -u").split()
+    assert owners == [f"{PROMETHEUS_UID}:{PROMETHEUS_UID}"], owners
     for name in WORKERS:
         worker = testinfra.get_host(f"podman://{name}")
         expected = {
@@ -1015,6 +1041,33 @@ def test_a_redeploy_whose_exporter_cannot_start_stops_at_the_canary(host):
     finally:  # a plain redeploy brings all back, whatever failed above (the next tests need both workers)
         playbook("deploy.yaml")
     assert wait_for(lambda: up_workers(host) == WORKERS, timeout=90), up_workers(host)
+
+
+def test_a_master_deployed_before_is_reowned_once(host):
+    """A master deployed before its services had users of their own: Prometheus's data volume and secrets owned by
+    the image's nobody (65534), as the old role left them. A masters-only deploy stops Prometheus, gives it back its
+    data and secrets, and starts it again, the samples kept; the next deploy changes nothing on the master."""
+    wait_for(lambda: up_workers(host) == WORKERS)
+    at = f"/api/v1/query?query=accelmon_gpu_power_watts%7Bgpu%3D%221%22%7D&time={time.time() - 5:.3f}"
+    before = query(host, at)["result"]
+    data = host.check_output("podman volume inspect --format '{{.Mountpoint}}' accelmon-prometheus-data")
+    host.check_output(f"chown -R 65534:65534 {data}")
+    host.check_output("chown 65534:root /opt/accelmon-master/prometheus/secrets/*-password")
+    started = "podman inspect --format '{{.State.StartedAt}}' accelmon-prometheus"
+    first_start = host.check_output(started)
+
+    recap = playbook("deploy.yaml", "-e", "skip_worker=true").split("PLAY RECAP")[-1]
+    assert re.search(rf"{CLUSTER}-master\s*:.*changed=[1-9]", recap), recap
+    assert host.check_output(started) != first_start  # restarted
+    owners = host.check_output(f"find {data} -printf '%U:%G\\n' | sort -u").split()
+    assert owners == [f"{PROMETHEUS_UID}:{PROMETHEUS_UID}"], owners
+    password = host.file("/opt/accelmon-master/prometheus/secrets/exporter-password")
+    assert (password.uid, password.gid, password.mode) == (PROMETHEUS_UID, PROMETHEUS_UID, 0o400)
+    assert wait_for(lambda: up_workers(host) == WORKERS, timeout=90), up_workers(host)
+    assert wait_for(lambda: query(host, at)["result"], timeout=60) == before  # its data read again
+
+    recap = playbook("deploy.yaml", "-e", "skip_worker=true").split("PLAY RECAP")[-1]
+    assert re.search(rf"{CLUSTER}-master\s*:.*changed=0", recap), recap
 
 
 def test_day_two_keeps_the_metrics(host):

@@ -19,10 +19,10 @@ def api(host, path):
     return json.loads(host.check_output(f"curl -sf http://127.0.0.1:9090{path}"))
 
 
-def test_prometheus_runs_as_a_container_as_nobody(host):
+def test_prometheus_runs_as_a_container_as_its_own_user(host):
     inspect = json.loads(host.check_output("podman inspect accelmon-prometheus"))[0]
     assert inspect["State"]["Running"]
-    assert inspect["Config"]["User"] == "65534:65534"
+    assert inspect["Config"]["User"] == "60090:60090"  # accelmon-prometheus, not the image's nobody
     assert inspect["HostConfig"]["RestartPolicy"]["Name"] == "always"
     assert inspect["ImageName"].endswith("accelmon-prometheus:2.42.0")
     args = inspect["Config"]["Cmd"] or inspect["Args"]
@@ -58,7 +58,7 @@ def test_grafana_is_provisioned_from_files_with_a_private_password(host):
     assert "uid: accelmon-prometheus" in datasource.content_string
     assert host.file("/opt/accelmon-master/grafana/provisioning/dashboards/accelmon.yml").exists
     secret = host.file("/opt/accelmon-master/grafana/admin_password")
-    assert secret.mode == 0o440 and secret.user == "root"
+    assert secret.mode == 0o400 and secret.user == "accelmon-grafana" and secret.group == "accelmon-grafana"
     on_host = secret.content_string
     controller_file = os.path.join(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"], "secrets", "grafana-admin-password")
     with open(controller_file) as stream:
@@ -70,7 +70,7 @@ def test_grafana_is_provisioned_from_files_with_a_private_password(host):
 def test_alertmanager_runs_with_receivers_from_variables_and_gets_prometheus_alerts(host):
     inspect = json.loads(host.check_output("podman inspect accelmon-alertmanager"))[0]
     assert inspect["State"]["Running"]
-    assert inspect["Config"]["User"] == "65534:65534"
+    assert inspect["Config"]["User"] == "60093:60093"  # accelmon-alertmanager
     config = host.file("/opt/accelmon-master/alertmanager/alertmanager.yml").content_string
     assert "receiver: oncall" in config and "http://127.0.0.1:9999/accelmon" in config
     ready = host.check_output(
@@ -89,9 +89,9 @@ def test_alertmanager_runs_with_receivers_from_variables_and_gets_prometheus_ale
 def test_secrets_and_containers_are_locked_down(host):
     """Alertmanager's config can hold webhook tokens and SMTP passwords: it was 0644. The containers ran with a
     writable root, every capability and no no-new-privileges, published on every interface."""
-    # Owned by the uid Alertmanager runs as, not shared with group 65534 (nogroup: every `nobody` process).
+    # Owned by Alertmanager's own user, which it runs as: not uid 65534 nor group 65534 (every `nobody` process).
     config = host.file("/opt/accelmon-master/alertmanager/alertmanager.yml")
-    assert config.mode == 0o400 and config.uid == 65534 and config.gid == 0
+    assert config.mode == 0o400 and config.uid == 60093 and config.gid == 60093
     for name in ("accelmon-prometheus", "accelmon-alertmanager"):
         settings = json.loads(host.check_output(f"podman inspect {name}"))[0]["HostConfig"]
         assert settings["ReadonlyRootfs"] is True, name

@@ -168,15 +168,16 @@ def test_the_store_answers_https_with_its_credentials_only():
     assert status(f"-u {user}:{password} {query_url}") == "200"
     # Plain HTTP on the same port is not served.
     assert STORE_HOST.run("curl -sf -m 5 'http://127.0.0.1:8428/api/v1/query?query=up'").rc != 0
-    # Grafana's datasource on each master: the store's URL, its user and password, the test CA; root and
-    # Grafana's group (0) read it, nobody else.
+    # Grafana's datasource on each master: the store's URL, its user and password, the test CA; Grafana's own
+    # user reads it, nobody else.
     for master in MASTERS:
         datasource = grafana_datasource(master)
         assert datasource["url"] == STORE and datasource["basicAuthUser"] == "fleet"
         assert datasource["secureJsonData"]["basicAuthPassword"] == "molecule-store-password-1"
         assert "BEGIN CERTIFICATE" in datasource["secureJsonData"]["tlsCACert"]
         provisioned = master.file(DATASOURCE_FILE)
-        assert (provisioned.user, provisioned.group, provisioned.mode) == ("root", "root", 0o440)
+        grafana = "accelmon-grafana"
+        assert (provisioned.user, provisioned.group, provisioned.mode) == (grafana, grafana, 0o400)
 
 
 def test_both_replicas_scrape_every_worker():
