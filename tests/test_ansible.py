@@ -428,12 +428,149 @@ def test_amazon_linux_stops_in_preflight_unless_given_a_release_tarball(tmp_path
         assert "Amazon Linux has no node_exporter package: give" in result.stdout, result.stdout[-3000:]
 
 
+def preflight_of(role: str, facts: dict[str, str], variables: dict[str, Any], tmp_path: Path):
+    """A role's preflight.yml run on this machine as a host with `facts`, given `variables`."""
+    from tests.support.ansible import run_local_play
+
+    play = {
+        "tasks": [
+            {"name": "Be the distribution", "ansible.builtin.set_fact": {"ansible_facts": facts}},
+            {"ansible.builtin.include_role": {"name": role, "tasks_from": "preflight.yml"}},
+        ]
+    }
+    return run_local_play(play, variables, tmp_path)
+
+
+def file_on_the_controller(path: Path) -> str:
+    """Writes a stand-in for a release file at `path`; its sha256."""
+    import hashlib
+
+    path.write_bytes(path.name.encode())
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# Offline workers and store: the release tarball (accelmon_node_exporter_tarball_file) and the store's .deb
+# (accelmon_store_package_file) on the controller are checked in the preflight, before any host changes: one not
+# there, with another sha256 than given, given with a URL too, or (the .deb) not the pinned version's stops the
+# deploy naming why. Each case: the role, the variables changed from a right file's, the message ("" passes).
+CONTROLLER_FILE_CASES = [
+    ("accelmon_node_exporter", {}, ""),
+    ("accelmon_node_exporter", {"accelmon_node_exporter_tarball_sha256": "c" * 64}, "has the sha256 "),
+    ("accelmon_node_exporter", {"accelmon_node_exporter_tarball_file": "/nowhere/node_exporter-1.9.1.tar.gz"},
+     "is not a file on the controller"),
+    ("accelmon_node_exporter", {"accelmon_node_exporter_tarball_url": "https://mirror.example/node_exporter.tar.gz"},
+     "not both"),
+    ("accelmon_store", {}, ""),
+    ("accelmon_store", {"accelmon_store_package_sha256": "c" * 64}, "the file has "),
+    ("accelmon_store", {"accelmon_store_package_file": "/nowhere/victoria-metrics_1.79.5+ds1-2+b5_amd64.deb"},
+     "no such file"),
+    ("accelmon_store", {"accelmon_store_package_version": "1.80.0-1"}, "victoria-metrics_1.80.0-1_ARCH.deb"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("role", "changed", "message"), CONTROLLER_FILE_CASES)
+def test_a_release_file_on_the_controller_is_checked_there_first(tmp_path, role, changed, message):
+    if role == "accelmon_node_exporter":
+        facts = {"distribution": "Amazon", "distribution_major_version": "2023", "os_family": "RedHat"}
+        tarball = tmp_path / "node_exporter-1.9.1.linux-amd64.tar.gz"
+        variables = {"accelmon_node_exporter_tarball_file": str(tarball),
+                     "accelmon_node_exporter_tarball_sha256": file_on_the_controller(tarball)}  # fmt: skip
+    else:
+        facts = {"os_family": "Debian"}
+        package = tmp_path / "victoria-metrics_1.79.5+ds1-2+b5_amd64.deb"
+        variables = {"accelmon_store_listen_address": "127.0.0.1", "accelmon_store_package_file": str(package),
+                     "accelmon_store_package_sha256": file_on_the_controller(package)}  # fmt: skip
+    result = preflight_of(role, facts, {**variables, **changed}, tmp_path)
+    if not message:
+        assert result.returncode == 0, result.stdout[-3000:]
+    else:
+        assert result.returncode != 0 and message in result.stdout, result.stdout[-3000:]
+
+
 def test_more_shards_than_masters_fails_in_preflight(tmp_path):
     """The one check that counts the group's hosts: alone in its run."""
     result = deploy(tmp_path, "accelmon_master_shards=2", group="master")
     assert result.returncode != 0
     assert "needs that many hosts in the group" in result.stdout + result.stderr
     assert "PLAY [Masters]" not in result.stdout
+
+
+def image_archive(path: Path, name: str, oci: bool = False) -> tuple[str, str]:
+    """A one-image archive as `podman save` writes it (docker-archive, or with oci an OCI archive) naming `name`,
+    with an empty layer list; its sha256 and the image's ID (the sha256 of its configuration)."""
+    import hashlib
+    import io
+    import tarfile
+
+    def sha(data: bytes) -> str:
+        return hashlib.sha256(data).hexdigest()
+
+    config = json.dumps({"architecture": "amd64", "os": "linux", "name": name}).encode()
+    members = {}
+    if oci:
+        manifest = json.dumps({"schemaVersion": 2, "config": {"digest": f"sha256:{sha(config)}"}, "layers": []})
+        annotations = {"org.opencontainers.image.ref.name": name}
+        index = {"schemaVersion": 2, "manifests": [{"digest": f"sha256:{sha(manifest.encode())}",
+                                                    "annotations": annotations}]}  # fmt: skip
+        members = {f"blobs/sha256/{sha(config)}": config, f"blobs/sha256/{sha(manifest.encode())}": manifest.encode(),
+                   "index.json": json.dumps(index).encode()}  # fmt: skip
+    else:
+        entry = {"Config": f"{sha(config)}.json", "RepoTags": [name], "Layers": []}
+        members = {f"{sha(config)}.json": config, "manifest.json": json.dumps([entry]).encode()}
+    with tarfile.open(path, "w") as archive:
+        for member, data in members.items():
+            info = tarfile.TarInfo(member)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return sha(path.read_bytes()), sha(config)
+
+
+@pytest.mark.parametrize("oci", [False, True], ids=["docker-archive", "oci-archive"])
+def test_an_image_archive_is_read_for_its_images_names_and_ids(tmp_path, oci):
+    """files/image_archive.py reads both formats podman and docker save, with Docker Hub's names shortened as
+    docker writes them; what is no image archive is an error, not a crash."""
+    script = ROOT / "ansible" / "roles" / "accelmon_master" / "files" / "image_archive.py"
+
+    def read(path: Path) -> dict[str, Any]:
+        result = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True, check=True)
+        return json.loads(result.stdout)
+
+    digest, image_id = image_archive(tmp_path / "p.tar", "docker.io/prom/prometheus:v2.55.1", oci=oci)
+    assert read(tmp_path / "p.tar") == {"sha256": digest, "images": {"prom/prometheus:v2.55.1": image_id}}
+    (tmp_path / "junk.tar").write_bytes(b"not a tar" * 100)
+    assert "error" in read(tmp_path / "junk.tar")
+    assert "error" in read(tmp_path / "absent.tar")
+
+
+def test_image_archives_are_checked_on_the_controller_before_any_master_changes(tmp_path):
+    """Offline masters (accelmon_master_image_archives): an archive that is not there, not the one whose sha256
+    was given, without a sha256, or holding another image stops the deploy in its preflight, naming the image and
+    why; a right one (Docker Hub's long name for the short one docker save writes) passes."""
+    digest, _ = image_archive(tmp_path / "prometheus.tar", "prom/prometheus:v2.55.1")
+    image = "docker.io/prom/prometheus:v2.55.1"
+
+    def archives(path: Path, sha256: str | None, image: str = image) -> str:
+        entry = {"path": str(path), **({"sha256": sha256} if sha256 is not None else {})}
+        return json.dumps({"accelmon_master_image_archives": {image: entry}})
+
+    cases = [
+        (archives(tmp_path / "absent.tar", digest), "cannot be read on the controller as an image archive"),
+        (archives(tmp_path / "prometheus.tar", "0" * 64), "not the archive that was checked"),
+        (archives(tmp_path / "prometheus.tar", None), "needs path (the archive on the controller"),
+        (
+            archives(tmp_path / "prometheus.tar", digest.upper(), image="docker.io/prom/alertmanager:v0.27.0"),
+            "holds prom/prometheus:v2.55.1, not prom/alertmanager:v0.27.0",
+        ),
+        (archives(tmp_path / "prometheus.tar", digest), ""),
+    ]
+    (tmp_path / "work").mkdir()
+    lines, output = batch_deploy(tmp_path / "work", "master", cases)
+    for number, (_, message) in enumerate(cases[:-1]):
+        assert "accelmon_master_image_archives['" in lines[number] and message in lines[number], lines[number]
+        assert "Load the images" not in lines[number]
+    assert "accelmon_master_image_archives[" not in lines[-1], lines[-1]
+    # The right archive's master went on past the preflight.
+    assert f"ok: [case-0{len(cases) - 1}] => (item={image})" in output
 
 
 @pytest.mark.parametrize(("number", "case"), list(enumerate(STORE_CASES)), ids=[c[1] for c in STORE_CASES])

@@ -149,3 +149,39 @@ def test_compose_file_runs_with_podman_compose(images: None, tmp_path: Path) -> 
         assert [b["HostIp"] for b in bindings] == ["127.0.0.1"]
     finally:
         subprocess.run([*podman_compose, "down", "-v"], capture_output=True, env=env, timeout=300, check=False)
+
+
+def test_the_offline_recipe_is_what_the_store_scenario_runs() -> None:
+    """docs/deploying.md's "Offline, end to end" and the store scenario (issue 65): every variable the recipe sets
+    for a group the scenario sets for that group, from its bundle in the same way (the sha256 files beside the
+    files), which its prepare makes with the recipe's commands."""
+    doc = (ROOT / "docs" / "deploying.md").read_text()
+    section = doc[doc.index("**Offline, end to end.**") :]
+    commands = section[section.index("```sh\n") + 6 : section.index("```\n", section.index("```sh\n") + 6)]
+    block = section[section.index("```yaml\n") + 8 : section.index("```\n", section.index("```yaml\n") + 8)]
+    # The recipe's comments name each variable's group: "# group_vars/GROUP.yml".
+    recipe: dict[str, dict[str, object]] = {}
+    for chunk in re.split(r"^# group_vars/", block, flags=re.M)[1:]:
+        group, _, body = chunk.partition(".yml")
+        recipe[group] = yaml.safe_load(body.partition("\n")[2])
+    scenario = yaml.safe_load((ROOT / "molecule" / "store" / "molecule.yml").read_text())["provisioner"]["inventory"]
+    assert set(recipe) == {"all", "worker", "store", "master"}
+    for group, variables in recipe.items():
+        for name, value in variables.items():
+            if name == "accelmon_exporter_wheelhouse_dir":  # per worker there (one Python, each worker's extras)
+                assert all("wheelhouse" in str(v.get(name, "wheelhouse")) for v in scenario["host_vars"].values())
+                assert "wheelhouse" in scenario["group_vars"]["scraped_worker"][name]
+                continue
+            given = scenario["group_vars"][group][name]
+            if name == "offline":
+                assert given.endswith("/offline"), given
+            elif name == "accelmon_master_image_archives":
+                assert all(set(entry) == {"path", "sha256"} for entry in given.values())
+                assert sorted(str(entry) for entry in value.values()) == sorted(str(entry) for entry in given.values())
+            elif name.endswith("_sha256"):
+                assert given.strip() == value, name  # read from the .sha256 file beside the file
+            else:
+                assert re.sub(r"[0-9.]+[.]linux", "V.linux", given) == re.sub(r"[0-9.]+[.]linux", "V.linux", value)
+    prepare = (ROOT / "molecule" / "store" / "prepare.yml").read_text()
+    for command in ("podman, save", "apt-get, download", 'sha256sum "$file" | cut -d\' \' -f1 > "$file.sha256"'):
+        assert command.replace(", ", " ") in commands and command in prepare, command

@@ -147,7 +147,7 @@ def test_files_are_not_world_writable(host):
 
 
 def test_node_exporter_runs_without_infiniband(host):
-    assert host.service("prometheus-node-exporter").is_running
+    assert host.service("node_exporter").is_running  # the release tarball's unit (offline: no package mirror)
     text = host.check_output(
         f"for i in $(seq 1 30); do curl -sf {scrape_options(host, 9100)} >/dev/null && break; sleep 1; done; "
         f"curl -sf {scrape_options(host, 9100)}"
