@@ -372,3 +372,37 @@ def test_a_certificate_near_its_end_is_signed_again_by_the_next_deploy(tmp_path)
     verified = subprocess.run(["openssl", "verify", "-CAfile", str(crt.parent.parent / "ca.crt"), str(crt)],
                               capture_output=True, text=True)  # fmt: skip
     assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def task_lines(output: str, task: str) -> list[str]:
+    """The result words (ok, changed, skipping) of each host at the exporter role's `task`, in output order."""
+    found = re.search(rf"TASK \[accelmon_exporter : {re.escape(task)}\] \**\n((?:.+\n)+)", output)
+    return [line.split(":", 1)[0] for line in found.group(1).splitlines()] if found else []
+
+
+def test_a_current_certificate_costs_the_controller_no_module_and_a_new_address_or_key_is_signed_again(tmp_path):
+    """Issue 65: at the next deploy a host whose certificate is current starts no module on the controller (before:
+    four at every deploy, ≈2 CPU-s a host, bench/deploy_bench.py); a host reached at a new address gets a
+    certificate naming it, and one whose key was lost a new key and a certificate for it."""
+    x509 = pytest.importorskip("cryptography.x509")
+    serialization = pytest.importorskip("cryptography.hazmat.primitives.serialization")
+    hosts = tmp_path / "home" / ".accelmon" / "pki" / "hosts"
+    run_play(tmp_path, pki_tasks(), {})
+    first = {name: (hosts / f"{name}.crt").read_bytes() for name in WORKERS}
+    second = run_play(tmp_path, pki_tasks(), {})
+    for task in ("Make this host's key unless it exists", "Make this host's signing request",
+                 "Find whether this host's certificate ends within 90 days",
+                 "Sign this host's certificate with the CA unless it is signed and lasts 90 days more"):  # fmt: skip
+        assert task_lines(second, task) == ["skipping", "skipping"], (task, second[-3000:])
+    assert {name: (hosts / f"{name}.crt").read_bytes() for name in WORKERS} == first
+    (hosts / "gpu-2.key").unlink()
+    third = run_play(tmp_path, pki_tasks(), {}, workers={"gpu-1": {"ansible_host": "10.0.0.9"}, "gpu-2": {}})
+    assert changed_counts(third)["gpu-1"] >= 1 and changed_counts(third)["gpu-2"] >= 1
+    cert = x509.load_pem_x509_certificate((hosts / "gpu-1.crt").read_bytes())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert {str(ip) for ip in san.get_values_for_type(x509.IPAddress)} == {"10.0.0.9"}
+    key = serialization.load_pem_private_key((hosts / "gpu-2.key").read_bytes(), password=None)
+    public = serialization.PublicFormat.SubjectPublicKeyInfo
+    assert x509.load_pem_x509_certificate((hosts / "gpu-2.crt").read_bytes()).public_key().public_bytes(
+        serialization.Encoding.PEM, public
+    ) == key.public_key().public_bytes(serialization.Encoding.PEM, public)
