@@ -42,6 +42,7 @@ import os
 import random
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -67,6 +68,18 @@ from tests.support.rules import load_renderer  # noqa: E402
 GPUS_PER_NODE = 8
 FLEET_GPUS = 10_000
 COUNTER = re.compile(r"(_total|_count|_sum|_bucket|_seconds_total)(\{|$)")
+# What a healthy node keeps still (issue 68, point 10): states, flags, identities and limits (a port's state, a link's
+# width and generation, a rate, a saturated counter's flag: wandering a few percent, 4 read as "not ACTIVE" and a
+# width as narrower than its maximum), and the error and congestion counters (growing, every port "erring"). With
+# them moving, every GPU of the simulated fleet had 5 path faults and every job's alerts pended: --faults keeps that
+# fleet in trouble, for the cost of one.
+STEADY = re.compile(
+    r"^\w+?(_info|_id|_state|_up|_active|_saturated|_max|_width|_generation|_rate_bytes_per_second"
+    r"|_transfers_per_second|_limit_\w+)(\{|$)"
+)
+QUIET_COUNTER = re.compile(
+    r"^accelmon_\w*(error|discard|downed|recovery|overrun|wait|hw_events|xid|ecc|remap)\w*_total(\{|$)"
+)
 
 
 def fetch(url: str, timeout: float = 30) -> bytes:
@@ -173,21 +186,24 @@ def record_bodies(work: Path, node_cpus: int) -> dict[str, str]:
 class MovingBody:
     """An exposition whose sample values move at every rendering, differently for each worker."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, faults: bool = False) -> None:
         self.comments = "".join(line + "\n" for line in text.splitlines() if line.startswith("#"))
-        self.samples: list[tuple[str, float, bool]] = []
+        self.samples: list[tuple[str, float, bool, bool]] = []
         for line in text.splitlines():
             if line and not line.startswith("#"):
                 series, value = line.rsplit(" ", 1)
                 base = float(value)
-                self.samples.append((series, base if math.isfinite(base) else 0.0, bool(COUNTER.search(series))))
+                still = not faults and bool(STEADY.match(series) or QUIET_COUNTER.match(series))
+                self.samples.append((series, base if math.isfinite(base) else 0.0, bool(COUNTER.search(series)), still))
 
     def render(self, worker: int, scrape: int) -> bytes:
         rng = random.Random(worker * 1_000_003 + scrape)
         lines = [self.comments]
-        for series, base, counter in self.samples:
+        for series, base, counter, still in self.samples:
             if not base:  # zero stays zero: a healthy fleet's error counters and flags (XIDs, ECC, remaps, lost)
                 value = 0.0
+            elif still:  # a state, a limit, an error counter of a healthy node: as recorded
+                value = base
             elif counter:  # grows, by a worker-specific amount per scrape
                 value = base + (abs(base) * 0.001 + 1) * scrape * (1 + worker % 7)
             else:  # wanders a few percent around its recorded value
@@ -201,8 +217,8 @@ class ExporterBody(MovingBody):
     n's GPUs 0-3 run job n, its GPUs 4-7 job n + 1, so every job spans two nodes with 8 GPUs (the first and the
     last have 4) and a fleet of N workers runs about N jobs: 1,250 at 10,000 GPUs. The live job rules join them."""
 
-    def __init__(self, text: str) -> None:
-        super().__init__(text)
+    def __init__(self, text: str, faults: bool = False) -> None:
+        super().__init__(text, faults)
         self.uuids = dict(re.findall(r'accelmon_gpu_up\{gpu="(\d+)",uuid="([^"]+)"\}', text))
         assert len(self.uuids) == GPUS_PER_NODE, self.uuids
 
@@ -229,8 +245,10 @@ class Fleet(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, bodies: dict[str, str]) -> None:
-        self.bodies = {job: (ExporterBody if job == "accelmon" else MovingBody)(text) for job, text in bodies.items()}
+    def __init__(self, bodies: dict[str, str], faults: bool = False) -> None:
+        self.bodies = {
+            job: (ExporterBody if job == "accelmon" else MovingBody)(text, faults) for job, text in bodies.items()
+        }
         self.scrapes: dict[tuple[int, str], int] = {}
         self.rendered: dict[tuple[str, int, int], bytes] = {}
         self.jobs: dict[int, bytes] = {}
@@ -326,7 +344,18 @@ def dashboard_queries() -> list[tuple[str, str]]:
     ]
 
 
-def measure_step(prometheus: Prometheus, pid: int, window: float) -> dict[str, Any]:
+def rule_costs(prometheus: Prometheus, groups: list[str], costs: dict[tuple[str, int, str], list[float]]) -> None:
+    """Each rule's evaluation time (the rules API's evaluationTime, its last evaluation) in `groups`, added to
+    `costs` by (group, place in the group, name): an alert written once per reason has one entry each."""
+    answer = json.loads(fetch(f"{prometheus.base}/api/v1/rules"))["data"]["groups"]
+    for group in answer:
+        if group["name"] in groups:
+            for index, rule in enumerate(group["rules"]):
+                key = (group["name"], index, rule["name"])
+                costs.setdefault(key, []).append(rule["evaluationTime"])
+
+
+def measure_step(prometheus: Prometheus, pid: int, window: float, profiled: list[str]) -> dict[str, Any]:
     def appended() -> tuple[float, float]:
         """Prometheus's count of appended samples and the time of its self-scrape that read it."""
         name = 'prometheus_tsdb_head_samples_appended_total{job="prometheus"}'
@@ -342,8 +371,10 @@ def measure_step(prometheus: Prometheus, pid: int, window: float) -> dict[str, A
             'prometheus_rule_group_iterations_missed_total{job="prometheus"}'))  # fmt: skip
 
     missed_before = missed()
+    costs: dict[tuple[str, int, str], list[float]] = {}
     while time.monotonic() - started < window:
         peak_rss = max(peak_rss, rss_bytes(pid))
+        rule_costs(prometheus, profiled, costs)
         for group in prometheus.query('prometheus_rule_group_last_duration_seconds{job="prometheus"}'):
             name, seconds = group["metric"]["rule_group"].split(";")[-1], float(group["value"][1])
             groups[name] = max(groups.get(name, 0.0), seconds)
@@ -362,6 +393,8 @@ def measure_step(prometheus: Prometheus, pid: int, window: float) -> dict[str, A
         "rule_seconds": rule_seconds,
         "rule_group": rule_group,
         "slowest_rule": f"{slowest_rule[1]} {slowest_rule[0] * 1000:.0f} ms",
+        # The median of each rule's evaluations seen: on shared cores one evaluation can wait long for a core.
+        "rule_costs": {key: statistics.median(seconds) for key, seconds in costs.items()},
         "groups": groups,
         # Evaluations skipped because the one before had not ended: a group out of time.
         "missed_evaluations": missed() - missed_before,
@@ -448,7 +481,13 @@ def main() -> None:
         "--node-exporter-series", choices=("read", "all"), default="read",
         help="the master role's accelmon_master_node_exporter_series: node_exporter's series kept at scrape",
     )  # fmt: skip
+    # What each step prints besides: every rule's median evaluation time in these groups, these panels' latency.
+    parser.add_argument("--profile", default="accelmon-gpu-paths,accelmon-live-jobs", help="rule groups, by commas")
+    parser.add_argument("--panel", action="append", default=["Job: Parts at fault"], help="'Dashboard: title start'")
+    # The fleet in trouble (STEADY above): states, limits and error counters wander, every GPU's path is at fault.
+    parser.add_argument("--faults", action="store_true", help="every GPU's path at fault, every job's alerts pending")
     args = parser.parse_args()
+    profiled = [group for group in args.profile.split(",") if group]
     steps = [int(n) for n in args.nodes.split(",")]
     prometheus_binary = shutil.which("prometheus")
     assert prometheus_binary, "setup.sh unpacks Prometheus into .tools/usr/bin"
@@ -459,7 +498,7 @@ def main() -> None:
         bodies = record_bodies(work, args.node_cpus)
         per_node = {job: sum(1 for line in text.splitlines() if line and not line.startswith("#"))
                     for job, text in bodies.items()}  # fmt: skip
-        fleet = Fleet(bodies)
+        fleet = Fleet(bodies, args.faults)
         threading.Thread(target=fleet.serve_forever, daemon=True).start()
         targets = work / "targets"
         targets.mkdir()
@@ -489,7 +528,7 @@ def main() -> None:
             wait_serving(f"{prometheus.base}/-/ready")
             print(f"{version}; the master role's config (15 s scrapes and rules, node_exporter's series: "
                   f"{args.node_exporter_series}) and rules; 2-core machine")  # fmt: skip
-            print(f"per simulated worker: accelmon {per_node['accelmon']} series (8 GPUs, GPM, 4 IB ports), "
+            print(f"per simulated worker: accelmon {per_node['accelmon']} series (8 GPUs, GPM, 12 RDMA devices), "
                   f"node_exporter {per_node['node']} ({args.node_cpus} CPUs); "
                   f"Fleet, Health, Job (one job), Ledger dashboards: {len(queries)} queries of 720 steps")  # fmt: skip
             print(f"{'nodes':>6} {'GPUs':>6} {'series':>9} {'samples/s':>10} {'RSS MiB':>8} {'CPU cores':>9} "
@@ -501,7 +540,7 @@ def main() -> None:
                 watch = StoreWatch(store_base, store_process.pid) if store_process else None
                 if watch:
                     watch.start()
-                figures = measure_step(prometheus, process.pid, args.window)
+                figures = measure_step(prometheus, process.pid, args.window, profiled)
                 latencies = slowest_query(prometheus, queries, began)
                 slowest = latencies[0]
                 figures.update(nodes=nodes, query_seconds=slowest[0])
@@ -519,6 +558,11 @@ def main() -> None:
                 longest = ", ".join(f"{name} {sec * 1000:.0f} ms" for name, sec in sorted(figures["groups"].items()))
                 print(f"{'':>6} each group's longest evaluation: {longest}")
                 print(f"{'':>6} slowest panel of each dashboard: {per_board}")
+                named = [f"{title} {seconds * 1000:.0f} ms" for seconds, title in latencies
+                         if any(title.startswith(panel) for panel in args.panel)]  # fmt: skip
+                print(f"{'':>6} panels asked for: {', '.join(named) or 'none matched'}")
+                for (group, index, name), seconds in sorted(figures["rule_costs"].items()):
+                    print(f"{'':>6} rule {group}[{index}] {name}: {seconds * 1000:.1f} ms")
                 if watch:
                     store = watch.finish()
                     store_latency = slowest_query(Prometheus(store_base), queries, began)[0]

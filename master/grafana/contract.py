@@ -53,6 +53,7 @@ ONLY_WHILE = {
     "accelmon:gpu_path_fault": "a part on a GPU's path is at fault (master/prometheus/tests/alerts-test.yml)",
     "node:accelmon_gpus_by_state:count": "a GPU is unhealthy or drained (master/prometheus/tests/ledger-test.yml)",
     "job:accelmon_hung:bool": "a job hangs (ledger-test.yml)",
+    "job_gpu:link_degraded:bool": "a job's GPU has a narrow PCIe link or an NVLink link down (alerts-test.yml)",
     # The ledger's GPUs of each state: only while some GPU is in it (the counts, zeros included, always are).
     **{
         f"gpu:accelmon_ledger_{state}:bool": f"a GPU is {state} (ledger-test.yml)"
