@@ -1,0 +1,52 @@
+"""The capacity bench's simulated fleet (bench/master_capacity.py) is a healthy one unless asked otherwise: a port's
+state, a link's width and an error counter stay as the exporter served them, so the path rules and alerts cost what
+they cost on a sound fleet; --faults keeps the fleet in trouble (issue 68, point 10: with every value wandering, every
+GPU of the simulated fleet had 5 path faults)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.e2e  # the bench imports the dashboards' generator (the controller's grafana SDK)
+
+RECORDED = """\
+# TYPE accelmon_infiniband_state_id gauge
+accelmon_infiniband_state_id{device="mlx5_0",port="1"} 4
+accelmon_gpu_pcie_link_width{gpu="0",uuid="G0"} 16
+accelmon_gpu_pcie_link_width_max{gpu="0",uuid="G0"} 16
+accelmon_infiniband_rate_bytes_per_second{device="mlx5_0",port="1"} 5e+10
+accelmon_infiniband_port_saturated{counter="link_downed",device="mlx5_0",port="1"} 1
+accelmon_infiniband_symbol_error_total{device="mlx5_0",port="1"} 10
+accelmon_infiniband_port_transmit_wait_total{device="mlx5_0",port="1"} 10
+accelmon_gpu_power_watts{gpu="0",uuid="G0"} 300
+accelmon_infiniband_port_data_transmitted_bytes_total{device="mlx5_0",port="1"} 1e+06
+"""
+STILL = [line.rsplit(" ", 1)[0] for line in RECORDED.splitlines()[1:7]]
+
+
+def served(body, worker: int, scrape: int) -> dict[str, float]:
+    text = body.render(worker, scrape).decode()
+    return {s: float(v) for s, v in (line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))}
+
+
+def test_a_healthy_fleet_keeps_states_limits_and_error_counters_as_served():
+    from bench.master_capacity import MovingBody
+
+    body = MovingBody(RECORDED)
+    scrapes = [served(body, worker, scrape) for worker in range(4) for scrape in range(1, 6)]
+    recorded = {s: float(v) for s, v in (line.rsplit(" ", 1) for line in RECORDED.splitlines()[1:])}
+    for series in STILL:
+        assert {s[series] for s in scrapes} == {recorded[series]}, series
+    assert len({s['accelmon_gpu_power_watts{gpu="0",uuid="G0"}'] for s in scrapes}) > 1  # gauges still move
+    data = 'accelmon_infiniband_port_data_transmitted_bytes_total{device="mlx5_0",port="1"}'
+    assert served(body, 0, 2)[data] > served(body, 0, 1)[data]  # and traffic counters grow
+
+
+def test_faults_lets_states_and_error_counters_wander():
+    from bench.master_capacity import MovingBody
+
+    body = MovingBody(RECORDED, faults=True)
+    scrapes = [served(body, 0, scrape) for scrape in range(1, 6)]
+    assert {s['accelmon_infiniband_state_id{device="mlx5_0",port="1"}'] for s in scrapes} != {4.0}
+    symbol = 'accelmon_infiniband_symbol_error_total{device="mlx5_0",port="1"}'
+    assert scrapes[-1][symbol] > scrapes[0][symbol]
