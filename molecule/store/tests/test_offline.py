@@ -46,7 +46,7 @@ def addresses() -> list[tuple[str, int]]:
             found += {(info[4][0], port) for info in socket.getaddrinfo(name, port, socket.AF_INET)}
         except OSError:
             continue
-    return found
+    return sorted(set(found))
 
 
 def test_no_host_has_a_route_out(host):
