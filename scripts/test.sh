@@ -54,6 +54,11 @@ if ! $quick && command -v podman >/dev/null && command -v debootstrap >/dev/null
 fi
 
 step "set-up (scripts/setup.sh)" bash scripts/setup.sh
+# The unit and e2e tiers on parallel workers (pytest-xdist): most of their time is spent waiting (on a fake's
+# timeout, a server, a playbook), not computing, so 4 workers on 2 cores finish them sooner (docs/testing.md has
+# the times). --dist loadgroup keeps a module's tests that share a module fixture on one worker (tests/conftest.py).
+# ACCELMON_TEST_WORKERS=0 runs them in this process, one at a time.
+parallel=(-n "${ACCELMON_TEST_WORKERS:-4}" --dist loadgroup)
 export PATH="$PWD/.venv/bin:$PWD/.tools/usr/bin:$PATH"  # .tools: Prometheus binaries (setup.sh)
 
 molecule_log=""
@@ -107,7 +112,7 @@ elif [ -n "$py39" ]; then
   [ -x .venv39/bin/python ] || "$py39" -m venv .venv39
   .venv39/bin/pip install -q -e '.[test]'
   passed_on_39=$(mktemp /tmp/accelmon-passed39.XXXXXX)
-  step "unit tier on Python 3.9" .venv39/bin/python -m pytest -q -p no:cacheprovider -m unit \
+  step "unit tier on Python 3.9" .venv39/bin/python -m pytest -q -p no:cacheprovider -m unit "${parallel[@]}" \
     --record-passed="$passed_on_39" "$@"
 else
   echo "no Python 3.9 here: the exporter's tests run on $(python --version) only"
@@ -115,12 +120,13 @@ fi
 
 status=0
 if $quick; then
-  step "unit tier" python -m pytest -m unit "$@" || status=$?
+  step "unit tier" python -m pytest -m unit "${parallel[@]}" "$@" || status=$?
   report
   exit "$status"
 fi
 # What passed on 3.9 is not run again here (the tests that need this Python's packages were skipped there).
-step "unit and e2e tiers" python -m pytest -m "unit or e2e" ${passed_on_39:+--skip-passed="$passed_on_39"} "$@" ||
+step "unit and e2e tiers" python -m pytest -m "unit or e2e" "${parallel[@]}" \
+  ${passed_on_39:+--skip-passed="$passed_on_39"} "$@" ||
   status=$?
 [ -z "$passed_on_39" ] || rm -f "$passed_on_39"
 

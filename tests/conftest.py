@@ -32,6 +32,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--skip-passed", metavar="FILE", help="deselect the tests FILE lists (--record-passed)")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the xdist_group markers added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     skip_file = config.getoption("--skip-passed")
     if skip_file:
@@ -41,6 +42,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             config.hook.pytest_deselected(items=deselected)
             items[:] = [item for item in items if item.nodeid not in passed]
     for item in items:
+        # The suite runs on parallel workers (pytest-xdist, --dist loadgroup: scripts/test.sh): a module's tests that
+        # share a fixture made once per module (a Prometheus, a batch of playbook runs) go to one worker, which makes
+        # it once; the others go wherever a worker is free.
+        if shares_a_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
         if "prometheus" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("e2e"):
             item.add_marker(pytest.mark.e2e)
         tiers = [tier for tier in TIERS if item.get_closest_marker(tier)]
@@ -48,6 +54,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             raise pytest.UsageError(f"{item.nodeid} is marked with several tiers: {tiers}")
         if not tiers:
             item.add_marker(pytest.mark.unit)
+
+
+def shares_a_module_fixture(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    return any(definitions[-1].scope in ("module", "package") for definitions in info.name2fixturedefs.values())
+
+
+def plain_nodeid(nodeid: str) -> str:
+    """The test's id without the "@group" pytest-xdist's loadgroup appends to it in the reports."""
+    test, _, group = nodeid.rpartition("@")
+    return test if test and group == test.split("::")[0] else nodeid
 
 
 @pytest.fixture(scope="session")
@@ -130,10 +149,11 @@ class PassedRecorder:
         self.passed: set[str] = set()
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        nodeid = plain_nodeid(report.nodeid)
         if not report.passed:
-            self.failed.add(report.nodeid)  # a skip or a failure in any phase: run it again on the next Python
+            self.failed.add(nodeid)  # a skip or a failure in any phase: run it again on the next Python
         elif report.when == "call":
-            self.passed.add(report.nodeid)
+            self.passed.add(nodeid)
 
     def pytest_sessionfinish(self) -> None:
         self.path.write_text("\n".join(sorted(self.passed - self.failed)))
@@ -141,5 +161,7 @@ class PassedRecorder:
 
 def pytest_configure(config: pytest.Config) -> None:
     record_file = config.getoption("--record-passed")
-    if record_file:
+    # Under pytest-xdist the controller sees every worker's reports and writes the file once; a worker would
+    # write its own share over it.
+    if record_file and not hasattr(config, "workerinput"):
         config.pluginmanager.register(PassedRecorder(Path(record_file)), "accelmon-passed-recorder")
