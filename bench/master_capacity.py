@@ -6,8 +6,9 @@ profiling on) and a DGX H100's 12 RDMA devices (8 compute HCAs PXB to their GPUs
 node_exporter's (its per-CPU series copied to a GPU node's 192 CPUs),
 both recorded from the real programs at the start of the run; at every scrape the values move (gauges by a few
 percent, counters by increments; what was recorded at zero, as a healthy node's error counters and flags are,
-stays zero, so no device alert fires), so the TSDB compresses what it would compress in production. The bodies
-are rendered once and then served from memory (8 value sets, each repeating every 40 scrapes): the simulator
+stays zero, and states, limits and error counters stay as recorded, so the only faults are the recording's own;
+--faults lets them move too, a fleet in trouble), so the TSDB compresses what it would compress in production.
+The bodies are rendered once and then served from memory (8 value sets, each repeating every 40 scrapes): the simulator
 costs little beside Prometheus, which it measures. Each worker
 also serves the jobs holding its GPUs (`accelmon_gpu_job_info`: two-node jobs of 8 GPUs, about one job per
 worker, 1,250 at 10,000 GPUs), so the live job rules (accelmon-live-jobs.yml) join and judge real jobs: the fake
