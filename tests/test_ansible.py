@@ -401,6 +401,9 @@ def test_ubuntu_lts_is_pinned_and_node_exporter_gets_the_web_config_flag_its_ver
         assert result.returncode == 0, result.stdout[-3000:]
     args = next(line for line in (tmp_path / "flags").read_text().splitlines() if line.startswith("ARGS="))
     assert f" {flag}=/etc/accelmon-node-exporter/web-config.yml" in args
+    # EPEL's unit and the tarball's read OPTIONS, which systemd's EnvironmentFile= takes as written (no $ARGS).
+    options = next(line for line in (tmp_path / "flags").read_text().splitlines() if line.startswith("OPTIONS="))
+    assert options.partition("=")[2] == args.partition("=")[2]
 
 
 @pytest.mark.parametrize("tarball", [False, True])
