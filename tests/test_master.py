@@ -84,6 +84,19 @@ def test_no_rendered_rule_file_is_shipped():
     assert (master_rules() / "rules" / "accelmon-live-jobs.yml").read_text().startswith("#\n# Ansible managed")
 
 
+def test_the_masters_record_no_name_of_the_stores_fleet_rules(tmp_path):
+    """cluster:* and job_id:* are the fleet-wide records, the store's alone (vmalert over every shard): a master
+    recording one of those names too would send a partial series of the same name to the store (the store
+    scenario's verifier caught the live-job rules' job_id:*:max)."""
+    rendered = tmp_path / "accelmon-live-jobs.yml"
+    render_role_template("accelmon_master", "accelmon-live-jobs.yml.j2", rendered, {})
+    masters = [yaml.safe_load(rendered.read_text())] + [
+        yaml.safe_load(f.read_text()) for f in rule_files() if not f.name.startswith("accelmon-fleet-")
+    ]
+    recorded = {r["record"] for rules in masters for g in rules["groups"] for r in g["rules"] if "record" in r}
+    assert recorded and not {name for name in recorded if name.startswith(("cluster:", "job_id:"))}
+
+
 def test_the_live_job_rules_follow_the_roles_variables(tmp_path):
     """An operator's thresholds and windows reach every rule, and the rendered rules pass promtool."""
     variables = {
