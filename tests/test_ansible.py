@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -226,6 +227,9 @@ MASTER_CASES = [
         "accelmon_master_live_jobs_hung_for=ten",
         "accelmon_master_live_jobs_hung_for=ten must be a Prometheus duration",
     ),
+    # A digest does not make latest a pin, nor does a digest of the wrong length.
+    ("accelmon_master_prometheus_image=docker.io/prom/prometheus:latest@sha256:" + "a" * 64, "need a pinned tag"),
+    ("accelmon_master_grafana_image=docker.io/grafana/grafana:11.6.16@sha256:abc", "need a pinned tag"),
 ]
 STORE_CASES = [
     ((), "missing required arguments: accelmon_store_listen_address"),
@@ -1395,3 +1399,30 @@ def test_a_master_deployed_before_has_its_data_reowned_once(tmp_path):
     own(65534)
     recap, containers = run("after")
     assert containers == ["restart accelmon-prometheus"] and own(-1) == {(60090, 60090)}, containers
+
+
+def test_the_default_images_are_pinned_by_digest_and_an_archived_one_runs_by_its_tag(tmp_path):
+    """Issue 66: Prometheus's and Alertmanager's default images are pinned by digest (a tag can be moved); an image
+    loaded from an archive runs by its tag, since a saved archive keeps no registry digest (the engine would try to
+    pull the digest and fail offline), its sha256 checked instead."""
+    defaults = yaml.safe_load((MASTER_ROLE / "defaults" / "main.yml").read_text())
+    pinned = r"^docker[.]io/prom/[a-z]+:v[0-9.]+@sha256:[0-9a-f]{64}$"
+    for name in ("accelmon_master_prometheus_image", "accelmon_master_alertmanager_image"):
+        assert re.match(pinned, defaults[name]), defaults[name]
+    prometheus, alertmanager = (
+        defaults["accelmon_master_prometheus_image"],
+        defaults["accelmon_master_alertmanager_image"],
+    )
+    variables = {
+        "accelmon_master_dir": str(tmp_path),
+        "accelmon_master_alertmanager_enabled": True,
+        # Keyed by its tag, as docs/deploying.md's offline recipe saves it.
+        "accelmon_master_image_archives": {
+            prometheus.split("@")[0]: {"path": "/srv/offline/prometheus.tar", "sha256": "0" * 64}
+        },
+    }
+    render_role_template("accelmon_master", "compose.yaml.j2", tmp_path / "compose.yaml", variables)
+    images = {name: service["image"] for name, service in yaml.safe_load((tmp_path / "compose.yaml").read_text())[
+        "services"].items()}  # fmt: skip
+    assert images["prometheus"] == prometheus.split("@")[0]
+    assert images["alertmanager"] == alertmanager

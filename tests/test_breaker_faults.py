@@ -60,7 +60,10 @@ def test_a_slow_controller_never_keeps_a_check_past_its_budget_and_the_next_roun
     assert max(took.values()) < 6.0 + 2.0, took  # its last call's timeout was cut to what was left
     out = out_by_accelmon(cluster)
     assert len(out) <= 1, (out, said)
-    assert all("not drained, it keeps taking jobs" in said[node] for node in nodes if node not in out), said
+    # Why, in the breaker's words: held (uncounted, over the limit), or, where the budget ran out during the drain
+    # itself (a loaded machine's slower calls: CI's parallel tiers), the drain that failed.
+    why = ("not drained, it keeps taking jobs", "scontrol could not drain")
+    assert all(any(words in said[node] for words in why) for node in nodes if node not in out), said
     cluster.change(latency=0)
     together(
         lambda node: slow_loop(tmp_path, cluster, node, Budget(50.0)).run(
