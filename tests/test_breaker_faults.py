@@ -63,7 +63,9 @@ def test_a_slow_controller_never_keeps_a_check_past_its_budget_and_the_next_roun
     # Why, in the breaker's words: held (uncounted, over the limit), or, where the budget ran out during the drain
     # itself (a loaded machine's slower calls: CI's parallel tiers), the drain that failed.
     why = ("not drained, it keeps taking jobs", "scontrol could not drain")
-    assert all(any(words in said[node] for words in why) for node in nodes if node not in out), said
+    assert all(any(words in said[node] for words in why) for node in nodes if node not in out), "\n---\n".join(
+        f"{n}: {said[n]}" for n in nodes
+    )
     cluster.change(latency=0)
     together(
         lambda node: slow_loop(tmp_path, cluster, node, Budget(50.0)).run(
