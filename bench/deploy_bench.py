@@ -217,6 +217,47 @@ def deploy_seconds(
     return total
 
 
+# scripts/deploy_fleet.py's shards roll their share in these batches; its canary is a stage of its own.
+SHARD_BATCHES: list[int | str] = ["5%", "25%", "100%"]
+
+
+def fleet_seconds(
+    hosts: int, *, shards: int, tasks: float, controller_cpu: float, latency: float, forks: int, cores: int,
+    preflight_tasks: float, main_cpu: float, serial: list[int | str] = SHARD_BATCHES,
+) -> float:  # fmt: skip
+    """T(N) of the workers' deploy by scripts/deploy_fleet.py: its preflight stage (each shard's preflight play on
+    its share, side by side), the canary (every task on one host), then the shards side by side, each running the
+    whole playbook on its share of the other workers (the preflight play again, then its batches). Side by side,
+    the shards' forks (`forks` each) share the controller's cores, and each shard has a main process of its own: a
+    task on B hosts of every shard at once takes the longest of ceil(B / forks) rounds of latency, shards x B x
+    controller CPU per host-task over the cores, and B x `main_cpu` on the shard's own core."""
+    per_task_cpu = controller_cpu / tasks if tasks else 0.0
+
+    def task_on(size: int, side_by_side: int) -> float:
+        return max(math.ceil(size / forks) * latency, side_by_side * size * per_task_cpu / cores, size * main_cpu)
+
+    total = preflight_tasks * task_on(math.ceil(hosts / shards), shards)
+    total += tasks * task_on(1, 1)
+    share = math.ceil((hosts - 1) / shards)
+    total += preflight_tasks * task_on(share, shards)
+    for size in batch_sizes(share, serial):
+        total += (tasks - preflight_tasks) * task_on(size, shards)
+    return total
+
+
+def fleet_table(measured: dict[str, float], shards_list: list[int], forks: int, cores: int) -> list[tuple]:
+    rows = []
+    for shards in shards_list:
+        for hosts in (100, 2000, 20000):
+            seconds = fleet_seconds(
+                hosts, shards=shards, tasks=measured["tasks_per_host"], latency=measured["latency_per_task"],
+                controller_cpu=measured["controller_cpu_per_host"], forks=forks, cores=cores,
+                preflight_tasks=measured["preflight_tasks_per_host"], main_cpu=measured["main_cpu_per_host_task"],
+            )  # fmt: skip
+            rows.append((shards, forks, cores, hosts, seconds / 60))
+    return rows
+
+
 def model_table(measured: dict[str, dict[str, float]], forks: int, cores_list: list[int]) -> list[tuple]:
     rows = []
     for run in ("first", "nochange"):
@@ -263,6 +304,11 @@ def main(argv: list[str] | None = None) -> int:
     model.add_argument("--forks", default="50,500", help="comma-separated forks (ansible.cfg: 50)")
     model.add_argument("--latency", type=float, help="seconds a remote task (default: as measured)")
     model.add_argument("--cores", default="8,32")
+    model.add_argument(
+        "--shards",
+        help="comma-separated: model scripts/deploy_fleet.py's first deploy instead, with --forks and --cores "
+        "each shard's forks and the controller's cores (one value each)",
+    )
     args = parser.parse_args(argv)
     if args.command == "wrapper":
         print(write_wrapper(args.directory))
@@ -279,6 +325,12 @@ def main(argv: list[str] | None = None) -> int:
         cores = [int(c) for c in args.cores.split(",")]
         measured = {run: {**inputs, **({"latency_per_task": args.latency} if args.latency else {})}
                     for run, inputs in MEASURED.items()}  # fmt: skip
+        if args.shards:
+            print(f"{'shards':>6} {'forks':>5} {'cores':>5} {'workers':>8} {'minutes':>8}  (first deploy)")
+            for row in fleet_table(measured["first"], [int(s) for s in args.shards.split(",")], int(args.forks),
+                                   cores[0]):  # fmt: skip
+                print("{:6d} {:5d} {:5d} {:8d} {:8.1f}".format(*row))
+            return 0
         print(f"{'run':9} {'cores':>5} {'forks':>5} {'workers':>8} {'minutes':>8}")
         for forks in (int(f) for f in args.forks.split(",")):
             for run, c, f, n, minutes in model_table(measured, forks, cores):

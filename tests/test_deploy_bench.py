@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from bench.deploy_bench import BATCHES, batch_sizes, deploy_seconds, summarise
+from bench.deploy_bench import BATCHES, batch_sizes, deploy_seconds, fleet_seconds, summarise
 
 
 @pytest.mark.parametrize(
@@ -67,3 +67,24 @@ def test_the_controllers_cpu_is_the_forks_own_the_delegated_modules_and_a_share_
     assert run.controller_cpu_per_host == pytest.approx(2.75)
     assert run.remote_cpu_per_task == pytest.approx(0.6) and run.latency_per_task == pytest.approx(3.0)
     assert run.once_cpu == pytest.approx(5.5) and run.main_rss_mib == 100
+
+
+def test_the_sharded_deploy_is_its_preflight_stage_the_canary_and_the_shards_side_by_side():
+    """scripts/deploy_fleet.py's stages. 9 hosts, 2 shards: preflight stage 5 hosts a shard; canary 1 host; the other 8
+    in shards of 4, each its preflight on 4 then batches of 5 %, 25 %, 100 % of 4: 1, 1, 2. 10 tasks (2 preflight),
+    1 s latency, 0.2 CPU-s a host-task on the controller."""
+    inputs = {"tasks": 10, "preflight_tasks": 2, "controller_cpu": 2.0, "latency": 1.0, "main_cpu": 0.0}
+    # Latency bound (50 forks, 8 cores): every task one round.
+    assert fleet_seconds(9, shards=2, forks=50, cores=8, **inputs) == pytest.approx(2 + 10 + 2 + 8 * 3)
+    # 1 core: the two shards' forks share it. Preflight stage 2 shards x 5 hosts x 0.2 = 2 s a task; canary 1 s;
+    # each shard's preflight 2 x 4 x 0.2 = 1.6 s; its batches of 1, 1, 2 hosts (0.4, 0.4, 0.8 s of CPU): 1 s each.
+    assert fleet_seconds(9, shards=2, forks=50, cores=1, **inputs) == pytest.approx(2 * 2 + 10 + 2 * 1.6 + 8 * 3)
+    # Each shard's main process is its own core: 0.5 CPU-s a host-task makes a 4-host task 2 s, not 2 shards x 2.
+    main = {**inputs, "main_cpu": 0.5}
+    assert fleet_seconds(9, shards=2, forks=50, cores=64, **main) == pytest.approx(
+        2 * 2.5 + 10 + 2 * 2 + 8 * (1 + 1 + 1)
+    )
+    # One shard of the same fleet pays every host-task on one main process.
+    assert fleet_seconds(9, shards=1, forks=50, cores=64, **main) > fleet_seconds(
+        9, shards=2, forks=50, cores=64, **main
+    )
