@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 from pathlib import Path
 
@@ -167,3 +169,57 @@ def test_once_golden_with_promtool(tmp_path):
     assert 'accelmon_collector_success{collector="infiniband"} 1.0\n' in result.stdout
     promtool_check(result.stdout)
     check_golden("infiniband_standard.prom", result.stdout)
+
+
+def _card_with_virtual_functions(root: Path, count: int) -> Path:
+    """One ConnectX card (mlx5_0, its PF) and `count` SR-IOV virtual functions bound on the host, each an RDMA device
+    of its own whose PCI function links its PF by `physfn`, as the kernel makes them (pci-iov)."""
+    add_device(root, "mlx5_0", {1: {}}, pci_address="0000:17:00.0")
+    pf = root / "devices" / "pci0000:00" / "0000:17:00.0"
+    for index in range(count):
+        address = f"0000:17:{1 + index // 8:02x}.{index % 8}"
+        add_device(root, f"mlx5_{index + 1}", {1: {"rate": "200 Gb/sec (4X HDR)"}}, pci_address=address)
+        vf = root / "devices" / "pci0000:00" / address
+        (vf / "physfn").symlink_to(os.path.relpath(pf, vf))
+        (pf / f"virtfn{index}").symlink_to(os.path.relpath(vf, pf))
+    return root
+
+
+def test_virtual_functions_serve_their_state_not_their_counters_so_a_scrape_stays_under_the_sample_limit(tmp_path):
+    """330 VFs: with their counters the node's scrape would pass the master's 20,000 samples (with a GPU node's other
+    ~1,900); by default each VF serves its identity, placement, state, physical state, rate and link layer, its card
+    (the PF) everything."""
+    sysfs = _card_with_virtual_functions(tmp_path / "sys", 330)
+    found = series(ours(sysfs), "accelmon_infiniband_")
+    by_device: dict[str, set[str]] = {}
+    for name, labels in found:
+        device = dict(labels).get("device")
+        if device:
+            by_device.setdefault(device, set()).add(name)
+    assert by_device["mlx5_7"] == {"info", "placement_info", "state_id", "physical_state_id", "rate_bytes_per_second",
+                                   "port_info"}, by_device["mlx5_7"]  # fmt: skip
+    assert {"port_data_received_bytes_total", "pcie_link_width"} <= by_device["mlx5_0"], by_device["mlx5_0"]
+    assert len(found) < 330 * 6 + 200, len(found)
+    # Asked for, the VFs' counters are read too (the bound is then the operator's to raise).
+    everything = series(
+        text_of(InfinibandCollector(str(sysfs), virtual_function_counters=True)), "accelmon_infiniband_"
+    )
+    assert len(everything) > 20_000 - 1_900, len(everything)
+    assert any(
+        name == "port_data_received_bytes_total" and ("device", "mlx5_7") in labels for name, labels in everything
+    )
+
+
+def test_the_virtual_function_option_reaches_the_collector_through_the_exporters_config(tmp_path):
+    """`collectors.infiniband.virtual_function_counters: true` in the exporter's file, as the role writes it."""
+    args = on_fixtures(tmp_path, "infiniband")
+    _card_with_virtual_functions(tmp_path / "sys", 2)
+    settings = tmp_path / "accelmon.yml"
+    settings.write_text(json.dumps({"collectors": {"infiniband": {"virtual_function_counters": True}}}))
+    counted = run_once(args, exporter_env(None, None))
+    assert counted.returncode == 0, counted.stderr
+    assert 'accelmon_infiniband_port_data_received_bytes_total{device="mlx5_2",port="1"}' in counted.stdout
+    settings.write_text(json.dumps({"collectors": {"infiniband": {"virtual_function_counters": False}}}))
+    bounded = run_once(args, exporter_env(None, None)).stdout
+    assert 'accelmon_infiniband_state_id{device="mlx5_2",port="1"}' in bounded
+    assert 'accelmon_infiniband_port_data_received_bytes_total{device="mlx5_2"' not in bounded

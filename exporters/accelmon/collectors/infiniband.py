@@ -20,6 +20,13 @@ chosen as NCCL chooses: accelmon.host.topology.nccl_local) among the ports in se
 started (a port that went down stays the GPU's, at the best rate it had, so that its fault is seen: an uncabled
 port, a virtual function never up, is never in service), with the node's NCCL_IB_HCA (/etc/nccl.conf); worked out
 again when a GPU, a device, a port in service, its rate or NCCL_IB_HCA changes.
+
+An SR-IOV virtual function bound on the host is an RDMA device of its own (its PCI function has a `physfn` link to
+its card's, the kernel's mark of a VF); a card gives up to 127 of them, and each serves about 60 series as a PF does
+(746 for a DGX H100's 12 devices): past about 300 VFs, with the node's other ~1,900 series, a scrape passes 20,000,
+the master's per-scrape sample limit, and the node's whole scrape would be refused. So a VF serves its identity,
+placement, state, rate and link layer only (6 series), unless `virtual_function_counters` is on; its traffic is its
+VM's or pod's, and the card's own counters are on its PF.
 """
 
 from __future__ import annotations
@@ -50,6 +57,12 @@ NCCL_TOPO_FILE = Option(
     "the NCCL topology file (NCCL_TOPO_FILE) the node's jobs use, where they set it themselves; empty: "
     "NCCL_TOPO_FILE of /etc/nccl.conf, else NCCL's own default (/var/run/nvidia-topologyd/virtualTopology.xml)",
     empty=True,
+)
+VIRTUAL_FUNCTION_COUNTERS = Option(
+    "virtual_function_counters",
+    False,
+    "read the counters of SR-IOV virtual functions' ports too (off: a VF serves its identity, state and rate only; "
+    "hundreds of VFs with their counters would carry a scrape past the master's sample limit)",
 )
 LAYOUT_SECONDS = 300.0  # how long a device's listed files are trusted without a sign that it changed
 PER_DEVICE = "when a device or its firmware changes, and every 5 minutes"
@@ -284,6 +297,7 @@ class _Layout:
     counters: dict[str, list[tuple[str, MetricSpec, int, tuple[str, int] | None]]] = field(default_factory=dict)
     hw_counters: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # port -> (file, counter name)
     pci: str = ""  # its PCI function's directory
+    virtual: bool = False  # an SR-IOV virtual function (its PCI function has a physfn link)
 
 
 class InfinibandCollector(Collector):
@@ -292,9 +306,10 @@ class InfinibandCollector(Collector):
     def __init__(
         self, sysfs: str = "/sys", clock: Callable[[], float] = time.monotonic, procfs: str = "/proc",
         drill_dir: str = str(drill_store.DRILL_DIR.default), wall: Callable[[], float] = time.time,
-        nccl_conf: str = NCCL_CONF, nccl_topo_file: str = "",
+        nccl_conf: str = NCCL_CONF, nccl_topo_file: str = "", virtual_function_counters: bool = False,
     ) -> None:  # fmt: skip
         self.sysfs, self.procfs, self.drill_dir, self._wall = sysfs, procfs, drill_dir, wall
+        self.virtual_function_counters = virtual_function_counters
         self.nccl_conf, self.nccl_topo_file = nccl_conf, nccl_topo_file
         self._topology: tuple[tuple[object, ...], list[topology.Pair], list[topology.Local]] = ((), [], [])
         self._in_service: dict[tuple[str, str], topology.Port] = {}  # ports ACTIVE now or since the start
@@ -390,13 +405,17 @@ class InfinibandCollector(Collector):
         pci = os.path.realpath(os.path.join(path, "device"))
         numa = _read(os.path.join(pci, "numa_node"))
         board, hca = (_read(os.path.join(path, name)) or "" for name in ("board_id", "hca_type"))
+        virtual = os.path.lexists(os.path.join(pci, "physfn"))
         layout = self._layouts[device] = _Layout(
             key,
             now,
             [board, device, firmware, hca],
             [device, os.path.basename(pci) if os.path.isdir(pci) else "", numa or "-1"],
-            pci=pci if os.path.isdir(pci) else "",
+            # A VF's PCIe link is its card's (its own files read 'Unknown'): the PF serves it.
+            pci=pci if os.path.isdir(pci) and not virtual else "",
+            virtual=virtual,
         )
+        counted = not virtual or self.virtual_function_counters
         ports = os.path.join(path, "ports")
         for port in _listdir(ports):
             if not port.isdigit():
@@ -406,11 +425,12 @@ class InfinibandCollector(Collector):
             layout.counters[port] = [
                 (f"{directory}/{folder}/{file}", *COUNTER_SPECS[file], _saturating(folder, file))
                 for folder in ("counters", "counters_ext")
-                for file in _listdir(f"{directory}/{folder}")
+                for file in (_listdir(f"{directory}/{folder}") if counted else ())
                 if file in COUNTER_SPECS
             ]
             layout.hw_counters[port] = [
-                (f"{directory}/hw_counters/{file}", file) for file in _listdir(f"{directory}/hw_counters")
+                (f"{directory}/hw_counters/{file}", file)
+                for file in (_listdir(f"{directory}/hw_counters") if counted else ())
             ]
         return layout
 
@@ -504,12 +524,14 @@ REGISTRATION = register(
             procfs=paths.procfs,
             drill_dir=str(options["drill_dir"]),
             nccl_topo_file=str(options["nccl_topo_file"]),
+            virtual_function_counters=bool(options["virtual_function_counters"]),
         ),
         catalogue=CATALOGUE,
         options=(
             seconds("interval_seconds", 5, "how often the port counters are read"),
             drill_store.DRILL_DIR,
             NCCL_TOPO_FILE,
+            VIRTUAL_FUNCTION_COUNTERS,
         ),
         enabled_by_default=_has_class,
         hardware_present=_has_class,
