@@ -800,7 +800,11 @@ def test_workers_roll_out_in_checked_batches_and_masters_one_at_a_time():
     assert "\nType=notify\n" in unit
     tasks = yaml.safe_load((ROOT / "ansible/roles/accelmon_exporter/tasks/main.yml").read_text())
     names = [task["name"] for task in tasks]
-    assert names.index("Restart now what changed") < names.index("Check the exporter runs and listens after the deploy")
+    check = "Check the exporter runs and serves /metrics after the deploy"
+    assert names.index("Restart now what changed") < names.index(check)
+    # Serves: scraped as Prometheus does, through its TLS and auth (tests/test_deploy_scrape_check.py).
+    (block,) = [task["block"] for task in tasks if task["name"] == check]
+    assert {"ansible.builtin.import_tasks": "scrape_check.yml"}.items() <= block[-1].items()
 
 
 # Issue 65, point 4: the wheel is built on whichever controller runs the deploy, with whichever setuptools it has.
