@@ -153,6 +153,14 @@ WORKER_CASES = [
         ),
         "an https:// or file:// release .tar.gz",
     ),
+    # The tarball is fetched and checked on the controller in the preflight: one not there stops every host first.
+    (
+        (
+            "accelmon_node_exporter_tarball_url=file:///nowhere/node_exporter-1.10.2.linux-amd64.tar.gz",
+            f"accelmon_node_exporter_tarball_sha256={'a' * 64}",
+        ),
+        "could not be had on the controller as the file whose sha256 accelmon_node_exporter_tarball_sha256 gives",
+    ),
 ]
 MASTER_CASES = [
     ('{"accelmon_master_remote_write": [{"url": "vm:8428/api/v1/write"}]}', "url must be http:// or https://"),
@@ -356,7 +364,21 @@ def test_bad_scale_out_variable_fails_in_preflight(preflight, number, case):
     assert "secret" not in output.replace("accelmon_master_grafana_secret_key", "") and '"p"' not in output
 
 
-NODE_EXPORTER_RELEASE = "https://mirror.example/node_exporter-{}.linux-amd64.tar.gz"
+def release_on_the_controller(directory: Path, version: str, arch: str = "amd64") -> tuple[str, str]:
+    """A stand-in for node_exporter's release tarball in `directory`: its file:// address and its sha256."""
+    path = directory / f"node_exporter-{version}.linux-{arch}.tar.gz"
+    return f"file://{path}", file_on_the_controller(path)
+
+
+def controller_home(directory: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """HOME for a local play's controller: the tarball cache (~/.accelmon/node-exporter) is the test's own."""
+    home = directory / "home"
+    home.mkdir(exist_ok=True)
+    monkeypatch.setenv("HOME", str(home))
+    return home
+
+
+NODE_EXPORTER_DEFAULTS = ROOT / "ansible" / "roles" / "accelmon_node_exporter" / "defaults" / "main.yml"
 
 
 @pytest.mark.parametrize(
@@ -365,14 +387,13 @@ NODE_EXPORTER_RELEASE = "https://mirror.example/node_exporter-{}.linux-amd64.tar
         (("Debian", "12"), {}, "--web.config.file"),
         (("Ubuntu", "22"), {}, "--web.config"),  # 1.3.1: --web.config.file is an unknown flag there
         (("Ubuntu", "24"), {}, "--web.config.file"),
-        (("Ubuntu", "22"), {"accelmon_node_exporter_tarball_url": NODE_EXPORTER_RELEASE.format("1.9.1")},
-         "--web.config.file"),
-        (("Amazon", "2023"), {"accelmon_node_exporter_tarball_url": NODE_EXPORTER_RELEASE.format("1.4.0")},
-         "--web.config"),
+        (("Ubuntu", "22"), {"accelmon_node_exporter_tarball_url": "1.9.1"}, "--web.config.file"),
+        (("Amazon", "2023"), {"accelmon_node_exporter_tarball_url": "1.4.0"}, "--web.config"),
+        (("Amazon", "2023"), {}, "--web.config.file"),  # the default release, 1.10.2
     ],
 )  # fmt: skip
 def test_ubuntu_lts_is_pinned_and_node_exporter_gets_the_web_config_flag_its_version_reads(
-    tmp_path, distribution, variables, flag
+    tmp_path, monkeypatch, distribution, variables, flag
 ):
     """Ubuntu 22.04 and 24.04 (Ansible's major versions 22 and 24) have a pinned node_exporter, so the preflight
     does not stop them by default (before: only Debian-12 was); node_exporter before 1.5.0 names the web config
@@ -381,11 +402,18 @@ def test_ubuntu_lts_is_pinned_and_node_exporter_gets_the_web_config_flag_its_ver
 
     name, major = distribution
     family = {"Debian": "Debian", "Ubuntu": "Debian", "Amazon": "RedHat"}[name]
-    facts = {"distribution": name, "distribution_major_version": major, "os_family": family}
+    facts = {"distribution": name, "distribution_major_version": major, "os_family": family, "architecture": "x86_64"}
     role = ROOT / "ansible" / "roles" / "accelmon_node_exporter"
     variables = {**variables, "__accelmon_pki": {"cert": "C", "key": "K", "hash": "H"}}
+    controller_home(tmp_path, monkeypatch)
     if "accelmon_node_exporter_tarball_url" in variables:
-        variables["accelmon_node_exporter_tarball_sha256"] = "b" * 64
+        url, sha256 = release_on_the_controller(tmp_path, variables["accelmon_node_exporter_tarball_url"])
+        variables.update(accelmon_node_exporter_tarball_url=url, accelmon_node_exporter_tarball_sha256=sha256)
+    elif name == "Amazon":  # the default release, from a stand-in for it (no network here)
+        release = yaml.safe_load(NODE_EXPORTER_DEFAULTS.read_text())["accelmon_node_exporter_release_version"]
+        _, sha256 = release_on_the_controller(tmp_path, release)
+        variables.update(accelmon_node_exporter_release_url=f"file://{tmp_path}/node_exporter-{{version}}.linux-{{arch}}.tar.gz",
+                         accelmon_node_exporter_release_sha256={"x86_64": sha256})  # fmt: skip
     play = {
         "vars_files": [str(role / "defaults" / "main.yml"), str(role / "vars" / "main.yml")],
         "tasks": [
@@ -410,29 +438,110 @@ def test_ubuntu_lts_is_pinned_and_node_exporter_gets_the_web_config_flag_its_ver
     assert options.partition("=")[2] == args.partition("=")[2]
 
 
-@pytest.mark.parametrize("tarball", [False, True])
-def test_amazon_linux_stops_in_preflight_unless_given_a_release_tarball(tmp_path, tarball):
-    """Amazon Linux 2023 has no node_exporter package: the preflight asks for a release tarball and its sha256,
-    and takes one given (issue 66, point 5)."""
+# The distributions docs/deploying.md supports for workers (Ansible's distribution, major version, family).
+SUPPORTED_WORKERS = [
+    ("Ubuntu", "22", "Debian"), ("Ubuntu", "24", "Debian"), ("Debian", "12", "Debian"),
+    ("RedHat", "8", "RedHat"), ("RedHat", "9", "RedHat"), ("Rocky", "8", "RedHat"), ("Rocky", "9", "RedHat"),
+    ("Amazon", "2023", "RedHat"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("architecture", ["x86_64", "aarch64"])
+def test_every_supported_distribution_gets_a_pinned_package_or_a_checked_release(tmp_path, architecture):
+    """Issue 66, point 5: on each architecture, every distribution the guide supports resolves to its package at a
+    pinned version (Debian 12, Ubuntu 22.04 and 24.04) or to node_exporter's release at a pinned version with that
+    architecture's sha256 (RHEL and Rocky 8-9, Amazon Linux 2023, which has no package); an EL host whose EPEL
+    version is pinned gets the package. Before, EL and Amazon Linux stopped in preflight unless the operator
+    brought a tarball. The sha256s are the ones docs/security.md cites."""
     from tests.support.ansible import run_local_play
 
-    facts = {"distribution": "Amazon", "distribution_major_version": "2023", "os_family": "RedHat"}
-    play = {
-        "tasks": [
-            {"name": "Be Amazon Linux", "ansible.builtin.set_fact": {"ansible_facts": facts}},
-            {"ansible.builtin.include_role": {"name": "accelmon_node_exporter", "tasks_from": "preflight.yml"}},
-        ]
-    }
-    release = {
-        "accelmon_node_exporter_tarball_url": "https://mirror.example/node_exporter-1.9.1.linux-amd64.tar.gz",
-        "accelmon_node_exporter_tarball_sha256": "b" * 64,
-    }
-    result = run_local_play(play, release if tarball else {}, tmp_path)
-    if tarball:
-        assert result.returncode == 0, result.stdout[-3000:]
-    else:
-        assert result.returncode != 0
-        assert "Amazon Linux has no node_exporter package: give" in result.stdout, result.stdout[-3000:]
+    role = ROOT / "ansible" / "roles" / "accelmon_node_exporter"
+    resolved = ("tarball", "release", "package_version", "tarball_url", "tarball_sha256", "service", "web_config_flag")
+    report = "{{ {" + ", ".join(f"'{v}': __accelmon_node_exporter_{v}" for v in resolved) + "} | to_json }}"
+    tasks = []
+    for name, major, family in [*SUPPORTED_WORKERS, ("Rocky", "9-epel", "RedHat")]:
+        facts = {"distribution": name, "distribution_major_version": major.split("-")[0], "os_family": family,
+                 "architecture": architecture}  # fmt: skip
+        if major.endswith("-epel"):
+            pins = {"Rocky-9": "1.8.2-2.el9"}
+            tasks.append({"ansible.builtin.set_fact": {"accelmon_node_exporter_package_versions": pins}})
+        tasks += [
+            {"ansible.builtin.set_fact": {"ansible_facts": facts}},
+            {"ansible.builtin.copy": {"content": report, "dest": str(tmp_path / f"{name}-{major}.json"),
+                                      "mode": "0644"}},
+        ]  # fmt: skip
+    play = {"vars_files": [str(role / "defaults" / "main.yml"), str(role / "vars" / "main.yml")], "tasks": tasks}
+    result = run_local_play(play, {}, tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:]
+    defaults = yaml.safe_load((role / "defaults" / "main.yml").read_text())
+    version = defaults["accelmon_node_exporter_release_version"]
+    sha256 = defaults["accelmon_node_exporter_release_sha256"]
+    goarch = {"x86_64": "amd64", "aarch64": "arm64"}[architecture]
+    security = (ROOT / "docs" / "security.md").read_text()
+    for name, major, family in [*SUPPORTED_WORKERS, ("Rocky", "9-epel", "RedHat")]:
+        got = json.loads((tmp_path / f"{name}-{major}.json").read_text())
+        if family == "Debian" or major.endswith("-epel"):
+            pinned = defaults["accelmon_node_exporter_package_versions"].get(f"{name}-{major}", "1.8.2-2.el9")
+            assert (got["tarball"], got["package_version"]) == (False, pinned), (name, major, got)
+            continue
+        assert got["tarball"] and got["release"], (name, major, got)
+        assert got["tarball_url"] == (f"https://github.com/prometheus/node_exporter/releases/download/v{version}/"
+                                      f"node_exporter-{version}.linux-{goarch}.tar.gz"), got  # fmt: skip
+        assert re.fullmatch("[0-9a-f]{64}", got["tarball_sha256"]) and got["tarball_sha256"] == sha256[architecture]
+        assert (got["service"], got["web_config_flag"]) == ("node_exporter", "--web.config.file"), got
+        assert got["tarball_sha256"] in security, "docs/security.md cites the release's sha256s and their sources"
+
+
+# A release fetched on the controller: each case changes the right release's variables; the message ("" passes).
+RELEASE_CASES = [
+    ("the release", {}, ""),
+    ("another sha256", {"accelmon_node_exporter_release_sha256": {"x86_64": "c" * 64}},
+     'could not be had on the controller as the file whose sha256 accelmon_node_exporter_release_sha256["x86_64"]'
+     " gives"),
+    ("no sha256 for this architecture", {"accelmon_node_exporter_release_sha256": {"aarch64": "c" * 64}},
+     'accelmon_node_exporter_release_sha256["x86_64"] this architecture\'s 64 hex digits'),
+    ("a version that is no version", {"accelmon_node_exporter_release_version": "latest"},
+     "accelmon_node_exporter_release_version must be X.Y.Z (given: latest)"),
+    ("a tarball given, of another sha256",
+     {"accelmon_node_exporter_tarball_url": "RELEASE", "accelmon_node_exporter_tarball_sha256": "d" * 64},
+     "as the file whose sha256 accelmon_node_exporter_tarball_sha256 gives"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "changed", "message"), RELEASE_CASES, ids=[c[0] for c in RELEASE_CASES])
+def test_the_release_is_fetched_and_checked_on_the_controller_before_any_host_changes(
+    tmp_path, monkeypatch, case, changed, message
+):
+    """Issue 66, point 5: Amazon Linux 2023 (no package) gets node_exporter's release, fetched once into the
+    controller's cache and checked there by its sha256 in the preflight, before any host changes; a file of
+    another sha256 stops the deploy naming the variable that gave it, and is not kept; a cached copy changed since
+    is refused too."""
+    home = controller_home(tmp_path, monkeypatch)
+    facts = {"distribution": "Amazon", "distribution_major_version": "2023", "os_family": "RedHat",
+             "architecture": "x86_64"}  # fmt: skip
+    url, sha256 = release_on_the_controller(tmp_path, "1.10.2")
+    variables = {"accelmon_node_exporter_release_url": f"file://{tmp_path}/node_exporter-{{version}}.linux-{{arch}}.tar.gz",
+                 "accelmon_node_exporter_release_sha256": {"x86_64": sha256}}  # fmt: skip
+    variables.update({k: url if v == "RELEASE" else v for k, v in changed.items()})
+    result = preflight_of("accelmon_node_exporter", facts, variables, tmp_path)
+    output = result.stdout.replace('\\"', '"')  # a message's quotes, as the failure's JSON escapes them
+    cache = home / ".accelmon" / "node-exporter"
+    kept = sorted(str(p.relative_to(cache)) for p in cache.rglob("*.tar.gz")) if cache.exists() else []
+    if message:
+        assert result.returncode != 0 and message in output, output[-3000:]
+        assert kept == [], "a file of another sha256 is not kept"
+        return
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert kept == [f"{sha256}/node_exporter-1.10.2.linux-amd64.tar.gz"]
+    # Fetched once: the next preflight checks the copy it has; one changed since is refused.
+    (tmp_path / "node_exporter-1.10.2.linux-amd64.tar.gz").unlink()
+    assert preflight_of("accelmon_node_exporter", facts, variables, tmp_path).returncode == 0
+    (cache / kept[0]).write_bytes(b"changed")
+    result = preflight_of("accelmon_node_exporter", facts, variables, tmp_path)
+    output = result.stdout.replace('\\"', '"')
+    assert (
+        result.returncode != 0 and f'not the {sha256} of accelmon_node_exporter_release_sha256["x86_64"]' in output
+    ), output[-3000:]
 
 
 def preflight_of(role: str, facts: dict[str, str], variables: dict[str, Any], tmp_path: Path):
@@ -1406,12 +1515,15 @@ def test_a_master_deployed_before_has_its_data_reowned_once(tmp_path):
 
 
 def test_the_default_images_are_pinned_by_digest_and_an_archived_one_runs_by_its_tag(tmp_path):
-    """Issue 66: Prometheus's and Alertmanager's default images are pinned by digest (a tag can be moved); an image
+    """Issue 66: Prometheus's, Alertmanager's and Grafana's default images are pinned by digest (a tag can be
+    moved), each digest cited in docs/security.md with its sources (Grafana's was a tag alone before); an image
     loaded from an archive runs by its tag, since a saved archive keeps no registry digest (the engine would try to
     pull the digest and fail offline), its sha256 checked instead."""
     defaults = yaml.safe_load((MASTER_ROLE / "defaults" / "main.yml").read_text())
-    pinned = r"^docker[.]io/prom/[a-z]+:v[0-9.]+@sha256:[0-9a-f]{64}$"
-    for name in ("accelmon_master_prometheus_image", "accelmon_master_alertmanager_image"):
+    pinned = r"^docker[.]io/(prom/[a-z]+:v|grafana/grafana:)[0-9.]+@sha256:[0-9a-f]{64}$"
+    security = (ROOT / "docs" / "security.md").read_text()
+    for name in ("accelmon_master_prometheus_image", "accelmon_master_alertmanager_image",
+                 "accelmon_master_grafana_image"):  # fmt: skip
         assert re.match(pinned, defaults[name]), defaults[name]
     prometheus, alertmanager = (
         defaults["accelmon_master_prometheus_image"],
@@ -1426,7 +1538,11 @@ def test_the_default_images_are_pinned_by_digest_and_an_archived_one_runs_by_its
         },
     }
     render_role_template("accelmon_master", "compose.yaml.j2", tmp_path / "compose.yaml", variables)
+        image, digest = defaults[name].removeprefix("docker.io/").split("@sha256:")
+        assert f"`{image}@sha256:{digest[:8]}...`" in security, f"docs/security.md: cite {image}'s digest"
+    assert defaults["accelmon_master_grafana_image"].split("@sha256:")[1] in security
     images = {name: service["image"] for name, service in yaml.safe_load((tmp_path / "compose.yaml").read_text())[
         "services"].items()}  # fmt: skip
     assert images["prometheus"] == prometheus.split("@")[0]
     assert images["alertmanager"] == alertmanager
+    assert images["grafana"] == defaults["accelmon_master_grafana_image"]  # not archived: by its digest
