@@ -1525,6 +1525,9 @@ def test_the_default_images_are_pinned_by_digest_and_an_archived_one_runs_by_its
     for name in ("accelmon_master_prometheus_image", "accelmon_master_alertmanager_image",
                  "accelmon_master_grafana_image"):  # fmt: skip
         assert re.match(pinned, defaults[name]), defaults[name]
+        image, digest = defaults[name].removeprefix("docker.io/").split("@sha256:")
+        assert f"`{image}@sha256:{digest[:8]}...`" in security, f"docs/security.md: cite {image}'s digest"
+    assert defaults["accelmon_master_grafana_image"].split("@sha256:")[1] in security
     prometheus, alertmanager = (
         defaults["accelmon_master_prometheus_image"],
         defaults["accelmon_master_alertmanager_image"],
@@ -1538,9 +1541,6 @@ def test_the_default_images_are_pinned_by_digest_and_an_archived_one_runs_by_its
         },
     }
     render_role_template("accelmon_master", "compose.yaml.j2", tmp_path / "compose.yaml", variables)
-        image, digest = defaults[name].removeprefix("docker.io/").split("@sha256:")
-        assert f"`{image}@sha256:{digest[:8]}...`" in security, f"docs/security.md: cite {image}'s digest"
-    assert defaults["accelmon_master_grafana_image"].split("@sha256:")[1] in security
     images = {name: service["image"] for name, service in yaml.safe_load((tmp_path / "compose.yaml").read_text())[
         "services"].items()}  # fmt: skip
     assert images["prometheus"] == prometheus.split("@")[0]
