@@ -197,12 +197,11 @@ def simulated_prometheus(work: Path, fake_nvml_dir: Path) -> Iterator[str]:
     try:
 
         def recorded() -> bool:  # the rules need two evaluations over scraped data
+            # The fleet roll-ups, and the job GPUs' profiling record: the last a panel reads to appear (GPM is
+            # published after its first window, and the live-job rules record it at their next evaluation).
+            wanted = ("cluster:accelmon_neuroncore_utilization_ratio:avg", "job_gpu:sm_active_ratio")
             try:
-                return bool(
-                    get(f"{base}/api/v1/query?query=cluster:accelmon_neuroncore_utilization_ratio:avg")["data"][
-                        "result"
-                    ]
-                )
+                return all(get(f"{base}/api/v1/query?query={name}")["data"]["result"] for name in wanted)
             except OSError:
                 return False
 

@@ -60,7 +60,9 @@ DASHBOARD = Dashboard(
         Panel(
             "XID events",
             "short",
-            [("sum by (node) (increase(accelmon_gpu_xid_events_total[$__rate_interval]))", "{{node}}")],
+            # The node's GPUs' counters summed by a rule (accelmon-recording.yml), which says why that gives each
+            # GPU's increase summed: one series a node at each point, not one a GPU.
+            [("sum by (node) (increase(node:accelmon_gpu_xid_events_total:sum[$__rate_interval]))", "{{node}}")],
             width=8,
         ),
         Panel(
