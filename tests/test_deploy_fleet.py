@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,17 +23,27 @@ SCRIPT = ROOT / "scripts" / "deploy_fleet.py"
 ANSIBLE = Path(sys.executable).parent / "ansible"
 
 # Records each run and writes the summary the real callback would, as FAKE_PLAN says for its hosts:
-# {"fail": {stage: [hosts that fail]}, "stop": {stage: [hosts whose failure stops the run short]}}.
+# {"fail": {stage: [hosts that fail]}, "stop": {stage: [hosts whose failure stops the run short]},
+#  "sleep": seconds each run takes (0.5)}. Like ansible-playbook it reads its -i from where it was started: the
+# hosts it processes are those of its limit that its inventory files name (none when it cannot read them).
 STAND_IN = r"""#!{python}
-import json, os, sys, time
+import json, os, re, sys, time
 args = sys.argv[1:]
 limit = args[args.index("--limit") + 1][1:]
 hosts = open(limit).read().split()
-extra = json.loads(args[args.index("-e") + 1])
+extra = json.loads(args[len(args) - 1 - args[::-1].index("-e") + 1])
 began = time.time()
-time.sleep(0.5)
 plan = json.loads(os.environ.get("FAKE_PLAN", "{{}}"))
 stage = os.path.basename(limit).split("-")[0]
+with open(os.environ["FAKE_RECORD"] + ".started", "a") as started:
+    started.write(json.dumps({{"run": os.path.basename(limit), "pid": os.getpid()}}) + "\n")
+time.sleep(plan.get("sleep", 0.5))
+named = set()
+for at, word in enumerate(args):
+    if word == "-i" and os.path.isfile(args[at + 1]):
+        text = open(args[at + 1]).read()  # an encrypted one: as if decrypted, with the vault options given
+        named |= set(hosts) if text.startswith("$ANSIBLE_VAULT") else set(re.findall(r"^([^\s\[]\S*)", text, re.M))
+hosts = [h for h in hosts if h in named and h not in plan.get("gone", {{}}).get(stage, [])]
 stopping = plan.get("stop", {{}}).get(stage, [])
 failed = [h for h in hosts if h in plan.get("fail", {{}}).get(stage, []) + stopping]
 stopped = any(h in stopping for h in hosts)
@@ -39,7 +51,9 @@ with open(os.environ["ACCELMON_FLEET_SUMMARY"], "w") as out:
     json.dump({{"stopped": stopped, "failed": failed, "unreachable": [], "hosts": hosts}}, out)
 with open(os.environ["FAKE_RECORD"], "a") as record:
     record.write(json.dumps({{"run": os.path.basename(limit), "hosts": hosts, "extra": extra, "began": began,
-                             "ended": time.time(), "args": args}}) + "\n")
+                             "ended": time.time(), "args": args, "cwd": os.getcwd(),
+                             "callbacks": [os.environ["ANSIBLE_CALLBACKS_ENABLED"],
+                                           os.environ["ANSIBLE_CALLBACK_PLUGINS"]]}}) + "\n")
 sys.exit(2 if failed else 0)
 """
 
@@ -52,21 +66,31 @@ def _inventory(tmp_path: Path, workers: int, line: str = "", extra: dict[str, st
     return inventory
 
 
-def _fleet(tmp_path: Path, inventory: Path, *args: str, plan: dict | None = None) -> tuple[int, str, list[dict]]:
+def _stand_in(tmp_path: Path) -> Path:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     stand_in = bin_dir / "ansible-playbook"
     stand_in.write_text(STAND_IN.format(python=sys.executable))
     stand_in.chmod(0o755)
-    if not (bin_dir / "ansible").exists():
-        (bin_dir / "ansible").symlink_to(ANSIBLE)  # the real one lists the inventory's hosts
+    for tool in ("ansible", "ansible-config"):  # the real ones list the inventory's hosts and read ansible.cfg
+        if not (bin_dir / tool).exists():
+            (bin_dir / tool).symlink_to(ANSIBLE.with_name(tool))
+    return stand_in
+
+
+def _fleet(
+    tmp_path: Path, inventory: Path | str, *args: str, plan: dict | None = None, cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> tuple[int, str, list[dict]]:  # fmt: skip
+    stand_in = _stand_in(tmp_path)
     record = tmp_path / "record.jsonl"
     record.unlink(missing_ok=True)
-    env = {**os.environ, "FAKE_PLAN": json.dumps(plan or {}), "FAKE_RECORD": str(record), "HOME": str(tmp_path)}
+    env = {**os.environ, "FAKE_PLAN": json.dumps(plan or {}), "FAKE_RECORD": str(record), "HOME": str(tmp_path),
+           **(env or {})}  # fmt: skip
     result = subprocess.run(
         [sys.executable, str(SCRIPT), "-i", str(inventory), "--ansible-playbook", str(stand_in),
          "--run-dir", str(tmp_path / "run"), *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, timeout=120,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, timeout=120, cwd=cwd,
     )  # fmt: skip
     runs = [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
     return result.returncode, result.stdout, runs
@@ -98,8 +122,9 @@ def test_the_stages_run_in_order_the_shards_side_by_side_and_every_host_once(tmp
     assert max(r["began"] for r in workers) < min(r["ended"] for r in workers)
     for before, after in zip(list(by_stage.values()), list(by_stage.values())[1:]):
         assert max(r["ended"] for r in before) <= min(r["began"] for r in after)
-    # What follows `--` and --forks reach every run; no run prompts.
-    assert all(r["args"][-2:] == ["-e", "@vault.yml"] and "125" in r["args"] for r in runs)
+    # What follows `--` and --forks reach every run, the stage's variables last (Ansible's last -e wins).
+    assert all(r["args"][-4:-2] == ["-e", "@vault.yml"] and "125" in r["args"] for r in runs)
+    assert all(json.loads(r["args"][-1]) == r["extra"] for r in runs)
     assert "every host deployed" in output
 
 
@@ -133,12 +158,18 @@ def test_a_shard_over_its_budget_stops_the_deploy_before_the_masters_and_names_i
 
 def test_failures_within_the_budget_go_on_to_the_masters_and_exit_2_with_a_retry_file(tmp_path):
     rc, output, runs = _fleet(
-        tmp_path, _inventory(tmp_path, 7), "--shards", "2", plan={"fail": {"workers": ["w03", "w06"]}}
-    )
+        tmp_path, _inventory(tmp_path, 7), "--shards", "2", "--", "--diff",
+        plan={"fail": {"workers": ["w03", "w06"]}},
+    )  # fmt: skip
     assert rc == 2, output
     assert [r["run"].split("-")[0] for r in runs][-1] == "masters"
     retry = tmp_path / "run" / "failed.retry"
     assert retry.read_text() == "w03\nw06\n"
+    # The command printed to re-run them is this one's (its shards, what follows `--`) limited to the retry file.
+    command = output.splitlines()[-1].split()
+    assert command[1:] == [str(SCRIPT), "-i", str(tmp_path / "host.ini"), "--ansible-playbook",
+                           str(tmp_path / "bin" / "ansible-playbook"), "--shards", "2", "--limit", f"@{retry}",
+                           "--", "--diff"], output  # fmt: skip
     # The retry file limits a re-run to those workers, and Ansible's own pattern rules read it.
     rc, output, runs = _fleet(tmp_path, _inventory(tmp_path, 7), "--shards", "2", "--limit", f"@{retry}")
     assert rc == 0, output
@@ -160,6 +191,101 @@ def test_a_failed_canary_stops_the_deploy_before_the_shards(tmp_path):
     assert [r["run"].split("-")[0] for r in runs] == ["preflight", "preflight", "canary"]
 
 
+def test_a_relative_inventory_from_the_operators_directory_is_the_one_every_run_reads(tmp_path):
+    """`-i host.ini` from the operator's own directory, as the docs write it: the runs were started in the
+    repository, where no host.ini is, so each processed no host and the deploy said "every host deployed"."""
+    work = tmp_path / "ops"
+    work.mkdir()
+    _inventory(work, 3)
+    rc, output, runs = _fleet(tmp_path, "host.ini", "--shards", "2", cwd=work)
+    assert rc == 0, output
+    assert {r["cwd"] for r in runs} == {str(work)}
+    assert sorted(h for r in runs if not r["run"].startswith("preflight") for h in r["hosts"]) == [
+        "m1", "m2", "w01", "w02", "w03"]  # fmt: skip
+
+
+def test_a_host_a_run_never_reached_stops_the_deploy_and_is_named(tmp_path):
+    """Listed, given to a run, absent from what the run processed (its inventory changed, or did not parse)."""
+    rc, output, runs = _fleet(tmp_path, _inventory(tmp_path, 5), "--shards", "2", plan={"gone": {"workers": ["w04"]}})
+    assert rc == 1, output
+    assert "never reached 1 of its host(s): w04" in output and "stopped at the workers stage" in output, output
+    assert "masters" not in {r["run"].split("-")[0] for r in runs}
+    assert (tmp_path / "run" / "failed.retry").read_text() == "w04\n"
+
+
+def test_no_host_matched_is_an_error_not_a_deploy_of_nothing(tmp_path):
+    rc, output, runs = _fleet(tmp_path, _inventory(tmp_path, 3), "--limit", "w0l")
+    assert rc == 1 and "nothing deployed" in output and runs == [], output
+
+
+def test_a_master_that_is_also_a_worker_is_checked_once_and_deployed_as_a_master_last(tmp_path):
+    """m1 in [master] and [worker], in the second shard: the preflight checked it in two runs at once (racing on the
+    host and its facts file), and its shard's run deployed it as a master before the other workers were done."""
+    inventory = _inventory(tmp_path, 3)
+    inventory.write_text(inventory.read_text() + "m1\n")
+    rc, output, runs = _fleet(tmp_path, inventory, "--shards", "2")
+    assert rc == 0, output
+    preflight = [h for r in runs if r["run"].startswith("preflight") for h in r["hosts"]]
+    assert sorted(preflight) == ["m1", "m2", "w01", "w02", "w03"], runs
+    for run in runs:
+        stage = run["run"].split("-")[0]
+        if stage in ("canary", "workers"):
+            assert run["extra"]["accelmon_skip_master"] is True, run
+        if stage == "masters":
+            assert run["extra"]["accelmon_skip_worker"] is True and run["hosts"] == ["m1", "m2"], run
+
+
+def test_a_signal_interrupts_every_run_and_leaves_no_ansible_playbook_behind(tmp_path):
+    """SIGTERM (a CI timeout, systemd, kill) killed the script alone: its shards' ansible-playbook processes went
+    on deploying, unwatched, past any gate. Now each run gets Ctrl-C, the script waits for them and says so."""
+    stand_in = _stand_in(tmp_path)
+    record = tmp_path / "record.jsonl"
+    env = {**os.environ, "FAKE_PLAN": json.dumps({"sleep": 120}), "FAKE_RECORD": str(record), "HOME": str(tmp_path)}
+    script = subprocess.Popen(
+        [sys.executable, str(SCRIPT), "-i", str(_inventory(tmp_path, 4)), "--shards", "2",
+         "--ansible-playbook", str(stand_in), "--run-dir", str(tmp_path / "run")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+    started = Path(f"{record}.started")
+    deadline = time.monotonic() + 90
+    while len(started.read_text().splitlines() if started.exists() else []) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    pids = [json.loads(line)["pid"] for line in started.read_text().splitlines()]
+    assert len(pids) == 2
+    script.send_signal(signal.SIGTERM)
+    output, _ = script.communicate(timeout=60)
+    assert script.returncode == 128 + signal.SIGTERM, output
+    assert "interrupted preflight-0, preflight-1" in output and "stopped by signal" in output, output
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists(), (pid, output)
+
+
+def test_the_operators_callbacks_are_kept_beside_the_scripts(tmp_path):
+    """An ansible.cfg with callbacks of its own (ANSIBLE_CONFIG): the script's environment variables replaced its
+    callbacks_enabled and callback_plugins, so its junit/ARA records stopped and its stdout callback failed to load."""
+    config = tmp_path / "mine.cfg"
+    config.write_text(f"[defaults]\ncallbacks_enabled = ansible.builtin.junit\ncallback_plugins = {tmp_path}/cb\n")
+    rc, output, runs = _fleet(tmp_path, _inventory(tmp_path, 1), env={"ANSIBLE_CONFIG": str(config)})
+    assert rc == 0 and str(config) in output, output
+    for run in runs:
+        enabled, paths = run["callbacks"]
+        assert enabled.split(",") == ["accelmon_fleet", "ansible.builtin.junit"], run
+        assert paths.split(os.pathsep) == [str(ROOT / "scripts" / "fleet_callback"), f"{tmp_path}/cb"], run
+
+
+def test_an_encrypted_inventory_is_listed_with_the_vault_password_given_after_the_double_dash(tmp_path):
+    """The listing read it without the vault password: no host, and "every host deployed" with nothing run."""
+    (tmp_path / "pass").write_text("secret\n")
+    inventory = _inventory(tmp_path, 2)
+    subprocess.run(
+        [str(ANSIBLE.with_name("ansible-vault")), "encrypt", "--vault-password-file", str(tmp_path / "pass"),
+         str(inventory)], check=True, capture_output=True, env={**os.environ, "HOME": str(tmp_path)},
+    )  # fmt: skip
+    rc, output, runs = _fleet(tmp_path, inventory, "--", f"--vault-password-file={tmp_path / 'pass'}")
+    assert rc == 0, output
+    assert "2 workers" in output and [r["hosts"] for r in runs if r["run"].startswith("canary")] == [["w01"]], output
+
+
 @pytest.mark.parametrize(
     "args, words",
     [
@@ -168,6 +294,10 @@ def test_a_failed_canary_stops_the_deploy_before_the_shards(tmp_path):
         (["--max-fail-percentage", "101"], "--max-fail-percentage is 0-100"),
         (["--", "--limit", "w01"], "--limit cannot be given to the shards"),
         (["--", "--ask-vault-pass"], "--ask-vault-pass cannot be given to the shards"),
+        # Ansible keeps the last -e of a name: the preflight stage would deploy every host, or a budget be lost.
+        (["--", "-e", "accelmon_deploy_preflight_only=false"], "accelmon_deploy_preflight_only is this script's"),
+        (["--", "-e", '{"accelmon_deploy_max_fail_percentage": 50}'], "accelmon_deploy_max_fail_percentage is this"),
+        (["--", "-i", "other.ini"], "-i cannot be given to the shards"),
     ],
 )
 def test_bad_arguments_are_refused_before_any_run(tmp_path, args, words):
