@@ -410,6 +410,14 @@ def rerun(argv: list[str], limit: str | None = None) -> str:
     return shlex.join(["python", str(Path(__file__).resolve()), *kept, *rest])
 
 
+def limit_of(argv: list[str]) -> str | None:
+    """This script's own --limit in `argv`, if given."""
+    ours = argv[: argv.index("--")] if "--" in argv else argv
+    given = [ours[at + 1] for at, word in enumerate(ours[:-1]) if word == "--limit"]
+    given += [word.split("=", 1)[1] for word in ours if word.startswith("--limit=")]
+    return given[-1] if given else None
+
+
 def finish(run_dir: Path, failed: list[str], argv: list[str], stopped_at: str | None) -> int:
     retry = run_dir / "failed.retry"
     hosts = sorted(set(failed))
@@ -422,6 +430,11 @@ def finish(run_dir: Path, failed: list[str], argv: list[str], stopped_at: str | 
             + (f"; failed: {retry} ({len(hosts)} host(s))" if hosts else "")
             + f"; once fixed, run the same command again:\n  {rerun(argv)}"
         )
+        if stopped_at == "preflight" and hosts and len(hosts) <= 100:
+            # A few dead nodes of thousands are routine: nothing has changed yet, the rest can go without them.
+            limit = limit_of(argv) or "all"
+            apart = "," if "," in limit else ":"
+            print(f"  or without them:\n  {rerun(argv, limit + ''.join(f'{apart}!{host}' for host in hosts))}")
         return 1
     if hosts:
         print(f"deploy_fleet: done, {len(hosts)} host(s) failed within the budget: {retry}; once fixed:\n"

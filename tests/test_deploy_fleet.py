@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -134,6 +135,11 @@ def test_a_failed_preflight_host_stops_the_deploy_before_any_host_changes(tmp_pa
     assert {r["run"].split("-")[0] for r in runs} == {"preflight"}, output
     assert "stopped at the preflight stage" in output and "w05" in output
     assert (tmp_path / "run" / "failed.retry").read_text() == "w05\n"
+    # Nothing has changed yet: the operator is told how to go on without the host (dead nodes are routine).
+    command = shlex.split(output.splitlines()[-1])
+    assert command[command.index("--limit") + 1] == "all:!w05", output
+    rc, output, runs = _fleet(tmp_path, _inventory(tmp_path, 6), "--shards", "2", "--limit", "all:!w05")
+    assert rc == 0 and "w05" not in {h for r in runs for h in r["hosts"]}, output
 
 
 def test_a_shard_over_its_budget_stops_the_deploy_before_the_masters_and_names_its_hosts(tmp_path):
