@@ -286,9 +286,10 @@ def run_stage(stage: list[Run], args: argparse.Namespace, run_dir: Path, passthr
         print(f"  {run.name}: rc {run.rc}, {state}{named} ({run.seconds:.0f} s)", flush=True)
         if run.unreached:
             print(f"  {run.name}: never reached {len(run.unreached)} of its host(s): {', '.join(run.unreached[:20])}")
-        if run.stopped and not run.failed_hosts:  # why is in its log, not in a host's result: show its end
-            tail = (run_dir / f"{run.name}.log").read_text(errors="replace").splitlines()[-8:]
-            print("".join(f"    | {line}\n" for line in tail), end="", flush=True)
+        if run.stopped and not run.failed_hosts:  # why is in its log, not in a host's result: its errors, or its end
+            lines = (run_dir / f"{run.name}.log").read_text(errors="replace").splitlines()
+            errors = [line for line in lines if re.match(r"^(\[?ERROR|ERROR!|\S+: error:)", line)]
+            print("".join(f"    | {line}\n" for line in (errors or lines)[-8:]), end="", flush=True)
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -383,7 +384,8 @@ def main(argv: list[str] | None = None) -> int:
             # The preflight and the canary stop at any failed host: nothing else has changed yet, or one host only.
             strict = stage[0].stage in ("preflight", "canary")
             if any(run.stopped or (strict and run.failed_hosts) for run in stage):
-                return finish(run_dir, failed, argv, stopped_at=stage[0].stage)
+                left_out = [host for run in stage for host in run.failed_hosts] if stage[0].stage == "preflight" else []
+                return finish(run_dir, failed, argv, stopped_at=stage[0].stage, left_out=left_out)
     except SignalError as stop:
         print(f"deploy_fleet: stopped by signal {stop.signum} at the {stage[0].stage} stage; to go on:\n"
               f"  {rerun(argv)}")  # fmt: skip
@@ -418,7 +420,11 @@ def limit_of(argv: list[str]) -> str | None:
     return given[-1] if given else None
 
 
-def finish(run_dir: Path, failed: list[str], argv: list[str], stopped_at: str | None) -> int:
+def finish(
+    run_dir: Path, failed: list[str], argv: list[str], stopped_at: str | None, left_out: Sequence[str] = ()
+) -> int:
+    """The retry file, the verdict and the command to run next; `left_out`: hosts whose own results failed the
+    preflight, which a re-run may leave out (none when a run failed as a whole)."""
     retry = run_dir / "failed.retry"
     hosts = sorted(set(failed))
     if hosts:
@@ -430,11 +436,12 @@ def finish(run_dir: Path, failed: list[str], argv: list[str], stopped_at: str | 
             + (f"; failed: {retry} ({len(hosts)} host(s))" if hosts else "")
             + f"; once fixed, run the same command again:\n  {rerun(argv)}"
         )
-        if stopped_at == "preflight" and hosts and len(hosts) <= 100:
+        if left_out and len(left_out) <= 100:
             # A few dead nodes of thousands are routine: nothing has changed yet, the rest can go without them.
             limit = limit_of(argv) or "all"
             apart = "," if "," in limit else ":"
-            print(f"  or without them:\n  {rerun(argv, limit + ''.join(f'{apart}!{host}' for host in hosts))}")
+            exclude = "".join(f"{apart}!{host}" for host in sorted(set(left_out)))
+            print(f"  or without them:\n  {rerun(argv, limit + exclude)}")
         return 1
     if hosts:
         print(f"deploy_fleet: done, {len(hosts)} host(s) failed within the budget: {retry}; once fixed:\n"

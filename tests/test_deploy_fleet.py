@@ -25,7 +25,8 @@ ANSIBLE = Path(sys.executable).parent / "ansible"
 
 # Records each run and writes the summary the real callback would, as FAKE_PLAN says for its hosts:
 # {"fail": {stage: [hosts that fail]}, "stop": {stage: [hosts whose failure stops the run short]},
-#  "sleep": seconds each run takes (0.5)}. Like ansible-playbook it reads its -i from where it was started: the
+#  "sleep": seconds each run takes (0.5), "gone": {stage: [hosts its runs do not process]},
+#  "crash": [stages whose runs fail as a whole]}. Like ansible-playbook it reads its -i from where it was started: the
 # hosts it processes are those of its limit that its inventory files name (none when it cannot read them).
 STAND_IN = r"""#!{python}
 import json, os, re, sys, time
@@ -39,6 +40,9 @@ stage = os.path.basename(limit).split("-")[0]
 with open(os.environ["FAKE_RECORD"] + ".started", "a") as started:
     started.write(json.dumps({{"run": os.path.basename(limit), "pid": os.getpid()}}) + "\n")
 time.sleep(plan.get("sleep", 0.5))
+if stage in plan.get("crash", []):  # fails as a whole: an error of its own, no summary
+    print("PLAY [Preflight]\n[ERROR]: the inventory source broke\nsome trailing words")
+    sys.exit(1)
 named = set()
 for at, word in enumerate(args):
     if word == "-i" and os.path.isfile(args[at + 1]):
@@ -217,6 +221,13 @@ def test_a_host_a_run_never_reached_stops_the_deploy_and_is_named(tmp_path):
     assert "never reached 1 of its host(s): w04" in output and "stopped at the workers stage" in output, output
     assert "masters" not in {r["run"].split("-")[0] for r in runs}
     assert (tmp_path / "run" / "failed.retry").read_text() == "w04\n"
+
+
+def test_a_run_that_fails_as_a_whole_shows_its_error_and_offers_no_run_without_its_hosts(tmp_path):
+    rc, output, _ = _fleet(tmp_path, _inventory(tmp_path, 4), "--shards", "2", plan={"crash": ["preflight"]})
+    assert rc == 1 and "stopped at the preflight stage" in output, output
+    assert output.count("    | [ERROR]: the inventory source broke") == 2, output
+    assert "or without them" not in output, output
 
 
 def test_no_host_matched_is_an_error_not_a_deploy_of_nothing(tmp_path):
