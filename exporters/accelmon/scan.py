@@ -8,18 +8,21 @@ with NVIDIA GPUs only, AMD's xgmi check gives no verdict at all (absent, "no dat
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import time
 
 from accelmon import health
 from accelmon.collectors import collectors
+from accelmon.collectors.infiniband import NCCL_CONF
 from accelmon.config import ConfigError, Settings, load
 from accelmon.exporter.checks import Check
 from accelmon.exporter.registry import Registration
 from accelmon.exporter.runtime import Exporter, Sampler
 from accelmon.health import drill_store
 from accelmon.health.remediation import JOURNAL, Journal
+from accelmon.host import pcie_acs
 
 SCAN_FAILED = 3  # the scan's own exit status when it could not run: 0, 1 and 2 are the verdicts
 # The scan's own limit: within slurmd's 60 s for a whole health check, with room for the check's calls to Slurm
@@ -148,4 +151,20 @@ def hook_scan(config: str | None, log: logging.Logger, untouched: str) -> tuple[
         return None
     verdict = scan_health(load(config))  # a fresh copy: the scan turns the other collectors off in its own
     sys.stdout.write(verdict.table())
+    if os.geteuid() == 0:
+        refresh_pcie_acs(settings, log)
     return settings, verdict
+
+
+def refresh_pcie_acs(settings: Settings, log: logging.Logger) -> None:
+    """The ACS root pass (accelmon.host.pcie_acs) where the infiniband collector runs: the hooks run as root, and
+    the exporter cannot read the bridges' extended configuration space. A failure is logged, never raised."""
+    registration = collectors()["infiniband"]
+    if not runs_here(registration, settings):
+        return
+    options = {**registration.defaults, **settings.collector("infiniband").options}
+    paths = settings.paths
+    try:
+        pcie_acs.refresh(paths.sysfs, paths.procfs, NCCL_CONF, str(options["pcie_acs_state"]), time.time())
+    except (OSError, ValueError) as error:
+        log.warning("PCIe ACS not surveyed: %s", error)

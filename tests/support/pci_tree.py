@@ -12,6 +12,7 @@ that NCCL rates paths by (accelmon.host.topology.nccl_local)."""
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 from tests.support.jobs_tree import uuid
@@ -332,3 +333,18 @@ def azure_topo_file(path: Path) -> Path:
                     f"{switches}  </cpu>\n")  # fmt: skip
     path.write_text('<system version="1">\n' + "".join(cpus) + "</system>\n")
     return path
+
+
+def bridge_config(sysfs: Path, function: str, acs_control: int | None = 0, size: int = 4096) -> None:
+    """A bridge's `config` file as root reads it: an AER extended capability at 0x100 (id 0x0001) chained to ACS at
+    0x148 (id 0x000D, its control word at +6, pci_regs.h PCI_ACS_CTRL); `acs_control` None: no ACS capability.
+    `size` 64 is what a process without CAP_SYS_ADMIN reads (drivers/pci/pci-sysfs.c pci_read_config)."""
+    space = bytearray(4096)
+    struct.pack_into("<HH", space, 0, 0x10B5, 0xC010)  # a Broadcom PEX switch's port
+    struct.pack_into("<I", space, 0x100, 0x0001 | 2 << 16 | (0x148 if acs_control is not None else 0) << 20)
+    if acs_control is not None:
+        struct.pack_into("<IHH", space, 0x148, 0x000D | 1 << 16, 0x005F, acs_control)
+    link = sysfs / "bus" / "pci" / "devices" / function
+    if not link.is_symlink():  # the layouts link their endpoints only; the kernel links every function
+        link.symlink_to(next((sysfs / "devices").rglob(function)))
+    (link / "config").write_bytes(bytes(space[:size]))

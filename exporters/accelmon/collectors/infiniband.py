@@ -43,7 +43,7 @@ from accelmon.exporter.registry import Paths, Registration, register, seconds
 from accelmon.exporter.runtime import Collector
 from accelmon.exporter.validation import Option
 from accelmon.health import drill_store
-from accelmon.host import topology
+from accelmon.host import pcie_acs, topology
 
 log = logging.getLogger("accelmon.infiniband")
 
@@ -153,6 +153,30 @@ DRILL_ACTIVE = C.gauge(
     "labelled drill; its real counters and state are served as they are.",
     PORT,
     read="every interval, while a drill is in force",
+)
+# ACS on the bridges of each GPU's path to its NCCL NICs, from the root pass's state file (accelmon.host.pcie_acs).
+ACS_CHECKED = C.gauge(
+    "accelmon_pcie_acs_checked",
+    "1 if the ACS state the health check (root) left was read (reason read); 0 if not checked: missing, stale, "
+    "untrusted (not root's, or writable by others) or malformed. Served where the node has GPUs and RDMA devices.",
+    ["reason"],
+)
+ACS_REFUSED = C.counter("accelmon_pcie_acs_state_refused_total", "ACS state files refused: untrusted or malformed.", [])
+ACS_SKIPPED = C.gauge("accelmon_pcie_acs_state_entries_skipped", "Entries of the ACS state refused (bad names).", [])
+ACS_AGE = C.gauge("accelmon_pcie_acs_state_age_seconds", "Seconds since the health check read the bridges.", [])
+ACS_REDIRECT = C.gauge(
+    "accelmon_pcie_acs_redirect",
+    "1 if ACS P2P Request or Completion Redirect is on at this PCIe bridge (peer-to-peer traffic sent up to the root "
+    "complex), 0 if off or no ACS; not served for a bridge that could not be read (accelmon_pcie_acs_unknown).",
+    ["bridge"],
+)
+ACS_UNKNOWN = C.gauge(
+    "accelmon_pcie_acs_unknown", "1 if the health check could not read this bridge's ACS control, else 0.", ["bridge"]
+)
+GPU_PATH_BRIDGE = C.gauge(
+    "accelmon_gpu_pcie_path_bridge_info",
+    "A PCIe bridge on the path between a GPU and an RDMA device NCCL uses for it (from the ACS state); value 1.",
+    ["gpu", "uuid", "device", "bridge"],
 )
 
 # counters/<file> -> (metric, help, multiplier). The names are node_exporter's, with our prefix.
@@ -307,7 +331,10 @@ class InfinibandCollector(Collector):
         self, sysfs: str = "/sys", clock: Callable[[], float] = time.monotonic, procfs: str = "/proc",
         drill_dir: str = str(drill_store.DRILL_DIR.default), wall: Callable[[], float] = time.time,
         nccl_conf: str = NCCL_CONF, nccl_topo_file: str = "", virtual_function_counters: bool = False,
+        pcie_acs_state: str = str(pcie_acs.STATE_FILE.default), pcie_acs_max_age: float = 3600.0,
+        pcie_acs_owner: int = 0,
     ) -> None:  # fmt: skip
+        self.acs = pcie_acs.StateReader(pcie_acs_state, pcie_acs_max_age, pcie_acs_owner)
         self.sysfs, self.procfs, self.drill_dir, self._wall = sysfs, procfs, drill_dir, wall
         self.virtual_function_counters = virtual_function_counters
         self.nccl_conf, self.nccl_topo_file = nccl_conf, nccl_topo_file
@@ -358,6 +385,7 @@ class InfinibandCollector(Collector):
             self._topology = (key, topology.gpu_nic_pairs(self.sysfs, self.procfs), chosen)
         if gpus and devices:
             out.add(PEER_MEMORY, [], 1 if peer_memory_loaded(self.sysfs) else 0)
+            self._sample_acs(out)
         for pair in self._topology[1]:
             out.add(GPU_NIC, [pair.gpu, pair.uuid, pair.device, pair.link], 1)
         for local in self._topology[2]:
@@ -365,6 +393,22 @@ class InfinibandCollector(Collector):
                 out.add(GPU_NIC_RAIL, [local.gpu, local.uuid, local.device, local.port], 1)
             else:
                 out.add(GPU_NIC_NEAREST, [local.gpu, local.uuid, local.device, local.port, local.path], 1)
+
+    def _sample_acs(self, out: Samples) -> None:
+        """The root pass's ACS state, or why ACS is not checked: a bridge it could not read is unknown, never 0."""
+        state, now = self.acs.current(self._wall()), self._wall()
+        out.add(ACS_CHECKED, [state.problem or "read"], 0 if state.problem else 1)
+        out.add(ACS_REFUSED, [], self.acs.refused)
+        if state.problem is None:
+            out.add(ACS_AGE, [], now - state.written)
+            out.add(ACS_SKIPPED, [], state.skipped)
+            for bridge, control in sorted(state.bridges.items()):
+                out.add(ACS_UNKNOWN, [bridge], 1 if control is None else 0)
+                if control is not None:
+                    out.add(ACS_REDIRECT, [bridge], 1 if control & pcie_acs.REDIRECT else 0)
+            for gpu, uuid, device, bridges in state.paths:
+                for bridge in bridges:
+                    out.add(GPU_PATH_BRIDGE, [gpu, uuid, device, bridge], 1)
 
     def _sample_device(self, device: str, out: Samples) -> None:
         path = os.path.join(self.root, device)
@@ -525,6 +569,8 @@ REGISTRATION = register(
             drill_dir=str(options["drill_dir"]),
             nccl_topo_file=str(options["nccl_topo_file"]),
             virtual_function_counters=bool(options["virtual_function_counters"]),
+            pcie_acs_state=str(options["pcie_acs_state"]),
+            pcie_acs_max_age=float(options["pcie_acs_max_age_seconds"]),
         ),
         catalogue=CATALOGUE,
         options=(
@@ -532,6 +578,8 @@ REGISTRATION = register(
             drill_store.DRILL_DIR,
             NCCL_TOPO_FILE,
             VIRTUAL_FUNCTION_COUNTERS,
+            pcie_acs.STATE_FILE,
+            pcie_acs.MAX_AGE,
         ),
         enabled_by_default=_has_class,
         hardware_present=_has_class,
