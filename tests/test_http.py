@@ -279,3 +279,46 @@ def test_the_exporter_tells_systemd_it_is_ready_only_once_it_serves(tmp_path):
 def test_notify_systemd_outside_systemd_does_nothing():
     assert http.notify_systemd("READY=1", {}) is False
     assert http.notify_systemd("READY=1", {"NOTIFY_SOCKET": "relative"}) is False
+
+
+def hold(port: int, source: str, count: int) -> list[socket.socket]:
+    """`count` connections from the loopback address `source` that never send a byte."""
+    return [socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(source, 0)) for _ in range(count)]
+
+
+def closed_by_server(client: socket.socket) -> bool:
+    try:
+        return client.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_many_addresses_filling_every_slot_leave_a_newcomer_its_place(served, monkeypatch):
+    """Issue 66: MAX_CONNECTIONS_PER_CLIENT bounded one address, but 32 addresses (a 32-node job's, or one worker
+    user's binding 127.0.x.y, or an IPv6 /64's) held all 256 slots, and every new scrape was closed at once. When
+    every slot is taken, the oldest connection not yet authenticated is closed for the newcomer."""
+    monkeypatch.setattr(http, "MAX_CONNECTIONS", 16)
+    port = served.server_address[1]
+    hog = hold(port, "127.0.1.0", 8) + hold(port, "127.0.1.1", 8)
+    try:
+        wait_until(lambda: served.open_connections == 16, timeout=5, what="the hog's 16 connections admitted")
+        assert b"test_value" in scrape_from("127.0.0.2", served)
+        assert closed_by_server(hog[0])  # the oldest made room
+        assert served.open_connections <= 16
+    finally:
+        for client in hog:
+            client.close()
+
+
+def test_a_scraper_sharing_an_address_with_a_hog_still_gets_in(served):
+    """The deploy's check scrapes a worker from its loopback, where any user of the worker may hold every slot one
+    address may; the newcomer takes the place of that address's oldest connection instead of being refused."""
+    port = served.server_address[1]
+    hog = hold(port, "127.0.0.1", http.MAX_CONNECTIONS_PER_CLIENT)
+    try:
+        wait_until(lambda: served.open_connections == http.MAX_CONNECTIONS_PER_CLIENT, timeout=5, what="the hog in")
+        assert b"test_value" in scrape_from("127.0.0.1", served)
+        assert closed_by_server(hog[0])
+    finally:
+        for client in hog:
+            client.close()

@@ -16,9 +16,11 @@ import pytest
 from accelmon.cli import make_server
 from accelmon.config import ConfigError
 from accelmon.exporter.runtime import Exporter, Sampler
+from accelmon.exporter.server import allowed_networks as http_networks
 from accelmon.exporter.webconfig import load_web_config
 from tests.support.paths import ROOT
 from tests.support.toy import Steady
+from tests.support.waiting import wait_until
 
 bcrypt = pytest.importorskip("bcrypt")  # the `auth` extra; the suite's environment has it
 PASSWORD = "s3cret-scrape"
@@ -198,3 +200,77 @@ def test_a_client_that_never_finishes_the_tls_handshake_is_cut_off(pki, serve, m
     with socket.create_connection(("127.0.0.1", port), timeout=5) as silent:
         silent.settimeout(5)
         assert silent.recv(1) == b""  # closed by the server, not by our timeout
+
+
+def tls_server(web_config: str, tmp_path: Path, allowed: tuple = ()):
+    from accelmon.exporter import server as http
+
+    path = tmp_path / "web-config.yml"
+    path.write_text(web_config)
+    exporter = Exporter([Sampler(Steady(), 0.05)])
+    exporter.collect_once()
+    server = make_server(exporter, "127.0.0.1:0", load_web_config(str(path)), allowed)
+    server.start()
+    return server, http
+
+
+def test_connections_in_their_tls_handshake_count_against_the_limits(pki, tmp_path, monkeypatch):
+    """Issue 66 review: the limits were applied once the handshake was done, so connections that never started it
+    were not counted: one address held 1,100 of them (5 s each, reopened), the exporter reached its 1,024 file
+    descriptors (asyncio: "socket.accept() out of system resource", 156 times in 15 s) and any file a collector
+    opened would fail. They now take their place in the pool from their accept, and the allow-list is applied
+    before the handshake (a refused address learns nothing, not even the certificate)."""
+    server, http = tls_server(f"tls_server_config: {{cert_file: {pki}/server.crt, key_file: {pki}/server.key}}\n",
+                              tmp_path, allowed=http_networks(["127.0.0.1"]))  # fmt: skip
+    monkeypatch.setattr(http, "HEAD_SECONDS", 30.0)  # no connection ends by its own timeout within this test
+    port = server.server_address[1]
+    try:
+        silent = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(20)]
+        wait_until(lambda: server.open_connections == http.MAX_CONNECTIONS_PER_CLIENT, timeout=5,
+                   what=f"{http.MAX_CONNECTIONS_PER_CLIENT} connections in their handshake counted")  # fmt: skip
+        silent[0].settimeout(5)
+        assert silent[0].recv(1) == b""  # the oldest made room for the newer ones
+        with pytest.raises((ssl.SSLError, ConnectionError)):
+            with socket.create_connection(("127.0.0.1", port), timeout=5, source_address=("127.0.0.2", 0)) as other:
+                client_context(pki).wrap_socket(other, server_hostname="127.0.0.1")  # closed before any handshake
+        status, body = fetch(f"https://127.0.0.1:{port}/metrics", client_context(pki))
+        assert status == 200 and b"test_value" in body
+    finally:
+        for client in silent:
+            client.close()
+        server.stop()
+
+
+def test_an_authenticated_scraper_keeps_its_connection_when_every_slot_is_taken(pki, tmp_path, monkeypatch):
+    """Prometheus keeps its connection between scrapes; once it has authenticated, no newcomer takes its place,
+    however many addresses fill the pool, and a second scraper still gets in."""
+    import http.client
+
+    hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(4)).decode()
+    server, http_server = tls_server(
+        f"tls_server_config: {{cert_file: {pki}/server.crt, key_file: {pki}/server.key}}\n"
+        f"basic_auth_users:\n  prometheus: '{hashed}'\n",
+        tmp_path,
+    )
+    monkeypatch.setattr(http_server, "MAX_CONNECTIONS", 16)
+    port = server.server_address[1]
+    credential = {"Authorization": "Basic " + base64.b64encode(f"prometheus:{PASSWORD}".encode()).decode()}
+    prometheus = http.client.HTTPSConnection("127.0.0.1", port, timeout=5, context=client_context(pki))
+    flood: list[socket.socket] = []
+    try:
+        for _ in range(2):
+            prometheus.request("GET", "/metrics", headers=credential)
+            assert prometheus.getresponse().read().count(b"test_value") >= 1
+        for n in range(6):  # 48 connections from 6 addresses into a pool of 16
+            flood += [socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(f"127.0.1.{n}", 0))
+                      for _ in range(8)]  # fmt: skip
+        wait_until(lambda: server.open_connections == 16, timeout=5, what="a full pool")
+        status, body = fetch(f"https://127.0.0.1:{port}/metrics", client_context(pki), auth=("prometheus", PASSWORD))
+        assert status == 200 and b"test_value" in body
+        prometheus.request("GET", "/metrics", headers=credential)  # the same connection, not reset
+        assert b"test_value" in prometheus.getresponse().read()
+    finally:
+        prometheus.close()
+        for client in flood:
+            client.close()
+        server.stop()

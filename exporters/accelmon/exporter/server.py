@@ -3,13 +3,17 @@
 The thread-per-connection server it replaces let one client grow the exporter to gigabytes: no limit on
 connections, up to 100 headers of 64 KiB buffered each, and a timeout per read, so a header every 29 s held a
 thread for most of an hour. Here a connection costs a coroutine and at most MAX_HEAD_BYTES of buffer; there are at
-most MAX_CONNECTIONS of them, and at most MAX_CONNECTIONS_PER_CLIENT from one address (more are closed at once: one
-client that opens 256 silent connections no longer takes the scraper's place); a connection's first byte must come
-within HEAD_SECONDS, and a request's head whole within HEAD_SECONDS of its first byte; an idle keep-alive connection
-is closed after IDLE_SECONDS. Where `allowed` networks are given (the config's web.allowed_clients: the
-Prometheus servers), any other address is closed before it is read. A scrape never waits on hardware: the
-body is the exporter's latest samples, rendered by prometheus_client once per sample (in the text format, or in
-OpenMetrics for a client that asks for it) and gzip-compressed when the client accepts it.
+most MAX_CONNECTIONS of them, counted from their accept (a TLS handshake that never ends holds a slot, not a file
+descriptor beyond the pool), and at most MAX_CONNECTIONS_PER_CLIENT from one address. When a newcomer finds its
+address's share or the pool taken, the oldest connection not yet trusted (authenticated by password or by a client
+certificate) is closed for it: many addresses (a 32-node job's, a worker user's 127.0.x.y, an IPv6 /64's) no longer
+shut a scraper out, and Prometheus's authenticated keep-alive connection is never the one closed. A connection's
+first byte must come within HEAD_SECONDS, and a request's head whole within HEAD_SECONDS of its first byte; an idle
+keep-alive connection is closed after IDLE_SECONDS. Where `allowed` networks are given (the config's
+web.allowed_clients: the Prometheus servers), any other address is closed at its accept, before a TLS handshake. A
+scrape never waits on hardware: the body is the exporter's latest samples, rendered by prometheus_client once per
+sample (in the text format, or in OpenMetrics for a client that asks for it) and gzip-compressed when the client
+accepts it.
 """
 
 from __future__ import annotations
@@ -48,6 +52,23 @@ REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
 CHALLENGE = 'WWW-Authenticate: Basic realm="accelmon-exporter"'
 
 
+class _Connection:
+    """An admitted connection: its socket, its client's address, whether it has proved itself."""
+
+    def __init__(self, sock: socket.socket, client: str) -> None:
+        self.sock = sock
+        self.client = client
+        self.trusted = False
+
+    def close(self) -> None:
+        """Ends it wherever its task is (in the handshake, a read, a bcrypt check, a write): the next read sees the
+        end, or the next write fails, and the task closes it as any connection that went away."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:  # already gone
+            pass
+
+
 class MetricsServer:
     """Serves `exposition()` on `host:port` (port 0: any free port) from a loop on a thread of its own."""
 
@@ -74,37 +95,98 @@ class MetricsServer:
         self.server_address = self._socket.getsockname()[:2]
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="http", daemon=True)
-        self._server: asyncio.base_events.Server | None = None
-        self.open_connections = 0
+        self._accepting: asyncio.Task[None] | None = None
+        self._connections: dict[_Connection, None] = {}  # admitted, oldest first (dicts keep insertion order)
         self._by_client: dict[str, int] = {}  # open connections per client address
+        self._tasks: set[asyncio.Task[None]] = set()
         # Per format, (exposition, its gzip): compressed once per sample, shared by every scraper until the next.
         self._gzipped: dict[bool, tuple[bytes, bytes]] = {}
 
+    @property
+    def open_connections(self) -> int:
+        return len(self._connections)
+
     def start(self) -> None:
+        self._socket.listen(BACKLOG)
+        self._socket.setblocking(False)
         self._thread.start()
         started = asyncio.run_coroutine_threadsafe(self._listen(), self._loop)
-        self._server = started.result(10)
+        self._accepting = started.result(10)
 
-    async def _listen(self) -> asyncio.base_events.Server:
-        return await asyncio.start_server(
-            self._serve,
-            sock=self._socket,
-            backlog=BACKLOG,
-            limit=MAX_HEAD_BYTES,
-            ssl=self.web.ssl_context,
-            # A TLS handshake is bounded like a request head: a client that never finishes it is cut off.
-            ssl_handshake_timeout=HEAD_SECONDS if self.web.ssl_context else None,
-        )
+    async def _listen(self) -> asyncio.Task[None]:
+        return asyncio.get_running_loop().create_task(self._accept())
+
+    async def _accept(self) -> None:
+        """Accepts connections itself rather than through asyncio.start_server, whose TLS server calls back only once
+        the handshake is done: the allow-list and the limits must apply from the accept."""
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, peer = await loop.sock_accept(self._socket)
+            except OSError as error:  # out of file descriptors, mostly: wait for some to be freed
+                log.warning("http: cannot accept a connection: %s", error)
+                await asyncio.sleep(0.1)
+                continue
+            connection = self._admit(conn, peer)
+            if connection is None:
+                conn.close()
+            else:
+                # The loop keeps only a weak reference to a task: held here until it ends.
+                task = loop.create_task(self._serve(peer, connection))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    def _admit(self, conn: socket.socket, peer: object) -> _Connection | None:
+        """The new connection's place in the pool, or None to close it: at its address's share or with every slot
+        taken, the oldest connection not yet trusted (of that address, or of any) is closed for it."""
+        client = client_address(peer)
+        if self.allowed and not any(client in network for network in self.allowed):
+            log.debug("http: %s refused: not an allowed client", peer)
+            return None
+        key = str(client)
+        if self._by_client.get(key, 0) >= MAX_CONNECTIONS_PER_CLIENT:
+            evicted = self._evict(key)
+        elif len(self._connections) >= MAX_CONNECTIONS:
+            evicted = self._evict(None)
+        else:
+            evicted = True
+        if not evicted:
+            log.debug("http: %s refused: %d connections open and trusted, %d of its own", peer,
+                      len(self._connections), self._by_client.get(key, 0))  # fmt: skip
+            return None
+        connection = _Connection(conn, key)
+        self._connections[connection] = None
+        self._by_client[key] = self._by_client.get(key, 0) + 1
+        return connection
+
+    def _evict(self, key: str | None) -> bool:
+        """Closes the oldest untrusted connection (of client `key`, or of any); False if there is none."""
+        for connection in self._connections:
+            if not connection.trusted and key in (None, connection.client):
+                log.debug("http: connection of %s closed for a newcomer", connection.client)
+                self._forget(connection)
+                connection.close()
+                return True
+        return False
+
+    def _forget(self, connection: _Connection) -> None:
+        if connection in self._connections:  # not forgotten before (evicted, then ended)
+            del self._connections[connection]
+            self._by_client[connection.client] -= 1
+            if not self._by_client[connection.client]:
+                del self._by_client[connection.client]
 
     def stop(self) -> None:
         async def close() -> None:
-            if self._server is not None:
-                self._server.close()
+            if self._accepting is not None:
+                self._accepting.cancel()
             connections = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
             for task in connections:
                 task.cancel()
             # Each closes its transport on the way out: none is left to be collected after the loop is closed.
             await asyncio.gather(*connections, return_exceptions=True)
+            for connection in self._connections:  # admitted, but cancelled before its task began
+                connection.sock.close()
 
         if self._thread.is_alive():
             asyncio.run_coroutine_threadsafe(close(), self._loop).result(5)
@@ -115,26 +197,26 @@ class MetricsServer:
         self._socket.close()
         self._bcrypt.shutdown(wait=False)
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer = writer.get_extra_info("peername")
-        client = client_address(peer)
-        if self.allowed and not any(client in network for network in self.allowed):
-            log.debug("http: %s refused: not an allowed client", peer)
-            writer.close()
-            return
-        key = str(client)
-        if self.open_connections >= MAX_CONNECTIONS or self._by_client.get(key, 0) >= MAX_CONNECTIONS_PER_CLIENT:
-            log.debug("http: %s refused: %d connections open, %d of its own", peer, self.open_connections,
-                      self._by_client.get(key, 0))  # fmt: skip
-            writer.close()
-            return
-        self.open_connections += 1
-        self._by_client[key] = self._by_client.get(key, 0) + 1
+    async def _serve(self, peer: object, connection: _Connection) -> None:
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=MAX_HEAD_BYTES)
+        protocol = asyncio.StreamReaderProtocol(reader)
+        writer: asyncio.StreamWriter | None = None
         try:
+            # A TLS handshake is bounded like a request head: a client that never finishes it is cut off.
+            transport, _ = await loop.connect_accepted_socket(
+                lambda: protocol,
+                connection.sock,
+                ssl=self.web.ssl_context,
+                ssl_handshake_timeout=HEAD_SECONDS if self.web.ssl_context else None,
+            )
+            writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+            # A client certificate verified in the handshake (mutual TLS) is trust enough.
+            connection.trusted = bool(writer.get_extra_info("peercert"))
             first = True
-            while await self._one_request(reader, writer, first):
+            while await self._one_request(reader, writer, first, connection):
                 first = False
-        except (ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError, ssl.SSLError) as error:
+        except (ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError, ssl.SSLError, OSError) as error:
             log.debug("http: client %s went away: %r", peer, error)
         except asyncio.CancelledError:
             # Only stop() cancels a connection. Ending normally rather than cancelled: Python 3.11's streams log a
@@ -142,15 +224,16 @@ class MetricsServer:
             log.debug("http: connection of %s closed at shutdown", peer)
         except asyncio.LimitOverrunError:
             log.debug("http: client %s sent a head over %d bytes", peer, MAX_HEAD_BYTES)
-            await self._reply(writer, 400, "text/plain; charset=utf-8", b"request head too large\n", close=True)
+            if writer is not None:
+                await self._reply(writer, 400, "text/plain; charset=utf-8", b"request head too large\n", close=True)
         finally:
-            self.open_connections -= 1
-            self._by_client[key] -= 1
-            if not self._by_client[key]:
-                del self._by_client[key]
-            writer.close()
+            self._forget(connection)
+            if writer is not None:
+                writer.close()  # else the handshake failed, and asyncio closed the transport it made
 
-    async def _one_request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, opening: bool) -> bool:
+    async def _one_request(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, opening: bool, connection: _Connection
+    ) -> bool:
         """Reads and answers one request; False when the connection is done. A new connection (`opening`) must send
         within HEAD_SECONDS: a silent one is closed, not kept IDLE_SECONDS as a keep-alive between scrapes is."""
         first = await asyncio.wait_for(reader.read(1), HEAD_SECONDS if opening else IDLE_SECONDS)
@@ -170,7 +253,11 @@ class MetricsServer:
             headers[name.strip().lower()] = value.strip()
         close = version == "HTTP/1.0" or headers.get("connection", "").lower() == "close"
         path = target.split("?", 1)[0]
-        if self.web.requires_auth and not await self._authorized(headers.get("authorization", "")):
+        # Every request is checked (a proxy may carry several clients' requests on one connection); one that passes
+        # makes its connection trusted: no newcomer takes its place.
+        authorized = not self.web.requires_auth or await self._authorized(headers.get("authorization", ""))
+        connection.trusted = connection.trusted or (authorized and self.web.requires_auth)
+        if not authorized:
             await self._reply(writer, 401, "text/plain; charset=utf-8", b"unauthorized\n", close, extra=CHALLENGE)
         elif method not in ("GET", "HEAD"):
             await self._reply(writer, 405, "text/plain; charset=utf-8", b"only GET and HEAD\n", close, head=False)
