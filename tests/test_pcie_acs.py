@@ -20,7 +20,7 @@ from accelmon.scan import refresh_pcie_acs
 from tests.support.exposition import promtool_check, series, text_of
 from tests.support.jobs_tree import uuid
 from tests.support.path_rules import path_faults_test
-from tests.support.pci_tree import bridge_config, healthy_idle_node
+from tests.support.pci_tree import DGX_H100_COMPUTE, bridge_config, dgx_h100, healthy_idle_node
 
 RR_CR = 0x04 | 0x08  # P2P Request and Completion Redirect: what Linux sets, with SV and UF, where an IOMMU is on
 SV = 0x01  # Source Validation alone: ACS on, peer-to-peer not redirected
@@ -66,6 +66,18 @@ def test_the_root_pass_lists_each_gpus_bridges_to_its_nccl_nic_with_their_acs(tm
     assert state["bridges"]["0000:01:00.0"] == SV
     assert state["bridges"]["0000:00:02.0"] is None
     assert "0000:06:01.0" not in state["bridges"]  # the storage HCA's port: no GPU's NCCL path
+
+
+def test_a_dgx_h100s_gpus_cross_both_switch_levels_to_their_own_hca_and_unread_bridges_stay_unknown(tmp_path):
+    """PXB through a top switch and two leaves: each GPU's path to its compute HCA crosses the top switch's upstream
+    port, its two downstream ports and each leaf's two ports (7); bridges whose config cannot be read are null."""
+    sysfs, procfs = dgx_h100(tmp_path)
+    state = pcie_acs.survey(str(sysfs), str(procfs))
+    assert [(p["gpu"], p["device"], len(p["bridges"])) for p in state["paths"]] == [
+        (str(i), DGX_H100_COMPUTE[i], 7) for i in range(8)
+    ]
+    assert state["paths"][0]["bridges"][:2] == ["0000:18:00.0", "0000:19:00.0"]
+    assert set(state["bridges"].values()) == {None}
 
 
 def collector_of(sysfs, procfs, tmp_path, **options) -> InfinibandCollector:
