@@ -274,3 +274,23 @@ def test_an_authenticated_scraper_keeps_its_connection_when_every_slot_is_taken(
         for client in flood:
             client.close()
         server.stop()
+
+
+@pytest.mark.parametrize("cipher", ["ECDHE-RSA-AES128-SHA", "ECDHE-RSA-AES128-SHA256", "ECDHE-RSA-AES256-SHA384"])
+def test_tls12_takes_forward_secret_aead_suites_only(pki, serve, cipher):
+    """Python 3.9's server defaults took CBC with SHA-1 in TLS 1.2 (ECDHE-RSA-AES128-SHA), and 3.11's CBC with
+    SHA-256/384: both refused now, while the AES-GCM Prometheus offers is served."""
+    port = serve(f"tls_server_config: {{cert_file: {pki}/server.crt, key_file: {pki}/server.key}}\n")
+
+    def context(ciphers: str) -> ssl.SSLContext:
+        tls12 = client_context(pki)
+        tls12.maximum_version = ssl.TLSVersion.TLSv1_2
+        tls12.set_ciphers(ciphers)
+        return tls12
+
+    with pytest.raises(ssl.SSLError):
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+            context(cipher).wrap_socket(raw, server_hostname="127.0.0.1")
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+        with context("ECDHE+AESGCM").wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+            assert tls.version() == "TLSv1.2" and "GCM" in tls.cipher()[0]
