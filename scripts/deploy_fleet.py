@@ -268,21 +268,22 @@ def run_stage(stage: list[Run], args: argparse.Namespace, run_dir: Path, passthr
     except SignalError as stop:
         stopped = interrupt(processes)
         hosts = [host for run in stopped for host in run.hosts]
+        changed = "checks only, none changed" if stage[0].stage == "preflight" else "some maybe half-deployed"
         print(
             f"deploy_fleet: signal {stop.signum}: interrupted {', '.join(run.name for run in stopped) or 'no run'}"
-            f" ({len(hosts)} host(s), some maybe half-deployed: a complete re-run deploys them in full)",
+            f" ({len(hosts)} host(s), {changed}: a complete re-run deploys them in full)",
             flush=True,
         )
         raise
     for run, _process in processes:
         summary = run_dir / f"{run.name}.json"
         run.summary = json.loads(summary.read_text()) if summary.exists() else {}
-        state = "stopped" if run.stopped else ("failed hosts within the budget" if run.failed_hosts else "ok")
-        named = (
-            f": {', '.join(run.failed_hosts[:20])}{' ...' if len(run.failed_hosts) > 20 else ''}"
-            if run.failed_hosts
-            else ""
-        )
+        # The preflight and the canary have no budget: any failed host stops the deploy (main()).
+        within = "" if run.stage in ("preflight", "canary") else " within the budget"
+        state = "stopped" if run.stopped else (f"failed hosts{within}" if run.failed_hosts else "ok")
+        unreachable = set(run.summary.get("unreachable", []))  # type: ignore[call-overload]
+        shown = [f"{host} (unreachable)" if host in unreachable else host for host in run.failed_hosts[:20]]
+        named = f": {', '.join(shown)}{' ...' if len(run.failed_hosts) > 20 else ''}" if shown else ""
         print(f"  {run.name}: rc {run.rc}, {state}{named} ({run.seconds:.0f} s)", flush=True)
         if run.unreached:
             print(f"  {run.name}: never reached {len(run.unreached)} of its host(s): {', '.join(run.unreached[:20])}")

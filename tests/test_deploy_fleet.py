@@ -26,8 +26,9 @@ ANSIBLE = Path(sys.executable).parent / "ansible"
 # Records each run and writes the summary the real callback would, as FAKE_PLAN says for its hosts:
 # {"fail": {stage: [hosts that fail]}, "stop": {stage: [hosts whose failure stops the run short]},
 #  "sleep": seconds each run takes (0.5), "gone": {stage: [hosts its runs do not process]},
-#  "crash": [stages whose runs fail as a whole]}. Like ansible-playbook it reads its -i from where it was started: the
-# hosts it processes are those of its limit that its inventory files name (none when it cannot read them).
+#  "crash": [stages whose runs fail as a whole], "unreachable": {stage: [hosts]}}. Like ansible-playbook it reads
+# its -i from where it was started: the hosts it processes are those of its limit that its inventory files name
+# (none when it cannot read them).
 STAND_IN = r"""#!{python}
 import json, os, re, sys, time
 args = sys.argv[1:]
@@ -53,13 +54,14 @@ stopping = plan.get("stop", {{}}).get(stage, [])
 failed = [h for h in hosts if h in plan.get("fail", {{}}).get(stage, []) + stopping]
 stopped = any(h in stopping for h in hosts)
 with open(os.environ["ACCELMON_FLEET_SUMMARY"], "w") as out:
-    json.dump({{"stopped": stopped, "failed": failed, "unreachable": [], "hosts": hosts}}, out)
+    unreachable = [h for h in hosts if h in plan.get("unreachable", {{}}).get(stage, [])]
+    json.dump({{"stopped": stopped, "failed": failed, "unreachable": unreachable, "hosts": hosts}}, out)
 with open(os.environ["FAKE_RECORD"], "a") as record:
     record.write(json.dumps({{"run": os.path.basename(limit), "hosts": hosts, "extra": extra, "began": began,
                              "ended": time.time(), "args": args, "cwd": os.getcwd(),
                              "callbacks": [os.environ["ANSIBLE_CALLBACKS_ENABLED"],
                                            os.environ["ANSIBLE_CALLBACK_PLUGINS"]]}}) + "\n")
-sys.exit(2 if failed else 0)
+sys.exit(2 if failed else 4 if unreachable else 0)
 """
 
 
@@ -221,6 +223,13 @@ def test_a_host_a_run_never_reached_stops_the_deploy_and_is_named(tmp_path):
     assert "never reached 1 of its host(s): w04" in output and "stopped at the workers stage" in output, output
     assert "masters" not in {r["run"].split("-")[0] for r in runs}
     assert (tmp_path / "run" / "failed.retry").read_text() == "w04\n"
+
+
+def test_an_unreachable_host_in_the_preflight_is_named_as_such_and_the_stage_has_no_budget(tmp_path):
+    rc, output, _ = _fleet(tmp_path, _inventory(tmp_path, 4), "--shards", "2", "--max-fail-percentage", "50",
+                           plan={"unreachable": {"preflight": ["w03"]}})  # fmt: skip
+    assert rc == 1 and "preflight-1: rc 4, failed hosts: w03 (unreachable)" in output, output
+    assert "within the budget" not in output and "--limit 'all:!w03'" in output, output
 
 
 def test_a_run_that_fails_as_a_whole_shows_its_error_and_offers_no_run_without_its_hosts(tmp_path):
