@@ -322,3 +322,43 @@ def test_a_scraper_sharing_an_address_with_a_hog_still_gets_in(served):
     finally:
         for client in hog:
             client.close()
+
+
+def ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+            probe.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not ipv6_loopback(), reason="no IPv6 on this host")
+def test_any_address_is_ipv4_and_ipv6_so_no_user_can_listen_beside_it():
+    """Issue 66 review: ':19470' (the role's default) bound 0.0.0.0 only, and any user of the worker could bind
+    [::]:19470 (IPV6_V6ONLY) while the exporter ran: a scraper reaching the worker by IPv6 (a name with an AAAA
+    record, which Go's dialer tries first) got the impostor's answer (a forged accelmon_build_info, with plain HTTP
+    opted into; with TLS, a failed scrape). The exporter now takes both families, as node_exporter's Go listener
+    does, and an impostor there first stops it from starting rather than sharing the port."""
+    exporter = Exporter([Sampler(Steady(), 0.05)])
+    exporter.collect_once()
+    server = make_server(exporter, ":0")
+    server.start()
+    port = server.server_address[1]
+    try:
+        impostor = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        impostor.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        with impostor, pytest.raises(OSError, match="in use"):
+            impostor.bind(("::", port))
+        for host in ("127.0.0.1", "[::1]"):
+            with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5) as response:
+                assert b"test_value" in response.read()
+    finally:
+        server.stop()
+    squatter = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    squatter.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    with squatter:
+        squatter.bind(("::", 0))
+        squatter.listen(1)
+        with pytest.raises(OSError, match="in use"):
+            make_server(exporter, f":{squatter.getsockname()[1]}")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import errno
 import gzip
 import ipaddress
 import logging
@@ -88,10 +89,7 @@ class MetricsServer:
         # bcrypt checks (0.06-0.25 s of CPU each) run one at a time off the loop: wrong passwords cost one core
         # at most, and never stall the scrapes of clients that passed before.
         self._bcrypt = ThreadPoolExecutor(max_workers=1, thread_name_prefix="http-auth")
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._socket = socket.socket(family, socket.SOCK_STREAM)
-        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._socket.bind((host or ("::" if family == socket.AF_INET6 else "0.0.0.0"), port))
+        self._socket = listening_socket(host, port)
         self.server_address = self._socket.getsockname()[:2]
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="http", daemon=True)
@@ -325,6 +323,36 @@ class MetricsServer:
             lines.append("Connection: close")
         writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (b"" if head else body))
         await asyncio.wait_for(writer.drain(), WRITE_SECONDS)
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to `host:port`. No host means every address of both families, as Go's listener (node_exporter's)
+    takes it: bound to 0.0.0.0 alone, the port stayed free on IPv6, where any user of the host could listen with
+    IPV6_V6ONLY and answer the scrapers that reach it by IPv6. IPv4 alone only where the host has no IPv6."""
+    if not host:
+        try:
+            dual = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        except OSError:  # IPv6 off in the kernel (ipv6.disable=1)
+            pass
+        else:
+            try:
+                dual.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+                dual.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                dual.bind(("::", port))
+                return dual
+            except OSError as error:
+                dual.close()
+                if error.errno != errno.EADDRNOTAVAIL:  # in use (an impostor's too) fails the start, loudly
+                    raise
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host or "0.0.0.0", port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def notify_systemd(state: str, environ: dict[str, str] | None = None) -> bool:
