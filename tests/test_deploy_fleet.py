@@ -331,6 +331,22 @@ def test_bad_arguments_are_refused_before_any_run(tmp_path, args, words):
     assert rc == 2 and words in output and runs == [], output
 
 
+def test_the_documented_retry_file_commands_name_a_path_ansible_opens(tmp_path):
+    """`--limit @~/...` (docs/deploying.md, ansible.cfg) fails as written: the shell expands no `~` after `@`, nor
+    does Ansible ("Unable to find limit file")."""
+    (tmp_path / "inv.ini").write_text("w1\n")
+    (tmp_path / ".ansible").mkdir()
+    (tmp_path / ".ansible" / "deploy.retry").write_text("w1\n")
+    env = {**os.environ, "HOME": str(tmp_path)}
+    listed = subprocess.run(
+        [str(ANSIBLE), "-i", str(tmp_path / "inv.ini"), "all", "--list-hosts", "--limit", "@~/.ansible/deploy.retry"],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert listed.returncode != 0 and "Unable to find limit file" in listed.stdout + listed.stderr, listed
+    for path in (ROOT / "docs" / "deploying.md", ROOT / "ansible.cfg"):
+        assert "@~" not in path.read_text(), path
+
+
 def _real_fleet(tmp_path: Path, extra: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], Path]:
     """deploy_fleet.py with the real ansible-playbook in --check, on three workers of this machine (local
     connections, install directories in tmp_path) and no master: the stages as an operator runs them."""
