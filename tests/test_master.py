@@ -271,7 +271,8 @@ def test_every_dashboard_is_a_dashboard_of_grafanas_own_model(tmp_path):
     pinned = json.loads((MASTER / "grafana" / "schema-check" / "package.json").read_text())["devDependencies"]
     image = yaml.safe_load((ROOT / "ansible" / "roles" / "accelmon_master" / "defaults" / "main.yml").read_text())
     # The same Grafana release line: a patch release (11.6.16, the security fixes) keeps its minor's dashboard model.
-    deployed = image["accelmon_master_grafana_image"].rsplit(":", 1)[1].split(".")[:2]
+    # name:tag@sha256:digest (pinned by digest, the tag kept for reading): the release is the tag's.
+    deployed = image["accelmon_master_grafana_image"].split("@")[0].rsplit(":", 1)[1].split(".")[:2]
     assert deployed == pinned["@grafana/schema"].split(".")[:2], (deployed, pinned["@grafana/schema"])
     # Inside the installed tree, so that '@grafana/schema' resolves to it.
     work = GRAFANA_MODEL / f"check-{os.getpid()}"
