@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import base64
 import gzip
 import ipaddress
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -362,3 +364,54 @@ def test_any_address_is_ipv4_and_ipv6_so_no_user_can_listen_beside_it():
         squatter.listen(1)
         with pytest.raises(OSError, match="in use"):
             make_server(exporter, f":{squatter.getsockname()[1]}")
+
+
+@pytest.mark.skipif(not ipv6_loopback(), reason="no IPv6 on this host")
+def test_a_password_never_wrong_is_checked_before_those_of_clients_that_failed(monkeypatch):
+    """Issue 66 review: bcrypt checks ran one at a time in their order of arrival. After a restart (no password
+    remembered yet) 4 addresses sending wrong passwords on 8 connections each kept 32 checks queued, and the right
+    password waited 41 s for its turn (cost 12, ~1 s a check on 2 loaded cores), past Prometheus's 10 s scrape
+    timeout, as long as they went on; 2.2 s now. A client (an address; IPv6's /64, IPv4's loopback 127/8) whose passwords failed now waits
+    behind those of clients that never failed: here the right one is checked next, not 17th."""
+    from accelmon.exporter.webconfig import WebConfig
+
+    gate, order = threading.Event(), []
+
+    def check(user: str, password: str) -> bool:  # the bcrypt check, held at the gate while the queue forms
+        gate.wait(10)
+        order.append(password)
+        return password == "right"
+
+    web = WebConfig(users={"prometheus": b"$2b$04$" + b"x" * 53})
+    monkeypatch.setattr(web, "check", check)
+    exporter = Exporter([Sampler(Steady(), 0.05)])
+    exporter.collect_once()
+    server = make_server(exporter, ":0", web)
+    server.start()
+    port = server.server_address[1]
+
+    def ask(source: str, password: str) -> socket.socket:
+        client = socket.create_connection((source, port), timeout=10, source_address=(source, 0))
+        credential = base64.b64encode(f"prometheus:{password}".encode()).decode()
+        client.sendall(f"GET /metrics HTTP/1.1\r\nAuthorization: Basic {credential}\r\n\r\n".encode())
+        return client
+
+    try:
+        gate.set()
+        for source in ("127.0.3.1", "127.0.3.2"):
+            with ask(source, "wrong") as failed:
+                assert failed.recv(100).startswith(b"HTTP/1.1 401")
+        gate.clear()
+        flood = [ask(f"127.0.3.{1 + n % 2}", f"wrong{n}") for n in range(16)]
+        wait_until(lambda: server.open_connections == 16, timeout=5, what="the flood's connections")
+        time.sleep(0.2)  # every wrong check in the queue
+        with ask("::1", "right") as scraper:  # another client: the loopback's 127/8 is one
+            time.sleep(0.2)
+            gate.set()
+            assert scraper.recv(100).startswith(b"HTTP/1.1 200")
+        assert order[3] == "right", order  # after the check held at the gate
+        for client in flood:
+            client.close()
+    finally:
+        gate.set()
+        server.stop()

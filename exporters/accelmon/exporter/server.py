@@ -22,8 +22,10 @@ import asyncio
 import base64
 import binascii
 import errno
+import functools
 import gzip
 import ipaddress
+import itertools
 import logging
 import os
 import socket
@@ -44,6 +46,7 @@ MAX_HEAD_BYTES = 8192  # request line and headers; Prometheus sends about 300 by
 MAX_CONNECTIONS = 256
 # One address's share: a Prometheus pair, a federation and a person's curl need a few each.
 MAX_CONNECTIONS_PER_CLIENT = 8
+MAX_FAILED_CLIENTS = 4096  # clients whose failed passwords are remembered (a dict entry each)
 HEAD_SECONDS = 5.0
 IDLE_SECONDS = 60.0  # Prometheus keeps its connection open between scrapes (15 s by default)
 WRITE_SECONDS = 10.0  # a client that does not read its reply does not hold it for longer
@@ -56,9 +59,10 @@ CHALLENGE = 'WWW-Authenticate: Basic realm="accelmon-exporter"'
 class _Connection:
     """An admitted connection: its socket, its client's address, whether it has proved itself."""
 
-    def __init__(self, sock: socket.socket, client: str) -> None:
+    def __init__(self, sock: socket.socket, client: str, group: str) -> None:
         self.sock = sock
         self.client = client
+        self.group = group  # client_group: whose failed passwords it shares
         self.trusted = False
 
     def close(self) -> None:
@@ -87,8 +91,13 @@ class MetricsServer:
         self.server_header = server_header
         self.web = web or WebConfig()
         # bcrypt checks (0.06-0.25 s of CPU each) run one at a time off the loop: wrong passwords cost one core
-        # at most, and never stall the scrapes of clients that passed before.
+        # at most, and never stall the scrapes of clients that passed before. The next check is that of the client
+        # with the fewest failed checks, then the oldest: clients sending wrong passwords wait behind the others.
         self._bcrypt = ThreadPoolExecutor(max_workers=1, thread_name_prefix="http-auth")
+        self._checks: list[tuple[int, str, str, str, asyncio.Future[bool]]] = []  # (arrival, group, user, ...)
+        self._checking = False
+        self._arrivals = itertools.count()
+        self._failures: dict[str, int] = {}  # failed checks per client_group, until one passes
         self._socket = listening_socket(host, port)
         self.server_address = self._socket.getsockname()[:2]
         self._loop = asyncio.new_event_loop()
@@ -152,7 +161,7 @@ class MetricsServer:
             log.debug("http: %s refused: %d connections open and trusted, %d of its own", peer,
                       len(self._connections), self._by_client.get(key, 0))  # fmt: skip
             return None
-        connection = _Connection(conn, key)
+        connection = _Connection(conn, key, client_group(client))
         self._connections[connection] = None
         self._by_client[key] = self._by_client.get(key, 0) + 1
         return connection
@@ -253,7 +262,9 @@ class MetricsServer:
         path = target.split("?", 1)[0]
         # Every request is checked (a proxy may carry several clients' requests on one connection); one that passes
         # makes its connection trusted: no newcomer takes its place.
-        authorized = not self.web.requires_auth or await self._authorized(headers.get("authorization", ""))
+        authorized = not self.web.requires_auth or await self._authorized(
+            headers.get("authorization", ""), connection.group
+        )
         connection.trusted = connection.trusted or (authorized and self.web.requires_auth)
         if not authorized:
             await self._reply(writer, 401, "text/plain; charset=utf-8", b"unauthorized\n", close, extra=CHALLENGE)
@@ -274,7 +285,7 @@ class MetricsServer:
             await self._reply(writer, 404, "text/plain; charset=utf-8", b"not found\n", close, head=method == "HEAD")
         return not close
 
-    async def _authorized(self, authorization: str) -> bool:
+    async def _authorized(self, authorization: str, group: str) -> bool:
         scheme, _, encoded = authorization.partition(" ")
         if scheme.lower() != "basic":
             return False
@@ -286,7 +297,36 @@ class MetricsServer:
             return False
         if self.web.is_known(user, password):
             return True
-        return await asyncio.get_running_loop().run_in_executor(self._bcrypt, self.web.check, user, password)
+        checked: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._checks.append((next(self._arrivals), group, user, password, checked))
+        self._next_check()
+        return await checked
+
+    def _next_check(self) -> None:
+        """Starts the next bcrypt check unless one runs (on the loop's thread, as every caller is)."""
+        while self._checks and not self._checking:
+            # The fewest failures now, not when it arrived: a flood's first checks arrive before any has failed.
+            chosen = min(self._checks, key=lambda waiting: (self._failures.get(waiting[1], 0), waiting[0]))
+            self._checks.remove(chosen)
+            _, group, user, password, checked = chosen
+            if checked.done():  # its connection went away
+                continue
+            self._checking = True
+            running = asyncio.get_running_loop().run_in_executor(self._bcrypt, self.web.check, user, password)
+            running.add_done_callback(functools.partial(self._check_done, group, checked))
+
+    def _check_done(self, group: str, checked: asyncio.Future[bool], running: asyncio.Future[bool]) -> None:
+        self._checking = False
+        passed = not running.cancelled() and running.exception() is None and bool(running.result())
+        if passed:
+            self._failures.pop(group, None)
+        else:
+            if len(self._failures) >= MAX_FAILED_CLIENTS:  # bounded: a flood of addresses starts it again
+                self._failures.clear()
+            self._failures[group] = self._failures.get(group, 0) + 1
+        if not checked.done():
+            checked.set_result(passed)
+        self._next_check()
 
     def _compressed(self, body: bytes, openmetrics: bool) -> bytes:
         """gzip of the exposition, compressed once per change: scrapers between two samples share it."""
@@ -380,6 +420,16 @@ def client_address(peer: object) -> IPAddress:
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         return address.ipv4_mapped
     return address
+
+
+def client_group(address: IPAddress) -> str:
+    """The client a failed password is held against: its address, but IPv6's /64 (one host's, or one site's) and
+    IPv4's loopback 127/8 (any user of the host binds any of it) whole, so that fresh addresses gain nothing."""
+    if address.is_loopback and address.version == 4:
+        return "127.0.0.0/8"
+    if address.version == 6:
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return str(address)
 
 
 def allowed_networks(values: object) -> tuple[IPNetwork, ...]:
