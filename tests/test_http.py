@@ -371,8 +371,9 @@ def test_a_password_never_wrong_is_checked_before_those_of_clients_that_failed(m
     """Issue 66 review: bcrypt checks ran one at a time in their order of arrival. After a restart (no password
     remembered yet) 4 addresses sending wrong passwords on 8 connections each kept 32 checks queued, and the right
     password waited 41 s for its turn (cost 12, ~1 s a check on 2 loaded cores), past Prometheus's 10 s scrape
-    timeout, as long as they went on; 2.2 s now. A client (an address; IPv6's /64, IPv4's loopback 127/8) whose passwords failed now waits
-    behind those of clients that never failed: here the right one is checked next, not 17th."""
+    timeout, as long as they went on; 2.2 s now. A client (an address; IPv6's /64, IPv4's loopback 127/8) whose
+    passwords failed now waits behind those of clients that never failed: here the right one is checked next, not
+    17th."""
     from accelmon.exporter.webconfig import WebConfig
 
     gate, order = threading.Event(), []
