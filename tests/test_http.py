@@ -416,3 +416,20 @@ def test_a_password_never_wrong_is_checked_before_those_of_clients_that_failed(m
     finally:
         gate.set()
         server.stop()
+
+
+def test_an_accept_header_prometheus_client_cannot_parse_is_served_as_text(served, caplog):
+    """prometheus_client 0.26's choose_encoder raises TypeError on `version=abc` (it compares the parsed version's
+    parts with numbers): the connection was dropped unanswered and the task's exception logged at ERROR, once per
+    request. Hostile input is served the text format instead."""
+    with caplog.at_level("DEBUG"):
+        with socket.create_connection(("127.0.0.1", served.server_address[1]), timeout=5) as client:
+            client.sendall(b"GET /metrics HTTP/1.1\r\nAccept: application/openmetrics-text; version=abc\r\n\r\n")
+            reply = b""
+            while b"test_value" not in reply:
+                chunk = client.recv(65536)
+                assert chunk, reply
+                reply += chunk
+        assert reply.startswith(b"HTTP/1.1 200 OK")
+        assert b"Content-Type: text/plain; version=" in reply
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")], caplog.text

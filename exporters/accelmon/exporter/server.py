@@ -272,7 +272,10 @@ class MetricsServer:
             await self._reply(writer, 405, "text/plain; charset=utf-8", b"only GET and HEAD\n", close, head=False)
         elif path == "/metrics":
             # Content negotiation as prometheus_client does it: OpenMetrics for a client that asks for it.
-            content_type = choose_encoder(headers.get("accept", ""))[1]
+            try:
+                content_type = choose_encoder(headers.get("accept", ""))[1]
+            except (TypeError, ValueError):  # prometheus_client 0.26 fails on `version=abc`: the text format then
+                content_type = choose_encoder("")[1]
             openmetrics = content_type.startswith("application/openmetrics-text")
             body = self.exposition(openmetrics)
             gzipped = "gzip" in headers.get("accept-encoding", "")
