@@ -178,6 +178,21 @@ def test_processes_are_placed_in_jobs_by_their_cgroup(tmp_path, version):
     assert cgroups.job_pids(str(root)) == {3101: "77", 3102: "77", 4242: "78"}
 
 
+def test_a_users_own_job_named_directory_is_no_jobs(tmp_path):
+    """cgroup v2 delegates user@<uid>.service to its user, who may make any directory there: `job_77` (or a
+    `slurmstepd.scope/job_77` of their own) in it must not put their processes in job 77, whose GPUs, user and
+    account they would then be counted under. Nor does a `job_<id>` in a place Slurm never puts one."""
+    root = slurm_job_cgroup(tmp_path / "cgroup", 77, (3101,))
+    user = root / "user.slice" / "user-1000.slice" / "user@1000.service"
+    for forged in (user / "job_77", user / "app.slice" / "slurmstepd.scope" / "job_77", root / "other" / "job_77"):
+        forged.mkdir(parents=True)
+        (forged / "cgroup.procs").write_text("5555\n")
+    assert cgroups.job_pids(str(root)) == {3101: "77"}
+    assert cgroups.job_cgroups(str(root), {"77"}) == {
+        "77": [str(root / "system.slice" / "slurmstepd.scope" / "job_77")]
+    }
+
+
 def test_a_job_directory_deeper_than_slurm_puts_it_is_not_read(tmp_path):
     deep = tmp_path / "a" / "b" / "c" / "d" / "e" / "f" / "g"
     slurm_job_cgroup(deep, 9, (99,))

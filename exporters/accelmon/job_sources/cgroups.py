@@ -23,11 +23,24 @@ OAR_CGROUP_PARENT = "oar"
 MAX_CGROUP_DEPTH = 6  # from the cgroup root down to a job's directory (v1: 4, v2: 3); deeper trees are not read
 
 
+# Where Slurm puts `job_<id>`: under v1's uid_<uid>, under v2's slurmstepd.scope (<node>_slurmstepd.scope where
+# several slurmd share a host).
+SLURM_JOB_PARENT = re.compile(r"^(uid_\d+|(.+_)?slurmstepd\.scope)$")
+# A user's own subtree on cgroup v2 (systemd delegates user@<uid>.service to its user, who may make any directory in
+# it): nothing there is a scheduler's, whatever its name.
+USER_SUBTREE = re.compile(r"^(user\.slice|user@\d+\.service)$")
+
+
 def job_of_cgroup(directory: str) -> str | None:
-    """The batch job whose cgroup `directory` is (Slurm's `job_<id>`, OAR's `oar/<user>_<id>`), else None."""
-    name = os.path.basename(directory)
-    match = SLURM_JOB_CGROUP.match(name)
-    if match is None and os.path.basename(os.path.dirname(directory)) == OAR_CGROUP_PARENT:
+    """The batch job whose cgroup `directory` is (Slurm's `uid_<uid>/job_<id>` or `slurmstepd.scope/job_<id>`, OAR's
+    `oar/<user>_<id>`), else None. The parent is part of the name: a user who makes `job_100` in their delegated
+    subtree (user@<uid>.service) must not have their processes counted as job 100's."""
+    parts = directory.split(os.sep)
+    if len(parts) < 2 or any(USER_SUBTREE.match(part) for part in parts):
+        return None
+    name, parent = parts[-1], parts[-2]
+    match = SLURM_JOB_CGROUP.match(name) if SLURM_JOB_PARENT.match(parent) else None
+    if match is None and parent == OAR_CGROUP_PARENT:
         match = OAR_JOB_CGROUP.match(name)
     return match.group(1) if match else None
 
