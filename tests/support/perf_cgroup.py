@@ -44,12 +44,13 @@ def job_cgroup(root: Path, job: int) -> Iterator[Path]:
         parent = unified / f"accelmon-test-{os.getpid()}"
         cgroup.rmdir()
         cgroup.symlink_to(parent)
-    directory = parent / f"job_{job}"
+    # Where Slurm's cgroup v2 plugin puts it (accelmon.job_sources.cgroups knows a job's directory by its parent too).
+    directory = parent / "slurmstepd.scope" / f"job_{job}"
     directory.mkdir(parents=True)
     try:
         yield directory
     finally:
-        for leaf in (directory, parent):
+        for leaf in (directory, directory.parent, parent):
             for _ in range(50):  # a process that just exited may still be leaving the cgroup
                 try:
                     leaf.rmdir()
