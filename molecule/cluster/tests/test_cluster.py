@@ -1046,7 +1046,10 @@ def test_a_redeploy_whose_exporter_cannot_start_stops_at_the_canary(host):
 def test_a_master_deployed_before_is_reowned_once(host):
     """A master deployed before its services had users of their own: Prometheus's data volume and secrets owned by
     the image's nobody (65534), as the old role left them. A masters-only deploy stops Prometheus, gives it back its
-    data and secrets, and starts it again, the samples kept; the next deploy changes nothing on the master."""
+    data and secrets, and starts it again, the samples kept. That the next deploy changes nothing on the master is
+    test_day_two_keeps_the_metrics's `--check --diff`, which runs next: a masters-only run here too said the same
+    for a whole master role's run (the converge's masters play: 171 s on this machine beside the store scenario);
+    the store scenario's idempotence is a real second deploy of the same role."""
     wait_for(lambda: up_workers(host) == WORKERS)
     at = f"/api/v1/query?query=accelmon_gpu_power_watts%7Bgpu%3D%221%22%7D&time={time.time() - 5:.3f}"
     before = query(host, at)["result"]
@@ -1066,9 +1069,6 @@ def test_a_master_deployed_before_is_reowned_once(host):
     assert wait_for(lambda: up_workers(host) == WORKERS, timeout=90), up_workers(host)
     assert wait_for(lambda: query(host, at)["result"], timeout=60) == before  # its data read again
 
-    recap = re.sub(r"\x1b\[[0-9;]*m", "", playbook("deploy.yaml", "-e", "skip_worker=true").split("PLAY RECAP")[-1])
-    assert re.search(rf"{CLUSTER}-master\s*:.*changed=0", recap), recap
-
 
 def test_day_two_keeps_the_metrics(host):
     wait_for(lambda: up_workers(host) == WORKERS)
@@ -1078,8 +1078,9 @@ def test_day_two_keeps_the_metrics(host):
     before = query(host, at)["result"]
     assert len(before) == 2
 
-    # --check --diff on the deployed cluster: runs through, and would change nothing. (A real second deploy
-    # changing nothing is the store scenario's idempotence step, over the same roles on seven hosts.)
+    # --check --diff on the deployed cluster: runs through, and would change nothing, the master re-owned by the test
+    # above included (its ownership tasks read the volumes' owners in check mode too). (A real second deploy changing
+    # nothing is the store scenario's idempotence step, over the same roles on seven hosts.)
     recap = playbook("deploy.yaml", "--check", "--diff").split("PLAY RECAP")[-1]
     assert recap.count("changed=0") == 3 and "failed=0" in recap
 
