@@ -24,5 +24,6 @@ demo_grafana() {
 
 # The role's Grafana image (its defaults: the one place it is named).
 demo_grafana_image() {
-  sed -n 's/^accelmon_master_grafana_image: *//p' ansible/roles/accelmon_master/defaults/main.yml
+  # The value alone: the line may end in a comment (a yamllint directive for a digest's length).
+  sed -n 's/^accelmon_master_grafana_image: *\([^ #]*\).*/\1/p' ansible/roles/accelmon_master/defaults/main.yml
 }
