@@ -52,3 +52,41 @@ def test_builds_from_one_checkout_at_once_both_succeed_and_stale_modules_go(tmp_
     wheel = next((tmp_path / "wheels-0").glob("pkg-1.0-*.whl"))
     listed = subprocess.run([sys.executable, "-m", "zipfile", "-l", str(wheel)], capture_output=True, text=True)
     assert "pkg/m199.py" in listed.stdout and "removed.py" not in listed.stdout
+
+
+def build_with_inputs(source: Path, wheels: Path) -> subprocess.CompletedProcess:
+    command = [sys.executable, str(BUILD), str(source), str(wheels), "--input", str(source / "pkg"),
+               "--input", str(source / "pyproject.toml"), "--quiet", "--no-deps", "--no-build-isolation",
+               "--no-index"]  # fmt: skip
+    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+
+def wheel_lists(wheels: Path) -> str:
+    wheel = next(wheels.glob("pkg-1.0-*.whl"))
+    return subprocess.run([sys.executable, "-m", "zipfile", "-l", str(wheel)], capture_output=True, text=True).stdout
+
+
+def test_a_wheel_built_from_the_same_inputs_is_not_built_again_and_any_change_rebuilds_it(tmp_path):
+    """Each batch of a serial play (and each shard of a fleet deploy) runs the build: unchanged inputs reuse the
+    wheel; an edited module, a new one, or a wheel removed since builds again."""
+    source, wheels = project(tmp_path / "src"), tmp_path / "wheels"
+    first = build_with_inputs(source, wheels)
+    assert first.returncode == 0, first.stderr
+    wheel = next(wheels.glob("pkg-1.0-*.whl"))
+    built_at = wheel.stat().st_mtime_ns
+    (source / "build").mkdir(exist_ok=True)
+    (source / "build" / "left-by-the-first").write_text("")  # a build removes build/ first: a reuse does not
+
+    again = build_with_inputs(source, wheels)
+    assert again.returncode == 0 and "not built again" in again.stdout
+    assert wheel.stat().st_mtime_ns == built_at and (source / "build" / "left-by-the-first").exists()
+
+    (source / "pkg" / "new_module.py").write_text("NEW = 1\n")
+    changed = build_with_inputs(source, wheels)
+    assert changed.returncode == 0 and "not built again" not in changed.stdout
+    assert "pkg/new_module.py" in wheel_lists(wheels)
+
+    next(wheels.glob("pkg-1.0-*.whl")).unlink()
+    lost = build_with_inputs(source, wheels)
+    assert lost.returncode == 0 and "not built again" not in lost.stdout
+    assert "pkg/new_module.py" in wheel_lists(wheels)
