@@ -1,6 +1,7 @@
-"""PCIe ACS on the bridges of each GPU's NCCL path (issue 68, point 7): the root pass (accelmon.host.pcie_acs) over
-fixture trees whose bridges' `config` files hold an ACS capability, its state file as the infiniband collector
-trusts and serves it, and the path rule's acs_redirect reason by promtool over the collector's own scrapes."""
+"""PCIe ACS on the bridges of each GPU's NCCL paths (issue 68, point 7): the root pass (accelmon.host.pcie_acs) over
+fixture trees whose bridges' `config` files hold an ACS capability, its state file as the pcie_acs collector trusts
+and serves it, and the path rule's acs_redirect reason by promtool over the collector's own scrapes. The paths: each
+GPU's to the NICs NCCL uses for it (a PXN GPU's through its NVLink peer), and GPU-to-GPU P2P over PCIe."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import time
 
 import pytest
 
-from accelmon.collectors.infiniband import InfinibandCollector
+from accelmon.collectors.pcie_acs import PcieAcsCollector
 from accelmon.config import Settings
 from accelmon.exporter.registry import Paths
 from accelmon.host import pcie_acs
@@ -20,7 +21,19 @@ from accelmon.scan import refresh_pcie_acs
 from tests.support.exposition import promtool_check, series, text_of
 from tests.support.jobs_tree import uuid
 from tests.support.path_rules import path_faults_test
-from tests.support.pci_tree import DGX_H100_COMPUTE, bridge_config, dgx_h100, healthy_idle_node
+from tests.support.pci_tree import (
+    DGX_H100_COMPUTE,
+    GEN4,
+    bridge_config,
+    cpuinfo,
+    dgx_h100,
+    gpu,
+    gpus_without_nics_on_one_socket,
+    healthy_idle_node,
+    nic,
+    number_gpus,
+    pcie_server,
+)
 
 RR_CR = 0x04 | 0x08  # P2P Request and Completion Redirect: what Linux sets, with SV and UF, where an IOMMU is on
 SV = 0x01  # Source Validation alone: ACS on, peer-to-peer not redirected
@@ -80,9 +93,9 @@ def test_a_dgx_h100s_gpus_cross_both_switch_levels_to_their_own_hca_and_unread_b
     assert set(state["bridges"].values()) == {None}
 
 
-def collector_of(sysfs, procfs, tmp_path, **options) -> InfinibandCollector:
-    options = {"pcie_acs_state": str(tmp_path / "acs.json"), "pcie_acs_owner": os.getuid(), **options}
-    return InfinibandCollector(sysfs=str(sysfs), procfs=str(procfs), nccl_conf=str(tmp_path / "none"), **options)
+def collector_of(sysfs, procfs, tmp_path, **options) -> PcieAcsCollector:
+    options = {"state": str(tmp_path / "acs.json"), "owner": os.getuid(), **options}
+    return PcieAcsCollector(procfs=str(procfs), **options)
 
 
 def acs_series(text: str) -> dict[str, object]:
@@ -112,7 +125,7 @@ def test_the_health_hooks_root_pass_writes_the_state_where_the_exporter_reads_it
     sysfs, procfs = node_with_acs(tmp_path)
     settings = Settings()
     settings.paths = Paths(sysfs=str(sysfs), procfs=str(procfs))
-    settings.collector("infiniband").options["pcie_acs_state"] = str(tmp_path / "acs.json")
+    settings.collector("pcie_acs").options["pcie_acs_state"] = str(tmp_path / "acs.json")
     refresh_pcie_acs(settings, logging.getLogger("test"))
     status = os.stat(tmp_path / "acs.json")
     assert status.st_mode & 0o777 == 0o644
@@ -145,9 +158,9 @@ def test_a_missing_untrusted_or_malformed_state_is_not_checked_and_counted(tmp_p
 def test_a_state_not_roots_or_too_old_is_not_checked(tmp_path):
     sysfs, procfs = node_with_acs(tmp_path)
     pcie_acs.refresh(str(sysfs), str(procfs), str(tmp_path / "none"), str(tmp_path / "acs.json"), time.time())
-    other = collector_of(sysfs, procfs, tmp_path, pcie_acs_owner=os.getuid() + 1)
+    other = collector_of(sysfs, procfs, tmp_path, owner=os.getuid() + 1)
     assert acs_series(text_of(other))["checked"] == [({"reason": "untrusted"}, 0.0)]
-    late = collector_of(sysfs, procfs, tmp_path, pcie_acs_max_age=3600.0, wall=lambda: time.time() + 7200)
+    late = collector_of(sysfs, procfs, tmp_path, max_age=3600.0, wall=lambda: time.time() + 7200)
     assert acs_series(text_of(late))["checked"] == [({"reason": "stale"}, 0.0)]
     early = collector_of(sysfs, procfs, tmp_path, wall=lambda: time.time() - 600)  # the clock stepped back
     assert acs_series(text_of(early))["checked"] == [({"reason": "stale"}, 0.0)]
@@ -178,5 +191,200 @@ def test_a_bridge_redirecting_peer_to_peer_is_a_path_fault_of_the_gpus_that_cros
                            f'part="pcie_path",reason="acs_redirect",uuid="{uuid(0)}"}}', "value": 1}]  # fmt: skip
     assert path_faults_test([text_of(collector) for _ in range(3)], expected, tmp_path) == ""
     bridge_config(sysfs, "0000:02:00.0", SV)
+    pcie_acs.refresh(str(sysfs), str(procfs), str(tmp_path / "none"), str(tmp_path / "acs.json"), time.time())
+    assert path_faults_test([text_of(collector) for _ in range(3)], [], tmp_path) == ""
+
+
+def pcie_gpu_server(root, nics: bool = True):
+    """An 8-GPU PCIe server without NVLink (L40S or A100 PCIe cards, Gen4 x16): two sockets, two root complexes each,
+    a PCIe switch on each with two GPUs and (with `nics`) one 400G HCA on its downstream ports. NCCL: the two GPUs
+    of a switch PIX to each other (P2P, within PXB) and to their HCA, which both use; GPUs of different switches
+    PHB or SYS to each other (no P2P: paths.cc `ncclTopoCheckP2p`'s PXB)."""
+    sysfs, procfs = root / "sys", root / "proc"
+    for index, bus in enumerate((0x10, 0x30, 0x90, 0xB0)):
+        top = [f"pci0000:{bus:02x}", f"0000:{bus:02x}:01.0", f"0000:{bus + 1:02x}:00.0"]
+        for leaf in range(2):
+            gpu(sysfs, procfs, [*top, f"0000:{bus + 2:02x}:{leaf:02x}.0", f"0000:{bus + 3 + leaf:02x}:00.0"],
+                index // 2, GEN4)  # fmt: skip
+        if nics:
+            nic(sysfs, f"mlx5_{index}", [*top, f"0000:{bus + 2:02x}:02.0", f"0000:{bus + 5:02x}:00.0"], index // 2,
+                None, GEN4)  # fmt: skip
+    number_gpus(procfs)
+    cpuinfo(procfs)
+    return sysfs, procfs
+
+
+def switch_bridges(bus: int, *ports: int) -> list[str]:
+    """A switch's upstream port and the named downstream ports, in the order the root pass lists them."""
+    return [f"0000:{bus + 1:02x}:00.0", *(f"0000:{bus + 2:02x}:{port:02x}.0" for port in ports)]
+
+
+def test_a_pxn_gpu_crosses_its_nvlink_peers_bridges_to_the_nic(tmp_path):
+    """GPUs 2 and 3 (socket 1, no NIC) reach mlx5_0 and mlx5_1 by PXN through GPUs 0 and 1 (NVSwitches): their
+    traffic goes over NVLink to the peer and down the peer's PCIe path, so the peer's bridges are theirs too. Before,
+    a PXN path listed no bridge and no ACS fault could reach GPUs 2 and 3."""
+    sysfs, procfs = gpus_without_nics_on_one_socket(tmp_path)
+    state = pcie_acs.survey(str(sysfs), str(procfs))
+    own = {(p["gpu"], p["device"]): p["bridges"] for p in state["paths"] if "via" not in p}
+    relayed = {(p["gpu"], p["device"], p["via"]): p["bridges"] for p in state["paths"] if "via" in p}
+    assert own == {("0", "mlx5_0"): switch_bridges(0x10, 0, 1), ("1", "mlx5_1"): switch_bridges(0x20, 0, 1)}
+    assert relayed == {
+        (g, f"mlx5_{peer}", str(peer)): switch_bridges(0x10 + 0x10 * peer, 0, 1) for g in "23" for peer in (0, 1)
+    }
+    assert state["p2p"] == []  # NVLink joins every GPU: no PCIe P2P
+
+
+def test_gpus_without_nvlink_list_the_bridges_of_their_pcie_p2p(tmp_path):
+    """The PCIe server: each switch's two GPUs are PIX to each other, so NCCL's P2P between them crosses the
+    switch's upstream port and their two downstream ports; no pair across switches (PHB, SYS: past PXB). With
+    NVSwitches (a DGX H100) no pair at all: NVLink carries it."""
+    sysfs, procfs = pcie_gpu_server(tmp_path)
+    state = pcie_acs.survey(str(sysfs), str(procfs))
+    pairs = {(p["gpu"], p["peer"]): p["bridges"] for p in state["p2p"]}
+    buses = (0x10, 0x30, 0x90, 0xB0)
+    assert pairs == {
+        (str(2 * k + a), str(2 * k + 1 - a)): switch_bridges(bus, a, 1 - a)
+        for k, bus in enumerate(buses)
+        for a in (0, 1)
+    }
+    assert [(p["gpu"], p["device"]) for p in state["paths"]] == [(str(g), f"mlx5_{g // 2}") for g in range(8)]
+    dgx = pcie_acs.survey(*map(str, dgx_h100(tmp_path / "dgx")))
+    assert dgx["p2p"] == []
+
+
+@pytest.mark.parametrize("conf, cpu, expected", [
+    ("", "GenuineIntel", {("0", "1"), ("1", "0")}),  # PXB through the two-level switch tree; GPU 2 is PHB
+    ("NCCL_P2P_LEVEL=PIX\n", "GenuineIntel", set()),
+    ("NCCL_P2P_LEVEL=SYS\n", "GenuineIntel", {(a, b) for a in "012" for b in "012" if a != b}),
+    ("NCCL_P2P_LEVEL=3\n", "GenuineIntel", {(a, b) for a in "012" for b in "012" if a != b}),  # old 3: PHB
+    ("NCCL_P2P_LEVEL=1\n", "GenuineIntel", set()),  # old 1: PIX
+    ("NCCL_P2P_LEVEL=SYS\nNCCL_P2P_DISABLE=1\n", "GenuineIntel", set()),
+    ("", "AuthenticAMD", {("0", "1"), ("1", "0")}),  # SYS on AMD only with 2 GPUs at most; this node has 3
+])  # fmt: skip
+def test_the_p2p_pairs_follow_ncclss_p2p_level(tmp_path, conf, cpu, expected):
+    """paths.cc `ncclTopoCheckP2p`: P2P within PXB by default, NCCL_P2P_LEVEL by name or old number,
+    NCCL_P2P_DISABLE=1 none, read from /etc/nccl.conf as the root pass reads it."""
+    sysfs, procfs = pcie_server(tmp_path)
+    cpuinfo(procfs, cpu)
+    (tmp_path / "nccl.conf").write_text(conf)
+    state = pcie_acs.refresh(str(sysfs), str(procfs), str(tmp_path / "nccl.conf"), str(tmp_path / "acs.json"), 0.0)
+    assert {(p["gpu"], p["peer"]) for p in state["p2p"]} == expected
+
+
+def test_an_amd_node_of_two_gpus_takes_p2p_across_sockets(tmp_path):
+    """NCCL allows P2P between pairs of GPUs on AMD systems (p2pLevel SYS with 2 GPUs at most)."""
+    sysfs, procfs = tmp_path / "sys", tmp_path / "proc"
+    gpu(sysfs, procfs, ["pci0000:00", "0000:00:01.0", "0000:01:00.0"], 0, GEN4)
+    gpu(sysfs, procfs, ["pci0000:80", "0000:80:01.0", "0000:81:00.0"], 1, GEN4)
+    number_gpus(procfs)
+    cpuinfo(procfs, "AuthenticAMD", 25, 0x11)
+    state = pcie_acs.refresh(str(sysfs), str(procfs), str(tmp_path / "none"), str(tmp_path / "acs.json"), 0.0)
+    assert {(p["gpu"], p["peer"]): p["bridges"] for p in state["p2p"]} == {
+        ("0", "1"): ["0000:00:01.0", "0000:80:01.0"], ("1", "0"): ["0000:80:01.0", "0000:00:01.0"]}  # fmt: skip
+
+
+def pcie_gpu_server_with_acs(tmp_path, redirect=(), nics: bool = True):
+    """The PCIe server, every switch port with ACS Source Validation on, those in `redirect` with RR and CR too."""
+    sysfs, procfs = pcie_gpu_server(tmp_path, nics)
+    for bus in (0x10, 0x30, 0x90, 0xB0):
+        for bridge in switch_bridges(bus, *((0, 1, 2) if nics else (0, 1))):
+            bridge_config(sysfs, bridge, SV | (RR_CR if bridge in redirect else 0))
+    return sysfs, procfs
+
+
+def test_the_exporter_serves_each_gpu_pairs_p2p_bridges(tmp_path):
+    sysfs, procfs = pcie_gpu_server_with_acs(tmp_path, nics=False)
+    pcie_acs.refresh(str(sysfs), str(procfs), str(tmp_path / "none"), str(tmp_path / "acs.json"), time.time())
+    text = text_of(collector_of(sysfs, procfs, tmp_path))
+    promtool_check(text)
+    crossed = series(text, "accelmon_gpu_pcie_p2p_bridge_info")
+    assert {(labels["gpu"], labels["peer_gpu"]) for labels, _ in crossed} == {
+        (str(a), str(a ^ 1)) for a in range(8)}  # fmt: skip
+    assert {labels["bridge"] for labels, _ in crossed if labels["gpu"] == "0"} == set(switch_bridges(0x10, 0, 1))
+    assert series(text, "accelmon_gpu_pcie_path_bridge_info") == []  # no NIC: no GPU-NIC path
+
+
+def test_p2p_entries_with_hostile_names_are_skipped_and_counted(tmp_path):
+    sysfs, procfs = pcie_gpu_server_with_acs(tmp_path, nics=False)
+    state = pcie_acs.survey(str(sysfs), str(procfs))
+    state["p2p"] += [
+        {"gpu": "0", "uuid": uuid(0), "peer": '1"} 1', "bridges": []},
+        {"gpu": "0", "uuid": uuid(0), "peer": "1", "bridges": ["0000:ff:00.0"]},  # a bridge the state does not hold
+        {"gpu": "0", "uuid": uuid(0)},
+    ]
+    pcie_acs.write_state(str(tmp_path / "acs.json"), state, time.time())
+    text = text_of(collector_of(sysfs, procfs, tmp_path))
+    promtool_check(text)
+    assert series(text, "accelmon_pcie_acs_state_entries_skipped") == [({}, 3.0)]
+    assert len(series(text, "accelmon_gpu_pcie_p2p_bridge_info")) == 8 * 3
+
+
+def test_a_state_without_p2p_from_an_older_root_pass_is_read(tmp_path):
+    sysfs, procfs = node_with_acs(tmp_path)
+    state = pcie_acs.survey(str(sysfs), str(procfs))
+    del state["p2p"]
+    pcie_acs.write_state(str(tmp_path / "acs.json"), state, time.time())
+    text = text_of(collector_of(sysfs, procfs, tmp_path))
+    assert acs_series(text)["checked"] == [({"reason": "read"}, 1.0)]
+    assert len(series(text, "accelmon_gpu_pcie_path_bridge_info")) == len(GPU0_BRIDGES + GPU1_BRIDGES)
+
+
+def test_the_acs_options_once_the_infiniband_collectors_are_still_taken(tmp_path):
+    """Configs written while the infiniband collector served ACS set its pcie_acs_state there: it is one setting
+    with the pcie_acs collector's, which the root pass and the collector read."""
+    from accelmon.config import load
+    from accelmon.scan import build_samplers
+
+    sysfs, procfs = node_with_acs(tmp_path)
+    config = tmp_path / "exporter.yml"
+    config.write_text(
+        f"paths: {{sysfs: {sysfs}, procfs: {procfs}}}\n"
+        f"collectors:\n  infiniband: {{pcie_acs_state: {tmp_path / 'old.json'}, pcie_acs_max_age_seconds: 60}}\n"
+    )
+    settings = load(str(config))
+    assert settings.collector("pcie_acs").options == {
+        "pcie_acs_state": str(tmp_path / "old.json"), "pcie_acs_max_age_seconds": 60}  # fmt: skip
+    refresh_pcie_acs(settings, logging.getLogger("test"))
+    assert json.loads((tmp_path / "old.json").read_text())["bridges"]["0000:02:00.0"] == SV | RR_CR
+    (collector,) = [s.collector for s in build_samplers(settings) if s.name == "pcie_acs"]
+    assert collector.acs.path == str(tmp_path / "old.json") and collector.acs.max_age == 60
+
+
+def fault(gpu: int, **labels: str) -> dict[str, object]:
+    names = {"gpu": str(gpu), "instance": "n1:19470", "node": "n1", "part": "pcie_path", "reason": "acs_redirect",
+             "uuid": uuid(gpu), **labels}  # fmt: skip
+    return {"labels": "accelmon:gpu_path_fault{" + ",".join(f'{k}="{v}"' for k, v in sorted(names.items())) + "}",
+            "value": 1}  # fmt: skip
+
+
+@pytest.mark.e2e
+def test_a_redirect_on_a_pxn_peers_path_is_a_fault_of_the_gpus_relaying_through_it(tmp_path):
+    """promtool over the collector's own scrapes: RR and CR on GPU 0's downstream port put GPU 0's path to mlx5_0
+    at fault, and GPUs 2 and 3's, which reach mlx5_0 by PXN through GPU 0; ACS off, no fault anywhere."""
+    sysfs, procfs = gpus_without_nics_on_one_socket(tmp_path)
+    for peer in (0, 1):
+        for bridge in switch_bridges(0x10 + 0x10 * peer, 0, 1):
+            bridge_config(sysfs, bridge, SV | (RR_CR if bridge == "0000:12:00.0" else 0))
+    pcie_acs.refresh(str(sysfs), str(procfs), str(tmp_path / "none"), str(tmp_path / "acs.json"), time.time())
+    collector = collector_of(sysfs, procfs, tmp_path)
+    expected = [fault(g, device="mlx5_0") for g in (0, 2, 3)]
+    assert path_faults_test([text_of(collector) for _ in range(3)], expected, tmp_path) == ""
+    bridge_config(sysfs, "0000:12:00.0", SV)
+    pcie_acs.refresh(str(sysfs), str(procfs), str(tmp_path / "none"), str(tmp_path / "acs.json"), time.time())
+    assert path_faults_test([text_of(collector) for _ in range(3)], [], tmp_path) == ""
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("nics", [True, False])
+def test_a_redirect_between_two_pcie_gpus_is_a_fault_of_both(tmp_path, nics):
+    """promtool over the collector's own scrapes: RR and CR on GPU 1's downstream port put the P2P of GPUs 0 and 1
+    at fault (each with peer_gpu the other) and, where it has one, GPU 1's path to its HCA; the other pairs, and a
+    node whose bridges are all sound, record none."""
+    sysfs, procfs = pcie_gpu_server_with_acs(tmp_path, ["0000:12:01.0"], nics)
+    pcie_acs.refresh(str(sysfs), str(procfs), str(tmp_path / "none"), str(tmp_path / "acs.json"), time.time())
+    collector = collector_of(sysfs, procfs, tmp_path)
+    expected = [fault(0, peer_gpu="1"), fault(1, peer_gpu="0"), *([fault(1, device="mlx5_0")] if nics else [])]
+    assert path_faults_test([text_of(collector) for _ in range(3)], expected, tmp_path) == ""
+    bridge_config(sysfs, "0000:12:01.0", SV)
     pcie_acs.refresh(str(sysfs), str(procfs), str(tmp_path / "none"), str(tmp_path / "acs.json"), time.time())
     assert path_faults_test([text_of(collector) for _ in range(3)], [], tmp_path) == ""

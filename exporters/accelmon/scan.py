@@ -157,12 +157,12 @@ def hook_scan(config: str | None, log: logging.Logger, untouched: str) -> tuple[
 
 
 def refresh_pcie_acs(settings: Settings, log: logging.Logger) -> None:
-    """The ACS root pass (accelmon.host.pcie_acs) where the infiniband collector runs: the hooks run as root, and
+    """The ACS root pass (accelmon.host.pcie_acs) where the pcie_acs collector runs: the hooks run as root, and
     the exporter cannot read the bridges' extended configuration space. A failure is logged, never raised."""
-    registration = collectors()["infiniband"]
+    registration = collectors()["pcie_acs"]
     if not runs_here(registration, settings):
         return
-    options = {**registration.defaults, **settings.collector("infiniband").options}
+    options = {**registration.defaults, **settings.collector("pcie_acs").options}
     paths = settings.paths
     try:
         pcie_acs.refresh(paths.sysfs, paths.procfs, NCCL_CONF, str(options["pcie_acs_state"]), time.time())

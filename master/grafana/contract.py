@@ -51,6 +51,7 @@ ONLY_WHILE = {
     "accelmon_infiniband_drill_active": "a NIC drill is in force (tests/test_nic_drill.py)",
     "accelmon_infiniband_port_saturated": "a port's error counter is at its maximum (tests/test_topology.py)",
     "accelmon_gpu_pcie_path_bridge_info": "the health check's root pass read the PCIe bridges (tests/test_pcie_acs.py)",
+    "accelmon_gpu_pcie_p2p_bridge_info": "GPUs joined by PCIe P2P, bridges read (tests/test_pcie_acs.py)",
     "accelmon_pcie_acs_redirect": "the health check's root pass read the PCIe bridges (tests/test_pcie_acs.py)",
     "accelmon:gpu_path_fault": "a part on a GPU's path is at fault (master/prometheus/tests/alerts-test.yml)",
     "node:accelmon_gpus_by_state:count": "a GPU is unhealthy or drained (master/prometheus/tests/ledger-test.yml)",

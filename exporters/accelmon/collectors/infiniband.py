@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -41,9 +40,10 @@ from typing import Callable
 from accelmon.exporter.metrics import Catalogue, MetricSpec, Samples
 from accelmon.exporter.registry import Paths, Registration, register, seconds
 from accelmon.exporter.runtime import Collector
-from accelmon.exporter.validation import Option
+from accelmon.exporter.validation import MIN_SECONDS, Option
 from accelmon.health import drill_store
 from accelmon.host import pcie_acs, topology
+from accelmon.host.topology_files import nccl_int
 
 log = logging.getLogger("accelmon.infiniband")
 
@@ -154,31 +154,6 @@ DRILL_ACTIVE = C.gauge(
     PORT,
     read="every interval, while a drill is in force",
 )
-# ACS on the bridges of each GPU's path to its NCCL NICs, from the root pass's state file (accelmon.host.pcie_acs).
-ACS_CHECKED = C.gauge(
-    "accelmon_pcie_acs_checked",
-    "1 if the ACS state the health check (root) left was read (reason read); 0 if not checked: missing, stale, "
-    "untrusted (not root's, or writable by others) or malformed. Served where the node has GPUs and RDMA devices.",
-    ["reason"],
-)
-ACS_REFUSED = C.counter("accelmon_pcie_acs_state_refused_total", "ACS state files refused: untrusted or malformed.", [])
-ACS_SKIPPED = C.gauge("accelmon_pcie_acs_state_entries_skipped", "Entries of the ACS state refused (bad names).", [])
-ACS_AGE = C.gauge("accelmon_pcie_acs_state_age_seconds", "Seconds since the health check read the bridges.", [])
-ACS_REDIRECT = C.gauge(
-    "accelmon_pcie_acs_redirect",
-    "1 if ACS P2P Request or Completion Redirect is on at this PCIe bridge (peer-to-peer traffic sent up to the root "
-    "complex), 0 if off or no ACS; not served for a bridge that could not be read (accelmon_pcie_acs_unknown).",
-    ["bridge"],
-)
-ACS_UNKNOWN = C.gauge(
-    "accelmon_pcie_acs_unknown", "1 if the health check could not read this bridge's ACS control, else 0.", ["bridge"]
-)
-GPU_PATH_BRIDGE = C.gauge(
-    "accelmon_gpu_pcie_path_bridge_info",
-    "A PCIe bridge on the path between a GPU and an RDMA device NCCL uses for it (from the ACS state); value 1.",
-    ["gpu", "uuid", "device", "bridge"],
-)
-
 # counters/<file> -> (metric, help, multiplier). The names are node_exporter's, with our prefix.
 COUNTERS: dict[str, tuple[str, str, int]] = {
     "excessive_buffer_overrun_errors": ("excessive_buffer_overrun_errors_total", "Buffer overruns.", 1),
@@ -331,10 +306,7 @@ class InfinibandCollector(Collector):
         self, sysfs: str = "/sys", clock: Callable[[], float] = time.monotonic, procfs: str = "/proc",
         drill_dir: str = str(drill_store.DRILL_DIR.default), wall: Callable[[], float] = time.time,
         nccl_conf: str = NCCL_CONF, nccl_topo_file: str = "", virtual_function_counters: bool = False,
-        pcie_acs_state: str = str(pcie_acs.STATE_FILE.default), pcie_acs_max_age: float = 3600.0,
-        pcie_acs_owner: int = 0,
     ) -> None:  # fmt: skip
-        self.acs = pcie_acs.StateReader(pcie_acs_state, pcie_acs_max_age, pcie_acs_owner)
         self.sysfs, self.procfs, self.drill_dir, self._wall = sysfs, procfs, drill_dir, wall
         self.virtual_function_counters = virtual_function_counters
         self.nccl_conf, self.nccl_topo_file = nccl_conf, nccl_topo_file
@@ -379,13 +351,12 @@ class InfinibandCollector(Collector):
                topo_file, topo_seen)  # fmt: skip
         if key != self._topology[0]:
             ports = list(self._in_service.values())
-            pxn = _int_or(pxn_disable, 0) != 1
-            chosen = topology.nccl_local(self.sysfs, self.procfs, ports, ib_hca, None, pxn, _int_or(pxn_level, 2), True,
+            pxn, level = nccl_int(pxn_disable, 0) != 1, nccl_int(pxn_level, 2)
+            chosen = topology.nccl_local(self.sysfs, self.procfs, ports, ib_hca, None, pxn, level, True,
                                          topo_file if topo_seen else "")  # fmt: skip
             self._topology = (key, topology.gpu_nic_pairs(self.sysfs, self.procfs), chosen)
         if gpus and devices:
             out.add(PEER_MEMORY, [], 1 if peer_memory_loaded(self.sysfs) else 0)
-            self._sample_acs(out)
         for pair in self._topology[1]:
             out.add(GPU_NIC, [pair.gpu, pair.uuid, pair.device, pair.link], 1)
         for local in self._topology[2]:
@@ -393,22 +364,6 @@ class InfinibandCollector(Collector):
                 out.add(GPU_NIC_RAIL, [local.gpu, local.uuid, local.device, local.port], 1)
             else:
                 out.add(GPU_NIC_NEAREST, [local.gpu, local.uuid, local.device, local.port, local.path], 1)
-
-    def _sample_acs(self, out: Samples) -> None:
-        """The root pass's ACS state, or why ACS is not checked: a bridge it could not read is unknown, never 0."""
-        state, now = self.acs.current(self._wall()), self._wall()
-        out.add(ACS_CHECKED, [state.problem or "read"], 0 if state.problem else 1)
-        out.add(ACS_REFUSED, [], self.acs.refused)
-        if state.problem is None:
-            out.add(ACS_AGE, [], now - state.written)
-            out.add(ACS_SKIPPED, [], state.skipped)
-            for bridge, control in sorted(state.bridges.items()):
-                out.add(ACS_UNKNOWN, [bridge], 1 if control is None else 0)
-                if control is not None:
-                    out.add(ACS_REDIRECT, [bridge], 1 if control & pcie_acs.REDIRECT else 0)
-            for gpu, uuid, device, bridges in state.paths:
-                for bridge in bridges:
-                    out.add(GPU_PATH_BRIDGE, [gpu, uuid, device, bridge], 1)
 
     def _sample_device(self, device: str, out: Samples) -> None:
         path = os.path.join(self.root, device)
@@ -540,21 +495,6 @@ def peer_memory_loaded(sysfs: str) -> bool:
     return any(os.path.exists(os.path.join(sysfs, *parts)) for parts in PEER_MEMORY_FILES)
 
 
-def _int_or(text: str, default: int) -> int:
-    """An integer setting as NCCL reads it (param.cc `ncclLoadParam`: unset or empty, the default; else strtoll's
-    leading number, 0 where there is none; past int64, strtoll's ERANGE: the default)."""
-    if not text:
-        return default
-    match = re.match(r"\s*[+-]?(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)", text)
-    if match is None:
-        return 0
-    digits = match.group(1)
-    if len(digits) > 24:  # past int64 in any base (and past Python's int() digit limit in a hostile file)
-        return default
-    value = int(match.group(0), 16 if digits[:2] in ("0x", "0X") else 8 if digits[:1] == "0" else 10)
-    return value if -(1 << 63) <= value < 1 << 63 else default
-
-
 def _has_class(paths: Paths, options: dict[str, object]) -> bool:
     return os.path.isdir(os.path.join(paths.sysfs, "class", "infiniband"))
 
@@ -569,8 +509,6 @@ REGISTRATION = register(
             drill_dir=str(options["drill_dir"]),
             nccl_topo_file=str(options["nccl_topo_file"]),
             virtual_function_counters=bool(options["virtual_function_counters"]),
-            pcie_acs_state=str(options["pcie_acs_state"]),
-            pcie_acs_max_age=float(options["pcie_acs_max_age_seconds"]),
         ),
         catalogue=CATALOGUE,
         options=(
@@ -578,8 +516,23 @@ REGISTRATION = register(
             drill_store.DRILL_DIR,
             NCCL_TOPO_FILE,
             VIRTUAL_FUNCTION_COUNTERS,
-            pcie_acs.STATE_FILE,
-            pcie_acs.MAX_AGE,
+            # Read by the pcie_acs collector, which serves the ACS state now: still accepted here, as one setting
+            # with its own, so configs written while this collector served it keep working.
+            Option(
+                "pcie_acs_state",
+                pcie_acs.STATE_PATH,
+                "accepted for configs written before ACS had its collector: "
+                "the same setting as pcie_acs's pcie_acs_state",
+                shared=True,
+            ),
+            Option(
+                "pcie_acs_max_age_seconds",
+                3600.0,
+                "accepted for configs written before ACS had its collector: "
+                "the same setting as pcie_acs's pcie_acs_max_age_seconds",
+                minimum=MIN_SECONDS,
+                shared=True,
+            ),
         ),
         enabled_by_default=_has_class,
         hardware_present=_has_class,

@@ -1,10 +1,12 @@
-"""PCIe Access Control Services (ACS) on the bridges between each GPU and the NICs NCCL uses for it: a root pass
-reads them and leaves a small state file, the exporter (its own unprivileged user) reads that file.
+"""PCIe Access Control Services (ACS) on the bridges NCCL's traffic crosses: between each GPU and the NICs NCCL uses
+for it (through an NVLink peer's PCIe path where it is PXN), and between two GPUs NVLink does not join that NCCL
+joins by PCIe P2P. A root pass reads them and leaves a small state file, the exporter (its own unprivileged user)
+reads that file.
 
 Why a root pass: the ACS capability is an extended capability (PCIe configuration space past its first 256 bytes),
 and Linux gives a process without CAP_SYS_ADMIN only the first 64 bytes of `<sysfs>/bus/pci/devices/<bdf>/config`
 (drivers/pci/pci-sysfs.c `pci_read_config`). So the Slurm and OAR health checks, which run as root, call `refresh`
-after their scan (accelmon.scan.hook_scan); the infiniband collector serves what the file says.
+after their scan (accelmon.scan.hook_scan); the pcie_acs collector serves what the file says.
 
 Parsing (PCIe Base Spec 7.7.11; Linux include/uapi/linux/pci_regs.h): extended capabilities are chained from offset
 0x100, each header a little-endian dword with the capability id (bits 0-15, PCI_EXT_CAP_ID), its version (16-19)
@@ -26,21 +28,13 @@ import stat
 import struct
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-from accelmon.exporter.validation import Option, seconds
 from accelmon.host import topology
 from accelmon.host.nvidia import driver_gpu_entries
+from accelmon.host.topology_files import nccl_int
 
-STATE_FILE = Option(
-    "pcie_acs_state",
-    "/run/accelmon/pcie-acs.json",
-    "where the Slurm or OAR health check (root) leaves the ACS control of the PCIe bridges on each GPU's path to its "
-    "NCCL NICs; served only if root's and writable by nobody else",
-)
-MAX_AGE = seconds(
-    "pcie_acs_max_age_seconds", 3600, "an ACS state older than this is not served (ACS then reads as not checked)"
-)
+STATE_PATH = "/run/accelmon/pcie-acs.json"  # where the root pass leaves it by default (the pcie_acs collector's option)
 EXT_CAP_START = 0x100  # PCI_CFG_SPACE_SIZE: extended capabilities start here
 CONFIG_SPACE = 4096  # PCI_CFG_SPACE_EXP_SIZE
 EXT_CAP_ID_ACS = 0x000D  # PCI_EXT_CAP_ID_ACS
@@ -59,6 +53,7 @@ STATE_VERSION = 1
 MAX_STATE_BYTES = 256 * 1024  # a DGX H100's file is about 4 KiB
 BUS_ID = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+GPU = re.compile(r"[0-9]{1,4}")  # NVML's index
 
 
 def acs_control(config: bytes) -> Optional[int]:
@@ -105,37 +100,109 @@ def path_bridges(gpu: topology.Place, nic: topology.Place) -> list[str]:
     return found
 
 
-def survey(sysfs: str, procfs: str, ib_hca: str = "", pxn: bool = True, p2p_pxn_level: int = 2) -> dict[str, Any]:
+# NCCL's path types in its order (graph/topo.h PATH_*, topo.cc `topoPathTypeStr`), and the old numeric
+# NCCL_P2P_LEVEL values mapped to them (paths.cc `levelsOldToNew`).
+NCCL_PATHS = ("LOC", "NVL", "NVB", "C2C", "PIX", "PXB", "P2C", "PXN", "PHB", "SYS")
+OLD_LEVELS = ("LOC", "PIX", "PXB", "PHB", "SYS", "SYS")
+
+
+def p2p_level(level: str, disable: str, amd: bool, gpus: int) -> str:
+    """The farthest path NCCL takes GPU-to-GPU P2P over (paths.cc `ncclTopoCheckP2p`, v2.28.7-1): PXB by default
+    ("don't use P2P across CPU Host Bridges"), SYS on an AMD x86 CPU with at most 2 GPUs; NCCL_P2P_DISABLE=1 makes
+    it LOC (none), else NCCL_P2P_LEVEL by name or old number (`ncclGetLevel`)."""
+    chosen = "SYS" if amd and gpus <= 2 else "PXB"
+    if nccl_int(disable, 0) == 1:
+        return "LOC"
+    if level in NCCL_PATHS:
+        return level
+    if level[:1].isdigit():
+        return OLD_LEVELS[min(nccl_int(level, 0), len(OLD_LEVELS) - 1)]
+    return chosen
+
+
+def _amd_cpu(procfs: str) -> bool:
+    """Whether the CPU is AMD's (NCCL's NCCL_TOPO_CPU_VENDOR_AMD, from cpuid; here the first vendor_id line)."""
+    try:
+        with open(os.path.join(procfs, "cpuinfo"), encoding="utf-8", errors="replace") as stream:
+            for line in stream:
+                if line.startswith("vendor_id"):
+                    return line.partition(":")[2].strip() == "AuthenticAMD"
+    except OSError:
+        pass
+    return False
+
+
+def _relay(gpu: str, device: str, direct: dict[str, list[tuple[int, int]]], joined: Callable[[str, str], bool]) -> str:
+    """The NVLink peer through which `gpu` reaches `device` by PXN: of the GPUs joined to it whose own path to the
+    device is PIX or PXB, the nearest, then the first (topo.cc `ncclTopoGetLocalGpu` takes the first of the NIC's
+    local GPUs, nearest first, in index order, that leaves by it); '' if none."""
+    found = sorted((order, index) for order, index in direct.get(device, []) if joined(gpu, str(index)))
+    return str(found[0][1]) if found else ""
+
+
+def survey(
+    sysfs: str, procfs: str, ib_hca: str = "", pxn: bool = True, p2p_pxn_level: int = 2, p2p: str = "PXB",
+) -> dict[str, Any]:  # fmt: skip
     """The root pass: for each GPU, the bridges on its PCIe path to each NIC NCCL uses for it (accelmon.host.topology
-    `nccl_local` over the ACTIVE ports), and each bridge's ACS Control register (null where it could not be read).
-    A GPU that reaches its NIC through an NVLink peer (PXN) crosses that peer's path, which is the peer's entry."""
+    `nccl_local` over the ACTIVE ports); a GPU that reaches its NIC through an NVLink peer (PXN: paths.cc
+    `ncclTopoComputePaths` adds the peer as an inter step, GPU -> peer over NVLink -> NIC over PCIe) crosses the
+    peer's bridges to it, listed for it with `via` the peer. And for each pair of GPUs NVLink does not join whose
+    path is within `p2p` (`p2p_level`), the bridges their GPU-to-GPU P2P crosses (`p2p`). Each bridge's ACS Control
+    register beside them (null where it could not be read)."""
     functions = topology.nics(sysfs)
-    paths: list[dict[str, Any]] = []
     bridges: dict[str, Optional[int]] = {}
-    gpus = {gpu.index: bus for bus, gpu, _ in driver_gpu_entries(procfs)}
-    ports = topology.active_ports(sysfs)
-    for local in topology.nccl_local(sysfs, procfs, ports, ib_hca, None, pxn, p2p_pxn_level):
-        mine, theirs = topology.place(sysfs, gpus.get(local.gpu, "")), None
+    entries = driver_gpu_entries(procfs)
+    places = {gpu.index: topology.place(sysfs, bus) for bus, gpu, _ in entries}
+    uuids = {gpu.index: gpu.uuid for _, gpu, _ in entries}
+    groups = topology.nvswitch_groups(procfs)
+    buses = {gpu.index: bus.lower() for bus, gpu, _ in entries}
+
+    def joined(a: str, b: str) -> bool:
+        return any(buses.get(a) in group and buses.get(b) in group for group in groups)
+
+    chosen = topology.nccl_local(sysfs, procfs, topology.active_ports(sysfs), ib_hca, groups, pxn, p2p_pxn_level)
+    direct: dict[str, list[tuple[int, int]]] = {}
+    for local in chosen:
+        if local.path in topology.PXN_SOURCES:
+            direct.setdefault(local.device, []).append((NCCL_PATHS.index(local.path), int(local.gpu)))
+    paths: list[dict[str, Any]] = []
+    for local in chosen:
+        source = _relay(local.gpu, local.device, direct, joined) if local.path == "PXN" else local.gpu
+        mine, theirs = places.get(source), None
         if local.device in functions:
             theirs = topology.place(sysfs, functions[local.device])
-        if local.path == "PXN" or mine is None or theirs is None:
+        if mine is None or theirs is None:
             continue
         entry = {"gpu": local.gpu, "uuid": local.uuid, "device": local.device, "bridges": path_bridges(mine, theirs)}
+        if source != local.gpu:
+            entry["via"] = source
         if entry not in paths:
             paths.append(entry)
+    pairs: list[dict[str, Any]] = []
+    farthest = NCCL_PATHS.index(p2p) if p2p in NCCL_PATHS else 0
+    for a, mine in places.items():
+        for b, theirs in places.items():
+            if a == b or mine is None or theirs is None or joined(a, b):
+                continue
+            if NCCL_PATHS.index(topology.nccl_path(mine, theirs)[0]) <= farthest:
+                pairs.append({"gpu": a, "uuid": uuids[a], "peer": b, "bridges": path_bridges(mine, theirs)})
+    for entry in (*paths, *pairs):
         for bridge in entry["bridges"]:
             if bridge not in bridges:
                 bridges[bridge] = read_control(sysfs, bridge)
-    return {"version": STATE_VERSION, "bridges": bridges, "paths": paths}
+    return {"version": STATE_VERSION, "bridges": bridges, "paths": paths, "p2p": pairs}
 
 
 def refresh(sysfs: str, procfs: str, nccl_conf: str, path: str, now: float) -> dict[str, Any]:
     """The root pass as the health hooks run it: the survey under the node's NCCL settings (NCCL_IB_HCA,
-    NCCL_PXN_DISABLE, NCCL_P2P_PXN_LEVEL of /etc/nccl.conf, as the infiniband collector reads them), written to
-    `path`. Run as root only: anyone else reads 64 bytes of each bridge, and would write a survey of unknowns."""
-    ib_hca, pxn_disable, level = topology.nccl_conf_values(
-        nccl_conf, ("NCCL_IB_HCA", "NCCL_PXN_DISABLE", "NCCL_P2P_PXN_LEVEL"))  # fmt: skip
-    state = survey(sysfs, procfs, ib_hca, pxn_disable.strip() != "1", int(level) if level.strip().isdigit() else 2)
+    NCCL_PXN_DISABLE, NCCL_P2P_PXN_LEVEL, NCCL_P2P_LEVEL, NCCL_P2P_DISABLE of /etc/nccl.conf, as NCCL reads them),
+    written to `path`. Run as root only: anyone else reads 64 bytes of each bridge, and would write a survey of
+    unknowns."""
+    ib_hca, pxn_disable, pxn_level, level, disable = topology.nccl_conf_values(nccl_conf, (
+        "NCCL_IB_HCA", "NCCL_PXN_DISABLE", "NCCL_P2P_PXN_LEVEL", "NCCL_P2P_LEVEL", "NCCL_P2P_DISABLE"))  # fmt: skip
+    gpus = len(driver_gpu_entries(procfs))
+    state = survey(sysfs, procfs, ib_hca, nccl_int(pxn_disable, 0) != 1, nccl_int(pxn_level, 2),
+                   p2p_level(level, disable, _amd_cpu(procfs), gpus))  # fmt: skip
     write_state(path, state, now)
     return state
 
@@ -164,6 +231,7 @@ class State:
     written: float = 0.0
     bridges: dict[str, Optional[int]] = field(default_factory=dict)
     paths: list[tuple[str, str, str, tuple[str, ...]]] = field(default_factory=list)  # gpu, uuid, device, bridges
+    p2p: list[tuple[str, str, str, tuple[str, ...]]] = field(default_factory=list)  # gpu, uuid, peer GPU, bridges
     skipped: int = 0
 
 
@@ -192,6 +260,7 @@ def read_state(path: str, owner: int = 0) -> State:
         if record["version"] != STATE_VERSION or not isinstance(record["bridges"], dict):
             raise ValueError
         entries = list(record["paths"])
+        pairs = list(record.get("p2p", []))  # absent from the files of a root pass before GPU-to-GPU paths
     except (ValueError, KeyError, TypeError):
         return State("malformed")
     for bridge, control in record["bridges"].items():
@@ -199,21 +268,23 @@ def read_state(path: str, owner: int = 0) -> State:
             state.bridges[bridge] = control
         else:
             state.skipped += 1
-    for entry in entries:
-        try:
-            labels = (str(entry["gpu"]), str(entry["uuid"]), str(entry["device"]))
-            crossed = tuple(str(b) for b in entry["bridges"])
-        except (KeyError, TypeError):
-            state.skipped += 1
-            continue
-        if (
-            labels[0].isdigit()
-            and all(NAME.fullmatch(x) for x in labels[1:])
-            and all(b in state.bridges for b in crossed)
-        ):
-            state.paths.append((*labels, crossed))
-        else:
-            state.skipped += 1
+    for found, listed, other, pattern in ((state.paths, entries, "device", NAME), (state.p2p, pairs, "peer", GPU)):
+        for entry in listed:
+            try:
+                labels = (str(entry["gpu"]), str(entry["uuid"]), str(entry[other]))
+                crossed = tuple(str(b) for b in entry["bridges"])
+            except (KeyError, TypeError):
+                state.skipped += 1
+                continue
+            if (
+                GPU.fullmatch(labels[0])
+                and NAME.fullmatch(labels[1])
+                and pattern.fullmatch(labels[2])
+                and all(b in state.bridges for b in crossed)
+            ):
+                found.append((*labels, crossed))
+            else:
+                state.skipped += 1
     return state
 
 

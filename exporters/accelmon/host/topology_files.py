@@ -6,6 +6,7 @@ a file of megabytes. So each is opened without waiting, read only if it is a reg
 from __future__ import annotations
 
 import os
+import re
 import stat
 
 CONF_LIMIT = 64 << 10  # bytes of the conf file read: a site's is a few lines
@@ -40,3 +41,18 @@ def nccl_conf_values(path: str, names: tuple[str, ...]) -> tuple[str, ...]:
         if sep and not line.startswith("#") and key in names:
             found.setdefault(key, value)
     return tuple(found.get(name, "") for name in names)
+
+
+def nccl_int(text: str, default: int) -> int:
+    """An integer setting as NCCL reads it (param.cc `ncclLoadParam`: unset or empty, the default; else strtoll's
+    leading number, 0 where there is none; past int64, strtoll's ERANGE: the default)."""
+    if not text:
+        return default
+    match = re.match(r"\s*[+-]?(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)", text)
+    if match is None:
+        return 0
+    digits = match.group(1)
+    if len(digits) > 24:  # past int64 in any base (and past Python's int() digit limit in a hostile file)
+        return default
+    value = int(match.group(0), 16 if digits[:2] in ("0x", "0X") else 8 if digits[:1] == "0" else 10)
+    return value if -(1 << 63) <= value < 1 << 63 else default
