@@ -18,7 +18,7 @@ from accelmon.config import Settings
 from accelmon.exporter.registry import Paths
 from accelmon.host import pcie_acs
 from accelmon.scan import refresh_pcie_acs
-from tests.support.exposition import promtool_check, series, text_of
+from tests.support.exposition import check_golden, promtool_check, series, text_of
 from tests.support.jobs_tree import uuid
 from tests.support.path_rules import path_faults_test
 from tests.support.pci_tree import (
@@ -388,3 +388,12 @@ def test_a_redirect_between_two_pcie_gpus_is_a_fault_of_both(tmp_path, nics):
     bridge_config(sysfs, "0000:12:01.0", SV)
     pcie_acs.refresh(str(sysfs), str(procfs), str(tmp_path / "none"), str(tmp_path / "acs.json"), time.time())
     assert path_faults_test([text_of(collector) for _ in range(3)], [], tmp_path) == ""
+
+
+def test_golden(tmp_path):
+    """The collector's whole part of a scrape on the PCIe server with a redirect on GPU 1's downstream port, pinned."""
+    sysfs, procfs = pcie_gpu_server_with_acs(tmp_path, ["0000:12:01.0"])
+    pcie_acs.refresh(str(sysfs), str(procfs), str(tmp_path / "none"), str(tmp_path / "acs.json"), 1_000_000.0)
+    text = text_of(collector_of(sysfs, procfs, tmp_path, wall=lambda: 1_000_060.0))
+    promtool_check(text)
+    check_golden("pcie_acs_pcie_gpu_server.prom", text, collector="pcie_acs")
