@@ -39,7 +39,7 @@ GPU_METRICS = (
     ),
     (
         "nic_fault",
-        'max by (instance, uuid) (accelmon:gpu_path_fault{part="nic_port"})',
+        'max by (instance, uuid) (accelmon:gpu_path_fault{part="nic_port",via=""})',
         "",
         "The NIC the GPU's traffic leaves by at fault",
     ),
