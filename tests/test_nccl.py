@@ -341,6 +341,8 @@ def test_each_job_on_a_node_gets_a_ras_port_of_its_own_and_the_collector_asks_th
         # Issue 67, point 8: the port file is the job's user's and root's alone: no one else learns the port first.
         held = (state.parent / "nccl-ras" / "5242").stat()
         assert (held.st_uid, stat.S_IMODE(held.st_mode)) == (user, 0o400)
+        # ... in a directory no one else lists: a listing would say when each job starts (0755 before).
+        assert stat.S_IMODE((state.parent / "nccl-ras").stat().st_mode) == 0o711
         assert run("task-prolog", "5242") == f"export NCCL_RAS_ADDR=localhost:{ports['5242']}\n"
         # Steps that run at once: a port each; the batch script (Slurm's 4294967291) the block's first.
         assert run("task-prolog", "5242", SLURM_STEP_ID="1") == f"export NCCL_RAS_ADDR=localhost:{ports['5242'] + 1}\n"
