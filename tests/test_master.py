@@ -213,7 +213,7 @@ def test_dashboards_are_generated_from_code():
 
 # Records a panel reads where it joined or summed every GPU of the fleet at each of its points (issue 68: 18.4 s and
 # 14.4 s for 720 points at 8,000 GPUs).
-RECORDED_FOR_PANELS = re.compile(r"\bjob_gpu:|\bnode:accelmon_gpu_xid_events_total:sum\b")
+RECORDED_FOR_PANELS = re.compile(r"\bjob_gpu:|\bnode:accelmon_gpu_(xid_events|ecc_errors)_total:sum\b")
 
 
 def test_a_panel_reading_a_record_gives_the_numbers_of_the_query_it_replaced():
@@ -235,6 +235,7 @@ def test_a_panel_reading_a_record_gives_the_numbers_of_the_query_it_replaced():
         "SM clock against the job's median",
         "GPU power",
         "XID events",
+        "Uncorrected ECC errors",
     }
     for entry in read:
         expr = flat(concrete(entry.expr.replace("$job_id", "100")))

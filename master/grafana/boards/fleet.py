@@ -70,8 +70,10 @@ DASHBOARD = Dashboard(
             "short",
             [
                 (
+                    # The node's GPUs' counters summed by a rule (accelmon-recording.yml, which says when that gives
+                    # each GPU's increase summed): one series a node at each point, not one a GPU.
                     "sum by (node) (increase("
-                    'accelmon_gpu_ecc_errors_total{type="uncorrected",scope="volatile"}[$__rate_interval]))',
+                    'node:accelmon_gpu_ecc_errors_total:sum{type="uncorrected",scope="volatile"}[$__rate_interval]))',
                     "{{node}}",
                 )
             ],
