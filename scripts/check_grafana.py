@@ -3,7 +3,10 @@ answers and its database is up, its Prometheus data source reaches Prometheus, e
 and every panel's query is answered through Grafana (an empty answer is an answer: a demo has no MIG instance). The
 demo runs it where it could start the real Grafana; an operator can run it against any master:
 
-    python3 scripts/check_grafana.py --url http://127.0.0.1:3000 --password-file ~/.accelmon/grafana-admin-password
+    python3 scripts/check_grafana.py --url https://MASTER:3000 --password-file ~/.accelmon/grafana-admin-password \
+        --ca-file ~/.accelmon/pki/ca.crt
+
+(--ca-file: the CA the deploy issued the master's Grafana certificate from; without it, the system's CAs.)
 
 Exit 0 when Grafana is whole; 1 with one line per problem. The API: Grafana's HTTP API reference (health,
 data sources, search, dashboards by uid, data source queries at /api/ds/query).
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import ssl
 import sys
 import time
 import urllib.error
@@ -87,8 +91,10 @@ def problems(call: Call) -> list[str]:
     return found
 
 
-def caller(url: str, password: str, timeout: float = 10.0) -> Call:
+def caller(url: str, password: str, timeout: float = 10.0, ca_file: Optional[str] = None) -> Call:
     token = base64.b64encode(f"admin:{password}".encode()).decode()
+    # https is verified, name and chain: against the given CA (the deploy's), else the system's.
+    context = ssl.create_default_context(cafile=ca_file) if url.startswith("https:") else None
 
     def call(path: str, body: Optional[dict[str, Any]]) -> Any:
         data = json.dumps(body).encode() if body is not None else None
@@ -96,7 +102,7 @@ def caller(url: str, password: str, timeout: float = 10.0) -> Call:
         request.add_header("Authorization", f"Basic {token}")
         request.add_header("Content-Type", "application/json")
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
+            with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
                 return json.loads(response.read())
         except urllib.error.HTTPError as error:
             raise RuntimeError(f"{path}: HTTP {error.code} {error.read()[:200].decode(errors='replace')}") from None
@@ -108,9 +114,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", default="http://127.0.0.1:3000")
     parser.add_argument("--password-file", required=True, help="the admin password (the role's file)")
+    parser.add_argument("--ca-file", help="the CA of Grafana's certificate (the deploy's: ~/.accelmon/pki/ca.crt)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for Grafana to answer")
     args = parser.parse_args(argv)
-    call = caller(args.url, Path(args.password_file).expanduser().read_text().strip())
+    ca_file = str(Path(args.ca_file).expanduser()) if args.ca_file else None
+    call = caller(args.url, Path(args.password_file).expanduser().read_text().strip(), ca_file=ca_file)
     deadline = time.monotonic() + args.timeout
     while True:
         try:

@@ -26,6 +26,10 @@ export ACCELMON_CLUSTER_PROMETHEUS_PORT=127.0.0.1:9090:9090
 export ACCELMON_CLUSTER_ALERTMANAGER=true
 export ACCELMON_CLUSTER_ALERTMANAGER_PORT=127.0.0.1:9093:9093
 export MOLECULE_EPHEMERAL_DIRECTORY="$PWD/.cache/demo"
+# A deployed master's Grafana serves HTTPS with a certificate from the deploy's CA; the demo's, published on this
+# host's loopback alone, stays plain HTTP: a browser reaching it as 127.0.0.1 would need the demo's CA imported and
+# a certificate naming 127.0.0.1, for a connection that never leaves this machine.
+export ACCELMON_CLUSTER_GRAFANA_PLAIN_HTTP=true
 export ANSIBLE_FORCE_COLOR=0
 
 if [ "${1:-}" = "--down" ]; then
@@ -57,6 +61,7 @@ if demo_grafana "$(demo_grafana_image)" "$MOLECULE_EPHEMERAL_DIRECTORY"; then
   grafana_text="Grafana      http://127.0.0.1:3000   user admin, password in $grafana_password
                (the nine dashboards; the Job dashboard's job_id is the job below)"
 else
+  export ACCELMON_CLUSTER_GRAFANA=false  # not even the tests' stand-in
   grafana_text="Grafana      NOT SHOWN: $(cat "$MOLECULE_EPHEMERAL_DIRECTORY/grafana-not-shown")
                A real master runs it on port 3000 (deploy.yaml); here the dashboards are only checked against
                this Prometheus (tests/test_master.py). With a registry that serves the image, run $0 again."

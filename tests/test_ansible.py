@@ -228,6 +228,14 @@ MASTER_CASES = [
         "accelmon_master_grafana_tls_cert and accelmon_master_grafana_tls_key go together",
     ),
     ("accelmon_master_grafana_secret_key=secret", "16 characters or more"),
+    # HTTPS is the default: plain HTTP is asked for alone, never beside a certificate; extra names are names.
+    (
+        '{"accelmon_master_grafana_plain_http": true,'
+        ' "accelmon_master_grafana_tls_cert": "-----BEGIN CERTIFICATE-----",'
+        ' "accelmon_master_grafana_tls_key": "-----BEGIN PRIVATE KEY-----"}',
+        "HTTPS or plain HTTP: choose one",
+    ),
+    ('{"accelmon_master_grafana_tls_names": ["*.example.com"]}', "are DNS names or IP addresses"),
     ("accelmon_master_live_jobs_straggler_sm_clock_ratio=1.5", "must be a ratio above 0 and at most 1"),
     ("accelmon_master_live_jobs_idle_utilization=0", "must be a ratio above 0 and at most 1"),
     ("accelmon_master_live_jobs_interval=often", "must be empty or a Prometheus duration such as 30s or 1m"),
@@ -1337,9 +1345,14 @@ def test_grafana_reads_its_secret_key_from_a_file_never_an_argument(tmp_path):
     assert "/opt/accelmon-master/grafana/secret_key:/run/secrets/grafana_secret_key:ro,Z" in service["volumes"]
     assert "GF_SECURITY_SECRET_KEY" not in service["environment"]
     assert "k" * 32 not in json.dumps(rendered)
-    # Plain HTTP on every interface by default, as documented; no TLS files mounted.
+    # On every interface by default, as documented, in HTTPS (the deploy's certificate: tests/test_grafana_tls.py);
+    # plain HTTP only when asked for, with no TLS files mounted.
     assert service["ports"] == ["0.0.0.0:3000:3000"]
-    assert "GF_SERVER_PROTOCOL" not in service["environment"]
+    assert service["environment"]["GF_SERVER_PROTOCOL"] == "https"
+    plain = render_masters(tmp_path, {"monitor-a": {}}, {"accelmon_master_grafana_plain_http": True})["monitor-a"]
+    plain = grafana_of(plain)
+    assert "GF_SERVER_PROTOCOL" not in plain["environment"]
+    assert not [volume for volume in plain["volumes"] if "/etc/grafana/tls" in volume]
 
 
 @pytest.mark.parametrize("network", ["accelmon", "host"])

@@ -409,14 +409,16 @@ def test_a_current_certificate_costs_the_controller_no_module_and_a_new_address_
 
 
 @pytest.mark.parametrize(
-    ("address", "cert", "warned"),
-    [("0.0.0.0", "", True), ("10.0.0.9", "PEM", False), ("127.0.0.1", "", False), ("::1", "", False)],
-)
-def test_grafana_in_clear_on_the_network_is_warned(tmp_path, address, cert, warned):
-    """The master preflight's own task, run as the role has it: plain HTTP on an address others reach is said."""
+    ("address", "plain", "warned"),
+    [("0.0.0.0", True, True), ("10.0.0.9", True, True), ("0.0.0.0", False, False), ("127.0.0.1", True, False),
+     ("::1", True, False)],
+)  # fmt: skip
+def test_grafana_in_clear_on_the_network_is_warned(tmp_path, address, plain, warned):
+    """The master preflight's own task, run as the role has it: plain HTTP (only ever asked for: HTTPS is the
+    default, tests/test_grafana_tls.py) on an address others reach is said."""
     preflight = yaml.safe_load((ROLES / "accelmon_master" / "tasks" / "preflight.yml").read_text())
     task = next(t for t in preflight if t.get("name") == "Warn that Grafana serves in clear")
     variables = {"accelmon_master_grafana_listen_address": address, "accelmon_master_grafana_port": 3000,
-                 "accelmon_master_grafana_tls_cert": cert, "accelmon_master_grafana_tls_key": cert}  # fmt: skip
+                 "accelmon_master_grafana_plain_http": plain, "accelmon_master_grafana_enabled": True}  # fmt: skip
     output = run_play(tmp_path, [task], variables, workers={"master-1": {}})
-    assert ("[WARNING] master-1: Grafana serves plain HTTP on 0.0.0.0:3000" in output) is warned, output[-2000:]
+    assert (f"[WARNING] master-1: Grafana serves plain HTTP on {address}:3000" in output) is warned, output[-2000:]
