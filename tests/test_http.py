@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import gzip
 import ipaddress
+import select
 import socket
 import subprocess
 import threading
@@ -18,6 +19,7 @@ import pytest
 from accelmon.cli import make_server
 from accelmon.exporter import server as http
 from accelmon.exporter.runtime import Exporter, Sampler
+from accelmon.host import tcp_sockets
 from tests.support.processes import exporter_env, free_port, rss_kib, start_exporter, stop, wait_until_serving
 from tests.support.toy import Steady
 from tests.support.waiting import wait_until
@@ -295,21 +297,37 @@ def closed_by_server(client: socket.socket) -> bool:
         return True
 
 
-def test_many_addresses_filling_every_slot_leave_a_newcomer_its_place(served, monkeypatch):
-    """Issue 66: MAX_CONNECTIONS_PER_CLIENT bounded one address, but 32 addresses (a 32-node job's, or one worker
-    user's binding 127.0.x.y, or an IPv6 /64's) held all 256 slots, and every new scrape was closed at once. When
-    every slot is taken, the oldest connection not yet authenticated is closed for the newcomer."""
+def test_a_full_pool_closes_for_a_newcomer_the_untrusted_connection_of_the_client_holding_the_most(monkeypatch):
+    """Issue 66: 32 addresses holding all 256 slots shut every scraper out, so a newcomer that finds the pool full
+    closes a connection not yet trusted. It closed the oldest of any client's: a client opening connections as fast
+    as it could closed the others' fresh ones before they authenticated (security review F1: a scraper opening a
+    connection per scrape got 8 of 27 through). Now the client (client_group) holding the most gives way, and a
+    trusted connection never does."""
     monkeypatch.setattr(http, "MAX_CONNECTIONS", 16)
-    port = served.server_address[1]
-    hog = hold(port, "127.0.1.0", 8) + hold(port, "127.0.1.1", 8)
+    server = http.MetricsServer(lambda openmetrics: b"", "127.0.0.1", 0, "test")
+    ends: list[socket.socket] = []
+
+    def admit(address: str) -> http._Connection | None:
+        mine, theirs = socket.socketpair()
+        ends.extend((mine, theirs))
+        return server._admit(mine, (address, 40000))
+
     try:
-        wait_until(lambda: served.open_connections == 16, timeout=5, what="the hog's 16 connections admitted")
-        assert b"test_value" in scrape_from("127.0.0.2", served)
-        assert closed_by_server(hog[0])  # the oldest made room
-        assert served.open_connections <= 16
+        small = [admit("10.0.0.3") for _ in range(3)]  # the oldest
+        middle = [admit("10.0.0.2") for _ in range(5)]
+        most = [admit("10.0.0.1") for _ in range(8)]
+        assert server.open_connections == 16
+        most[0].trusted = True  # authenticated: never closed for a newcomer
+        assert admit("10.0.0.4") is not None
+        assert most[0] in server._connections and most[1] not in server._connections
+        assert all(c in server._connections for c in small + middle)
+        assert admit("10.0.0.3") is not None  # 4 of its own now; the most (7) still gives way
+        assert most[2] not in server._connections and small[0] in server._connections
     finally:
-        for client in hog:
-            client.close()
+        server.stop()
+        server._loop.close()
+        for end in ends:
+            end.close()
 
 
 def test_a_scraper_sharing_an_address_with_a_hog_still_gets_in(served):
@@ -403,8 +421,9 @@ def test_a_password_never_wrong_is_checked_before_those_of_clients_that_failed(m
             with ask(source, "wrong") as failed:
                 assert failed.recv(100).startswith(b"HTTP/1.1 401")
         gate.clear()
-        flood = [ask(f"127.0.3.{1 + n % 2}", f"wrong{n}") for n in range(16)]
-        wait_until(lambda: server.open_connections == 16, timeout=5, what="the flood's connections")
+        # The loopback's 127/8 is one client: 8 connections at most (MAX_CONNECTIONS_PER_CLIENT), 8 checks queued.
+        flood = [ask(f"127.0.3.{1 + n % 2}", f"wrong{n}") for n in range(8)]
+        wait_until(lambda: server.open_connections == 8, timeout=5, what="the flood's connections")
         time.sleep(0.2)  # every wrong check in the queue
         with ask("::1", "right") as scraper:  # another client: the loopback's 127/8 is one
             time.sleep(0.2)
@@ -433,3 +452,134 @@ def test_an_accept_header_prometheus_client_cannot_parse_is_served_as_text(serve
         assert reply.startswith(b"HTTP/1.1 200 OK")
         assert b"Content-Type: text/plain; version=" in reply
     assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")], caplog.text
+
+
+def gated_passwords(monkeypatch, gate: threading.Event, checked: list[str]):
+    """A web config with one user whose bcrypt check is a stand-in: it waits at `gate`, notes the password, and
+    passes "right" alone."""
+    from accelmon.exporter.webconfig import WebConfig
+
+    def check(user: str, password: str) -> bool:
+        gate.wait(10)
+        checked.append(password)
+        return password == "right"
+
+    web = WebConfig(users={"prometheus": b"$2b$04$" + b"x" * 53})
+    monkeypatch.setattr(web, "check", check)
+    return web
+
+
+def request(password: str) -> bytes:
+    credential = base64.b64encode(f"prometheus:{password}".encode()).decode()
+    return f"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Basic {credential}\r\n\r\n".encode()
+
+
+def closed_now(client: socket.socket) -> bool:
+    """Whether the server has closed `client` (which it never sends to) by now, without waiting."""
+    return bool(select.select([client], [], [], 0)[0]) and closed_by_server(client)
+
+
+@pytest.mark.skipif(not ipv6_loopback(), reason="no IPv6 on this host")
+def test_a_loopback_flood_leaves_a_fresh_scraper_and_roots_check_their_places(monkeypatch, tmp_path):
+    """Security review F1: one address's share was counted by exact address and a full pool closed the oldest
+    untrusted connection of any client, so a user of the host opening connections from many 127.x.y.z (or from
+    127.0.0.1, which the allow-list keeps for the deploy's check) closed a scraper's new connection before it
+    authenticated: 8 of 27 scrapes through, and with allowed_clients [127.0.0.1] the deploy's check failed for its
+    whole 15 s. The loopback's 127/8 is now one client with one share; and a loopback connection whose socket is
+    root's (the deploy's check runs as root; told from procfs's net/tcp, here a fixture naming this test's socket)
+    has slots of its own. Both wait in their password check while the flood comes, and both are answered."""
+    monkeypatch.setattr(http, "MAX_CONNECTIONS", 32)
+    gate, checked = threading.Event(), []
+    web = gated_passwords(monkeypatch, gate, checked)
+    exporter = Exporter([Sampler(Steady(), 0.05)])
+    exporter.collect_once()
+    procfs = tmp_path / "proc"
+    (procfs / "net").mkdir(parents=True)
+    server = make_server(exporter, ":0", web, procfs=str(procfs))
+    server.start()
+    port = server.server_address[1]
+    root = socket.socket()
+    root.bind(("127.0.0.1", 0))  # its port known before it connects: the fixture names it as uid 0's
+    own, peer = (f"{tcp_sockets.hex_address('127.0.0.1')}:{p:04X}" for p in (root.getsockname()[1], port))
+    (procfs / "net" / "tcp").write_text(
+        "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+        f"   0: {own} {peer} 01 00000000:00000000 00:00000000 00000000     0        0 4242 1\n"
+    )
+    flood: list[socket.socket] = []
+    try:
+        flood += hold(port, "127.0.0.1", http.MAX_CONNECTIONS_PER_CLIENT)  # the loopback's share taken
+        wait_until(lambda: server.open_connections == http.MAX_CONNECTIONS_PER_CLIENT, timeout=5, what="the hog in")
+        root.settimeout(10)
+        root.connect(("127.0.0.1", port))
+        root.sendall(request("right"))
+        scraper = socket.create_connection(("::1", port), timeout=10)
+        scraper.sendall(request("right"))
+        # One password at the gate, the other queued behind it: both connections admitted and waiting.
+        wait_until(lambda: len(server._checks) == 1, timeout=5, what="root's check and the scraper in")
+        for n in range(40):  # 40 addresses of the loopback, and 16 more from 127.0.0.1
+            flood += hold(port, f"127.1.{n // 200}.{1 + n % 200}", 1)
+        flood += hold(port, "127.0.0.1", 16)
+        wait_until(lambda: all(closed_now(client) for client in flood[: -http.MAX_CONNECTIONS_PER_CLIENT]),
+                   timeout=10, what="the flood's older connections closed for its newer ones")  # fmt: skip
+        assert server.open_connections <= http.MAX_CONNECTIONS_PER_CLIENT + 2
+        gate.set()
+        with root, scraper:
+            assert root.recv(100).startswith(b"HTTP/1.1 200"), "root's check"
+            assert scraper.recv(100).startswith(b"HTTP/1.1 200"), "the scraper"
+    finally:
+        gate.set()
+        for client in flood:
+            client.close()
+        root.close()
+        server.stop()
+
+
+@pytest.mark.skipif(not ipv6_loopback(), reason="no IPv6 on this host")
+def test_wrong_passwords_end_their_connection_and_a_failing_client_is_checked_at_a_bounded_rate(monkeypatch):
+    """Security review F3: 8 keep-alive connections sending wrong passwords from one address cost 11.6 s of CPU in
+    10 s (4.9 bcrypt checks a second, one after another). A 401 now ends its connection, and a client whose
+    passwords failed FREE_FAILURES times has one checked per CHECK_SECONDS (5 s here) at most, until one passes,
+    while Prometheus (another client, which never failed) is checked at once. Counted in checks, not time."""
+    monkeypatch.setattr(http, "CHECK_SECONDS", 5.0)
+    gate, checked = threading.Event(), []
+    gate.set()
+    web = gated_passwords(monkeypatch, gate, checked)
+    exporter = Exporter([Sampler(Steady(), 0.05)])
+    exporter.collect_once()
+    server = make_server(exporter, ":0", web)
+    server.start()
+    port = server.server_address[1]
+    stopping, replies = threading.Event(), []
+
+    def attacker() -> None:
+        while not stopping.is_set():
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
+                    reply = b""
+                    for _ in range(2):  # keep-alive: a second request, unless the first ended the connection
+                        client.sendall(request("wrong"))
+                        while chunk := client.recv(4096):
+                            reply += chunk
+                    replies.append(reply)
+            except OSError:  # the second request sent to a closed connection, or the server stopped
+                replies.append(b"")
+
+    attackers = [threading.Thread(target=attacker) for _ in range(8)]
+    for thread in attackers:
+        thread.start()
+    try:
+        wait_until(lambda: len(checked) >= http.FREE_FAILURES, timeout=10, what="the free checks used")
+        started = time.monotonic()
+        with socket.create_connection(("::1", port), timeout=10) as prometheus:
+            prometheus.sendall(request("right"))
+            assert prometheus.recv(100).startswith(b"HTTP/1.1 200")
+        assert time.monotonic() - started < http.CHECK_SECONDS  # not behind the failing client's wait
+        time.sleep(1.0)  # the attackers go on: no more check of theirs before CHECK_SECONDS have passed
+        assert checked.count("wrong") == http.FREE_FAILURES, len(checked)
+        answered = [reply for reply in replies if reply]
+        assert answered and all(r.startswith(b"HTTP/1.1 401") and r.count(b"HTTP/1.1") == 1 for r in answered)
+    finally:
+        stopping.set()
+        server.stop()
+        for thread in attackers:
+            thread.join(15)

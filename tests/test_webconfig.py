@@ -253,6 +253,7 @@ def test_an_authenticated_scraper_keeps_its_connection_when_every_slot_is_taken(
         tmp_path,
     )
     monkeypatch.setattr(http_server, "MAX_CONNECTIONS", 16)
+    monkeypatch.setattr(http_server, "MAX_CONNECTIONS_PER_CLIENT", 64)  # the loopback's 127/8 is one client
     port = server.server_address[1]
     credential = {"Authorization": "Basic " + base64.b64encode(f"prometheus:{PASSWORD}".encode()).decode()}
     prometheus = http.client.HTTPSConnection("127.0.0.1", port, timeout=5, context=client_context(pki))
@@ -294,3 +295,12 @@ def test_tls12_takes_forward_secret_aead_suites_only(pki, serve, cipher):
     with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
         with context("ECDHE+AESGCM").wrap_socket(raw, server_hostname="127.0.0.1") as tls:
             assert tls.version() == "TLSv1.2" and "GCM" in tls.cipher()[0]
+
+
+def test_a_client_cannot_renegotiate_tls(pki, tmp_path):
+    """Security review F5: the server's context did not set OP_NO_RENEGOTIATION, and OpenSSL 1.1.1 (EL8's) lets a
+    TLS 1.2 client renegotiate unless told, each time a handshake's CPU on a connection already admitted."""
+    path = tmp_path / "web-config.yml"
+    path.write_text(f"tls_server_config: {{cert_file: {pki}/server.crt, key_file: {pki}/server.key}}\n")
+    context = load_web_config(str(path)).ssl_context
+    assert context is not None and context.options & ssl.OP_NO_RENEGOTIATION

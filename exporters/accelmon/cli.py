@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import signal
@@ -18,6 +19,7 @@ from accelmon.exporter.registry import Paths
 from accelmon.exporter.runtime import Exporter
 from accelmon.exporter.server import IPNetwork, MetricsServer, notify_systemd
 from accelmon.exporter.webconfig import WebConfig, load_web_config
+from accelmon.host.tcp_sockets import connection_uid
 from accelmon.scan import SCAN_FAILED, build_samplers, plan, scan_health
 
 log = logging.getLogger("accelmon")
@@ -132,12 +134,18 @@ def scan(settings: Settings, as_json: bool) -> int:
 
 
 def make_server(
-    exporter: Exporter, address: str, web: WebConfig | None = None, allowed: tuple[IPNetwork, ...] = ()
+    exporter: Exporter,
+    address: str,
+    web: WebConfig | None = None,
+    allowed: tuple[IPNetwork, ...] = (),
+    procfs: str | None = None,
 ) -> MetricsServer:
-    """The /metrics server for `address` (HOST:PORT; port 0 for any free port), not yet started."""
+    """The /metrics server for `address` (HOST:PORT; port 0 for any free port), not yet started. With `procfs`, it
+    tells a loopback client's socket owner from its net/tcp (root's keep slots of their own); without, none does."""
     host, port = check_listen_address(address, any_port=True)  # tests and benchmarks bind a free port
     version = f"accelmon-exporter/{__version__}"
-    return MetricsServer(exporter.exposition, host.strip("[]"), port, version, web, allowed)
+    peer_uid = functools.partial(connection_uid, procfs) if procfs else None
+    return MetricsServer(exporter.exposition, host.strip("[]"), port, version, web, allowed, peer_uid)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -190,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         return 0
     try:
-        server = make_server(exporter, settings.listen_address, web, settings.allowed_clients)
+        server = make_server(exporter, settings.listen_address, web, settings.allowed_clients, settings.paths.procfs)
     except OSError as error:
         log.error("cannot listen on %s: %s", settings.listen_address, error)
         return 1

@@ -4,12 +4,17 @@ The thread-per-connection server it replaces let one client grow the exporter to
 connections, up to 100 headers of 64 KiB buffered each, and a timeout per read, so a header every 29 s held a
 thread for most of an hour. Here a connection costs a coroutine and at most MAX_HEAD_BYTES of buffer; there are at
 most MAX_CONNECTIONS of them, counted from their accept (a TLS handshake that never ends holds a slot, not a file
-descriptor beyond the pool), and at most MAX_CONNECTIONS_PER_CLIENT from one address. When a newcomer finds its
-address's share or the pool taken, the oldest connection not yet trusted (authenticated by password or by a client
-certificate) is closed for it: many addresses (a 32-node job's, a worker user's 127.0.x.y, an IPv6 /64's) no longer
-shut a scraper out, and Prometheus's authenticated keep-alive connection is never the one closed. A connection's
+descriptor beyond the pool), and at most MAX_CONNECTIONS_PER_CLIENT from one client (`client_group`: an address,
+but the loopback's 127/8 and an IPv6 /64 each one client). When a newcomer finds its client's share taken, that
+client's oldest connection not yet trusted is closed for it; when it finds the pool taken, the oldest untrusted one of
+the client holding the most. Trusted: authenticated by password or by a client certificate, or, where the server asks
+for neither, answered once. So many addresses (a 32-node job's, a worker user's 127.x.y.z, an IPv6 /64's) no longer
+shut a scraper out, and Prometheus's keep-alive connection is never the one closed. A loopback connection of root's
+(the deploy's check) has ROOT_SLOTS of its own, which no other client's newcomer takes. A connection's
 first byte must come within HEAD_SECONDS, and a request's head whole within HEAD_SECONDS of its first byte; an idle
-keep-alive connection is closed after IDLE_SECONDS. Where `allowed` networks are given (the config's
+keep-alive connection is closed after IDLE_SECONDS. A
+request refused for its password ends its connection, and a client whose passwords failed FREE_FAILURES times has
+one checked per CHECK_SECONDS at most, until one passes. Where `allowed` networks are given (the config's
 web.allowed_clients: the Prometheus servers), any other address is closed at its accept, before a TLS handshake. A
 scrape never waits on hardware: the body is the exporter's latest samples, rendered by prometheus_client once per
 sample (in the text format, or in OpenMetrics for a client that asks for it) and gzip-compressed when the client
@@ -31,8 +36,9 @@ import os
 import socket
 import ssl
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Union
+from typing import Callable, Optional, Tuple, Union
 
 from prometheus_client.exposition import choose_encoder
 
@@ -41,11 +47,24 @@ from accelmon.exporter.webconfig import WebConfig
 log = logging.getLogger("accelmon.http")
 IPNetwork = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
 IPAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
+# (client address, port), (server address, port) -> the uid of the client's socket, None if unknown
+PeerUid = Callable[[Tuple[str, int], Tuple[str, int]], Optional[int]]
 
 MAX_HEAD_BYTES = 8192  # request line and headers; Prometheus sends about 300 bytes
 MAX_CONNECTIONS = 256
-# One address's share: a Prometheus pair, a federation and a person's curl need a few each.
+# One client's share (client_group): a Prometheus pair, a federation and a person's curl need a few each.
 MAX_CONNECTIONS_PER_CLIENT = 8
+# Loopback connections whose socket belongs to root (the deploy's check runs as root): a share of their own, apart
+# from the loopback's 127/8, which any user of the host can fill. Only another of root's closes one.
+ROOT_SLOTS = 2
+ROOT_GROUP = "uid 0 on the loopback"
+# Looking up a socket's owner reads /proc/net/tcp (milliseconds with thousands of sockets): only for a loopback
+# newcomer that finds its share or the pool taken, and at most this share of the server's time.
+OWNER_SHARE = 0.1
+# Failed passwords a client may have checked at full speed; beyond, one bcrypt check per CHECK_SECONDS (until one
+# passes): 8 keep-alive connections sending wrong passwords kept a core busy (~4.9 checks a second at cost 12).
+FREE_FAILURES = 5
+CHECK_SECONDS = 1.0
 MAX_FAILED_CLIENTS = 4096  # clients whose failed passwords are remembered (a dict entry each)
 HEAD_SECONDS = 5.0
 IDLE_SECONDS = 60.0  # Prometheus keeps its connection open between scrapes (15 s by default)
@@ -62,7 +81,7 @@ class _Connection:
     def __init__(self, sock: socket.socket, client: str, group: str) -> None:
         self.sock = sock
         self.client = client
-        self.group = group  # client_group: whose failed passwords it shares
+        self.group = group  # client_group (or ROOT_GROUP): whose share and failed passwords it counts in
         self.trusted = False
 
     def close(self) -> None:
@@ -85,9 +104,12 @@ class MetricsServer:
         server_header: str,
         web: WebConfig | None = None,
         allowed: tuple[IPNetwork, ...] = (),
+        peer_uid: PeerUid | None = None,
     ) -> None:
         self.exposition = exposition
         self.allowed = allowed  # () lets any address in
+        self.peer_uid = peer_uid  # None: no slot kept for root
+        self._owner_next = 0.0  # monotonic time before which no owner is looked up (OWNER_SHARE)
         self.server_header = server_header
         self.web = web or WebConfig()
         # bcrypt checks (0.06-0.25 s of CPU each) run one at a time off the loop: wrong passwords cost one core
@@ -98,13 +120,15 @@ class MetricsServer:
         self._checking = False
         self._arrivals = itertools.count()
         self._failures: dict[str, int] = {}  # failed checks per client_group, until one passes
+        self._checked_at: dict[str, float] = {}  # when the last check of a client in _failures began
+        self._wakeup: asyncio.TimerHandle | None = None  # the next check held back by CHECK_SECONDS
         self._socket = listening_socket(host, port)
         self.server_address = self._socket.getsockname()[:2]
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="http", daemon=True)
         self._accepting: asyncio.Task[None] | None = None
         self._connections: dict[_Connection, None] = {}  # admitted, oldest first (dicts keep insertion order)
-        self._by_client: dict[str, int] = {}  # open connections per client address
+        self._by_group: dict[str, int] = {}  # open connections per client_group
         self._tasks: set[asyncio.Task[None]] = set()
         # Per format, (exposition, its gzip): compressed once per sample, shared by every scraper until the next.
         self._gzipped: dict[bool, tuple[bytes, bytes]] = {}
@@ -144,32 +168,55 @@ class MetricsServer:
                 task.add_done_callback(self._tasks.discard)
 
     def _admit(self, conn: socket.socket, peer: object) -> _Connection | None:
-        """The new connection's place in the pool, or None to close it: at its address's share or with every slot
-        taken, the oldest connection not yet trusted (of that address, or of any) is closed for it."""
+        """The new connection's place in the pool, or None to close it: at its client's share, that client's oldest
+        connection not yet trusted is closed for it; with every slot taken, that of the client holding the most."""
         client = client_address(peer)
         if self.allowed and not any(client in network for network in self.allowed):
             log.debug("http: %s refused: not an allowed client", peer)
             return None
-        key = str(client)
-        if self._by_client.get(key, 0) >= MAX_CONNECTIONS_PER_CLIENT:
-            evicted = self._evict(key)
+        group = client_group(client)
+        if client.is_loopback and self._contended(group) and self._root_owns(conn, client, peer):
+            group = ROOT_GROUP
+        if self._by_group.get(group, 0) >= _share(group):
+            evicted = self._evict(group)
         elif len(self._connections) >= MAX_CONNECTIONS:
-            evicted = self._evict(None)
+            # The client holding the most gives way, not the newcomer's, unless the newcomer's holds as many.
+            mine = self._by_group.get(group, 0)
+            larger = sorted((n, g) for g, n in self._by_group.items() if n > mine and g != ROOT_GROUP)
+            evicted = any(self._evict(victim) for victim in [g for _, g in reversed(larger)] + [group])
         else:
             evicted = True
         if not evicted:
-            log.debug("http: %s refused: %d connections open and trusted, %d of its own", peer,
-                      len(self._connections), self._by_client.get(key, 0))  # fmt: skip
+            log.debug("http: %s refused: %d connections open and trusted, %d of its client's", peer,
+                      len(self._connections), self._by_group.get(group, 0))  # fmt: skip
             return None
-        connection = _Connection(conn, key, client_group(client))
+        connection = _Connection(conn, str(client), group)
         self._connections[connection] = None
-        self._by_client[key] = self._by_client.get(key, 0) + 1
+        self._by_group[group] = self._by_group.get(group, 0) + 1
         return connection
 
-    def _evict(self, key: str | None) -> bool:
-        """Closes the oldest untrusted connection (of client `key`, or of any); False if there is none."""
+    def _contended(self, group: str) -> bool:
+        return self._by_group.get(group, 0) >= _share(group) or len(self._connections) >= MAX_CONNECTIONS
+
+    def _root_owns(self, conn: socket.socket, client: IPAddress, peer: object) -> bool:
+        """Whether the loopback client's socket is root's, within OWNER_SHARE of the server's time: beyond it, a
+        newcomer is taken for any user's (a flood of lookups is not paid for)."""
+        started = time.monotonic()
+        if self.peer_uid is None or started < self._owner_next or not isinstance(peer, tuple):
+            return False
+        try:
+            server = conn.getsockname()
+            uid = self.peer_uid((str(client), int(peer[1])), (str(client_address(server)), int(server[1])))
+        except (OSError, ValueError) as error:  # gone already; or hostile procfs text: no slot of root's
+            log.debug("http: no owner for %s: %s", peer, error)
+            uid = None
+        self._owner_next = started + (time.monotonic() - started) / OWNER_SHARE
+        return uid == 0
+
+    def _evict(self, group: str) -> bool:
+        """Closes the oldest untrusted connection of client `group`; False if it has none."""
         for connection in self._connections:
-            if not connection.trusted and key in (None, connection.client):
+            if not connection.trusted and connection.group == group:
                 log.debug("http: connection of %s closed for a newcomer", connection.client)
                 self._forget(connection)
                 connection.close()
@@ -179,9 +226,9 @@ class MetricsServer:
     def _forget(self, connection: _Connection) -> None:
         if connection in self._connections:  # not forgotten before (evicted, then ended)
             del self._connections[connection]
-            self._by_client[connection.client] -= 1
-            if not self._by_client[connection.client]:
-                del self._by_client[connection.client]
+            self._by_group[connection.group] -= 1
+            if not self._by_group[connection.group]:
+                del self._by_group[connection.group]
 
     def stop(self) -> None:
         async def close() -> None:
@@ -261,13 +308,16 @@ class MetricsServer:
         close = version == "HTTP/1.0" or headers.get("connection", "").lower() == "close"
         path = target.split("?", 1)[0]
         # Every request is checked (a proxy may carry several clients' requests on one connection); one that passes
-        # makes its connection trusted: no newcomer takes its place.
+        # makes its connection trusted: no newcomer takes its place. Without passwords, being answered once does
+        # (plain HTTP: a scraper's keep-alive connection, not a silent one, keeps its place).
         authorized = not self.web.requires_auth or await self._authorized(
             headers.get("authorization", ""), connection.group
         )
-        connection.trusted = connection.trusted or (authorized and self.web.requires_auth)
+        connection.trusted = connection.trusted or authorized
         if not authorized:
-            await self._reply(writer, 401, "text/plain; charset=utf-8", b"unauthorized\n", close, extra=CHALLENGE)
+            # Closed: each new try costs the client a connection (and a TLS handshake), not just a request.
+            await self._reply(writer, 401, "text/plain; charset=utf-8", b"unauthorized\n", True, extra=CHALLENGE)
+            return False
         elif method not in ("GET", "HEAD"):
             await self._reply(writer, 405, "text/plain; charset=utf-8", b"only GET and HEAD\n", close, head=False)
         elif path == "/metrics":
@@ -307,25 +357,45 @@ class MetricsServer:
 
     def _next_check(self) -> None:
         """Starts the next bcrypt check unless one runs (on the loop's thread, as every caller is)."""
-        while self._checks and not self._checking:
-            # The fewest failures now, not when it arrived: a flood's first checks arrive before any has failed.
-            chosen = min(self._checks, key=lambda waiting: (self._failures.get(waiting[1], 0), waiting[0]))
-            self._checks.remove(chosen)
-            _, group, user, password, checked = chosen
-            if checked.done():  # its connection went away
-                continue
-            self._checking = True
-            running = asyncio.get_running_loop().run_in_executor(self._bcrypt, self.web.check, user, password)
-            running.add_done_callback(functools.partial(self._check_done, group, checked))
+        if self._checking:
+            return
+        self._checks = [waiting for waiting in self._checks if not waiting[4].done()]  # connections gone
+        now = time.monotonic()
+        ready = [waiting for waiting in self._checks if self._due(waiting[1]) <= now]
+        if self._wakeup is not None:
+            self._wakeup.cancel()
+            self._wakeup = None
+        if not ready:
+            if self._checks:  # every one held back by CHECK_SECONDS: woken when the first is due
+                due = min(self._due(waiting[1]) for waiting in self._checks)
+                self._wakeup = asyncio.get_running_loop().call_later(due - now, self._next_check)
+            return
+        # The fewest failures now, not when it arrived: a flood's first checks arrive before any has failed.
+        chosen = min(ready, key=lambda waiting: (self._failures.get(waiting[1], 0), waiting[0]))
+        self._checks.remove(chosen)
+        _, group, user, password, checked = chosen
+        if group in self._failures:
+            self._checked_at[group] = now
+        self._checking = True
+        running = asyncio.get_running_loop().run_in_executor(self._bcrypt, self.web.check, user, password)
+        running.add_done_callback(functools.partial(self._check_done, group, checked))
+
+    def _due(self, group: str) -> float:
+        """When a check of client `group` may begin: at once, unless it failed FREE_FAILURES times."""
+        if self._failures.get(group, 0) < FREE_FAILURES:
+            return 0.0
+        return self._checked_at.get(group, 0.0) + CHECK_SECONDS
 
     def _check_done(self, group: str, checked: asyncio.Future[bool], running: asyncio.Future[bool]) -> None:
         self._checking = False
         passed = not running.cancelled() and running.exception() is None and bool(running.result())
         if passed:
             self._failures.pop(group, None)
+            self._checked_at.pop(group, None)
         else:
             if len(self._failures) >= MAX_FAILED_CLIENTS:  # bounded: a flood of addresses starts it again
                 self._failures.clear()
+                self._checked_at.clear()
             self._failures[group] = self._failures.get(group, 0) + 1
         if not checked.done():
             checked.set_result(passed)
@@ -433,6 +503,10 @@ def client_group(address: IPAddress) -> str:
     if address.version == 6:
         return str(ipaddress.ip_network(f"{address}/64", strict=False))
     return str(address)
+
+
+def _share(group: str) -> int:
+    return ROOT_SLOTS if group == ROOT_GROUP else MAX_CONNECTIONS_PER_CLIENT
 
 
 def allowed_networks(values: object) -> tuple[IPNetwork, ...]:

@@ -140,6 +140,10 @@ def _tls(section: Any, base: str, path: str) -> ssl.SSLContext:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = TLS_VERSIONS[version]
     context.set_ciphers(TLS12_CIPHERS)
+    # A client may not renegotiate (TLS 1.2; 1.3 has none): OpenSSL 1.1.1 (EL8's) allows it unless told, and each
+    # renegotiation costs the server a handshake's CPU on a connection already admitted. Python 3.7+ with OpenSSL
+    # 1.1.0h+ has the flag; an older one keeps OpenSSL's default.
+    context.options |= getattr(ssl, "OP_NO_RENEGOTIATION", 0)
     cert, key = (os.path.join(base, str(section[name])) for name in ("cert_file", "key_file"))
     try:
         context.load_cert_chain(cert, key)
