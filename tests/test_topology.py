@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import shutil
 
+import pynvml
 import pytest
 
 from accelmon.collectors.infiniband import InfinibandCollector
 from accelmon.host import topology
+from accelmon.host.nvidia import NvmlSession
 from tests.support.exposition import promtool_check, series, text_of
 from tests.support.jobs_tree import uuid
 from tests.support.path_rules import path_faults_test
@@ -20,6 +22,7 @@ from tests.support.pci_tree import (
     PCIE_EXPECTED,
     azure_nd_h100_v5,
     azure_topo_file,
+    bridged_pcie_pair,
     cpuinfo,
     dgx_a100,
     dgx_h100,
@@ -185,6 +188,25 @@ def test_a_dgx_a100_gives_each_gpu_of_a_pair_one_of_its_two_hcas(tmp_path):
     links = {(p.gpu, p.device): p.link for p in topology.gpu_nic_pairs(str(sysfs), str(procfs))}
     assert [links[("0", f"mlx5_{n}")] for n in range(8)] == ["PXB", "PXB"] + ["SYS"] * 6
     assert nccl_choice(sysfs, procfs) == [(str(g), f"mlx5_{g}", "1", "PIX") for g in range(8)]
+
+
+def test_an_nvlink_bridged_pair_without_nvswitch_relays_by_pxn_as_nccl_does(tmp_path, fake_nvml):
+    """Two PCIe GPUs joined by NVLink bridges, no NVSwitch: NCCL reads the links from NVML (xml.cc
+    ncclTopoGetXmlFromGpu), so the pair is PATH_NVL and GPU 1, whose own path to GPU 0's HCA crosses the CPU (PHB),
+    sends through GPU 0 (paths.cc ncclTopoComputePaths: the peer PIX to it), PXN (before: PHB, bridges unknown, as
+    NVLink was known only from the NVSwitch driver's procfs). Links wired to NVSwitches or to nothing join no pair."""
+    sysfs, procfs = bridged_pcie_pair(tmp_path)
+    bridges = [f"nvlink_peer {g} {link} {1 - g}" for g in (0, 1) for link in range(12)]
+    fake_nvml.configure("\n".join(["gpus 2", "nvlink_unbridged 0 12", "nvlink_unbridged 1 12", *bridges]) + "\n")
+    assert topology.nvlink_pairs(NvmlSession("test", pynvml)) == [frozenset({"0000:18:00.0", "0000:28:00.0"})]
+    collector = InfinibandCollector(sysfs=str(sysfs), procfs=str(procfs), nccl_conf=str(tmp_path / "none"), nvml=pynvml)
+    assert served(collector, "accelmon_gpu_nic_nearest_info") == [("0", "mlx5_0", "PIX"), ("1", "mlx5_0", "PXN")]
+    assert served(collector, "accelmon_gpu_nic_rail_info") == []  # GPU 1's own NIC is GPU 0's: no other rail
+    fake_nvml.configure("gpus 2\nnvlink_unbridged 0 12\nnvlink_unbridged 1 12\n")  # no bridge: links inactive
+    unbridged = InfinibandCollector(sysfs=str(sysfs), procfs=str(procfs), nccl_conf=str(tmp_path / "none"), nvml=pynvml)
+    assert served(unbridged, "accelmon_gpu_nic_nearest_info") == [("0", "mlx5_0", "PIX"), ("1", "mlx5_0", "PHB")]
+    fake_nvml.configure("gpus 2\nnvlink 0 18\nnvlink 1 18\n")  # every link to an NVSwitch (an HGX board's)
+    assert topology.nvlink_pairs(NvmlSession("test", pynvml)) == []
 
 
 def test_nccl_uses_both_the_phb_and_the_node_nic_of_one_bandwidth(tmp_path):

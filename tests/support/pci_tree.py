@@ -228,6 +228,21 @@ def gpus_without_nics_on_one_socket(root: Path, switches: bool = True) -> tuple[
     return sysfs, procfs
 
 
+def bridged_pcie_pair(root: Path) -> tuple[Path, Path]:
+    """Two PCIe GPUs (A100 PCIe, Gen4) in two switch complexes of socket 0, joined by NVLink bridges and no NVSwitch
+    (the fake NVML's `nvlink_peer`: GPU 0 at bus 0x18, GPU 1 at 0x28); a 200G HCA beside GPU 0 under its switch.
+    nvidia-smi topo -m: GPU0 mlx5_0 PIX, GPU1 mlx5_0 NODE (NCCL: PHB), GPU0 GPU1 NV12."""
+    sysfs, procfs = root / "sys", root / "proc"
+    for bus in (0x15, 0x25):
+        top = [f"pci0000:{bus:02x}", f"0000:{bus:02x}:01.0", f"0000:{bus + 1:02x}:00.0"]
+        gpu(sysfs, procfs, [*top, f"0000:{bus + 2:02x}:00.0", f"0000:{bus + 3:02x}:00.0"], 0, GEN4)
+    top = ["pci0000:15", "0000:15:01.0", "0000:16:00.0", "0000:17:01.0", "0000:19:00.0"]
+    nic(sysfs, "mlx5_0", top, 0, {1: {"rate": "200 Gb/sec (4X HDR)"}}, GEN4)
+    number_gpus(procfs)
+    cpuinfo(procfs)
+    return sysfs, procfs
+
+
 def dgx_a100(root: Path) -> tuple[Path, Path]:
     """A DGX A100's compute side: four PCIe switch complexes, each on a NUMA node of its own (NPS4: GPUs 0-1 on node
     3, 2-3 on 1, 4-5 on 7, 6-7 on 5, as its nvidia-smi topo -m prints them, NVIDIA/DCGM#149), each a Broadcom PEX88000

@@ -19,7 +19,8 @@ Where the node has NVIDIA GPUs too, which path joins each GPU to each device (`a
 chosen as NCCL chooses: accelmon.host.topology.nccl_local) among the ports in service: ACTIVE now or since the exporter
 started (a port that went down stays the GPU's, at the best rate it had, so that its fault is seen: an uncabled
 port, a virtual function never up, is never in service), with the node's NCCL_IB_HCA (/etc/nccl.conf); worked out
-again when a GPU, a device, a port in service, its rate or NCCL_IB_HCA changes.
+again when a GPU, a device, a port in service, its rate or NCCL_IB_HCA changes. Where no NVSwitch is listed, the GPU
+pairs an NVLink bridge joins (PXN between them) are asked of NVML, once for a set of GPUs.
 
 An SR-IOV virtual function bound on the host is an RDMA device of its own (its PCI function has a `physfn` link to
 its card's, the kernel's mark of a VF); a card gives up to 127 of them, and each serves about 60 series as a PF does
@@ -35,7 +36,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from accelmon.exporter.metrics import Catalogue, MetricSpec, Samples
 from accelmon.exporter.registry import Paths, Registration, register, seconds
@@ -43,6 +44,7 @@ from accelmon.exporter.runtime import Collector
 from accelmon.exporter.validation import MIN_SECONDS, Option
 from accelmon.health import drill_store
 from accelmon.host import pcie_acs, topology
+from accelmon.host.nvidia import NvmlSession
 from accelmon.host.topology_files import nccl_int
 
 log = logging.getLogger("accelmon.infiniband")
@@ -306,6 +308,7 @@ class InfinibandCollector(Collector):
         self, sysfs: str = "/sys", clock: Callable[[], float] = time.monotonic, procfs: str = "/proc",
         drill_dir: str = str(drill_store.DRILL_DIR.default), wall: Callable[[], float] = time.time,
         nccl_conf: str = NCCL_CONF, nccl_topo_file: str = "", virtual_function_counters: bool = False,
+        nvml: Any = None,
     ) -> None:  # fmt: skip
         self.sysfs, self.procfs, self.drill_dir, self._wall = sysfs, procfs, drill_dir, wall
         self.virtual_function_counters = virtual_function_counters
@@ -316,6 +319,9 @@ class InfinibandCollector(Collector):
         self._devices_found = False
         self._clock = clock
         self._layouts: dict[str, _Layout] = {}
+        # NVML only for the GPU pairs an NVLink bridge joins (PXN between them), asked once per set of GPUs
+        self._nvml = NvmlSession("NVLink bridges are not known (PXN)", nvml, retry_seconds=LAYOUT_SECONDS)
+        self._bridged: tuple[tuple[str, ...], list[frozenset[str]]] = ((), [])
 
     def hardware_answering(self) -> bool:
         return self._devices_found
@@ -347,12 +353,14 @@ class InfinibandCollector(Collector):
             topo_seen: tuple[float, int] | None = (stat.st_mtime, stat.st_size)  # read again when it changes
         except OSError:
             topo_seen = None
+        bridged = self._nvlink_bridges(tuple(gpus), switches) if devices else []
         key = (tuple(devices), tuple(gpus), tuple(sorted(self._in_service.values(), key=str)), conf, tuple(switches),
-               topo_file, topo_seen)  # fmt: skip
+               topo_file, topo_seen, tuple(bridged))  # fmt: skip
         if key != self._topology[0]:
             ports = list(self._in_service.values())
             pxn, level = nccl_int(pxn_disable, 0) != 1, nccl_int(pxn_level, 2)
-            chosen = topology.nccl_local(self.sysfs, self.procfs, ports, ib_hca, None, pxn, level, True,
+            nvlink = topology.nvswitch_groups(self.procfs) + bridged
+            chosen = topology.nccl_local(self.sysfs, self.procfs, ports, ib_hca, nvlink, pxn, level, True,
                                          topo_file if topo_seen else "")  # fmt: skip
             self._topology = (key, topology.gpu_nic_pairs(self.sysfs, self.procfs), chosen)
         if gpus and devices:
@@ -364,6 +372,19 @@ class InfinibandCollector(Collector):
                 out.add(GPU_NIC_RAIL, [local.gpu, local.uuid, local.device, local.port], 1)
             else:
                 out.add(GPU_NIC_NEAREST, [local.gpu, local.uuid, local.device, local.port, local.path], 1)
+
+    def _nvlink_bridges(self, gpus: tuple[str, ...], switches: list[str]) -> list[frozenset[str]]:
+        """The GPU pairs an NVLink joins without NVSwitch (topology.nvlink_pairs), read from NVML once for a set of
+        GPUs (a bridge does not change while the driver runs); none asked where NVSwitches join every GPU anyway."""
+        if switches or len(gpus) < 2:
+            return []
+        if self._bridged[0] != gpus:
+            pairs = topology.nvlink_pairs(self._nvml)
+            self._nvml.close()
+            if pairs is None:  # NVML not there (yet): asked again after LAYOUT_SECONDS
+                return []
+            self._bridged = (gpus, pairs)
+        return self._bridged[1]
 
     def _sample_device(self, device: str, out: Samples) -> None:
         path = os.path.join(self.root, device)

@@ -29,7 +29,8 @@ fact below cites the file and function at that tag):
   (topo.cc `ncclTopoGetInterCpuBw`); the NIC's own, its speed in Mb/s / 8000 (topo.cc `ncclTopoAddNet`).
 - PXN: a GPU reaches a device through the NVLink peer GPU that uses it, where that peer is PIX or PXB from it and
   has more bandwidth to it than the GPU's own path, or the GPU's own path crosses a CPU (paths.cc
-  `ncclTopoComputePaths`, NCCL_PXN_DISABLE); NVLink joins every GPU where NVSwitches are listed (`nvswitch_groups`).
+  `ncclTopoComputePaths`, NCCL_PXN_DISABLE); NVLink joins every GPU where NVSwitches are listed (`nvswitch_groups`),
+  and the two GPUs of a link without a switch between them, a bridge (`nvlink_pairs`, from NVML).
 - For a GPU, NCCL keeps the devices of the highest path bandwidth and, among them, of the nearest path type (PIX,
   PXB, PXN, PHB, SYS; topo.cc `ncclTopoGetLocal`): a 400G HCA behind two switches beats a 200G port behind one, a
   far socket's compute HCA beats a 25G NIC on the GPU's own; and of those, the ones its channels pick from its
@@ -37,8 +38,8 @@ fact below cites the file and function at that tag):
 - Point-to-point sends to a GPU of another node leave by the device of that GPU's rail, through the local GPU that
   uses it (search.cc `ncclTopoGetNetDev`, NCCL_P2P_PXN_LEVEL=2): `rail` ports.
 - A Broadcom PEX switch's two levels are one (topo.cc `ncclTopoFlattenBcmSwitches`), from the functions' ids.
-Left out: C2C (Grace), direct NVLink without NVSwitches (bridged pairs, which need
-NVML) and NCCL_NETDEVS_POLICY other than AUTO. NCCL_TOPO_FILE is read as NCCL reads it (`topo_file_places`).
+Left out: C2C (Grace) and NCCL_NETDEVS_POLICY other than AUTO. NCCL_TOPO_FILE is read as NCCL reads it
+(`topo_file_places`).
 
 A PCIe switch shows in sysfs as its upstream port with one bridge function a downstream port below it
 (`.../0000:01:00.0/0000:02:08.0/0000:05:00.0`): two endpoints whose paths part below a common upstream port, each one
@@ -55,7 +56,7 @@ from typing import Callable, Optional
 from xml.etree import ElementTree
 
 from accelmon.host.gpu_holders import read as _read
-from accelmon.host.nvidia import driver_gpu_entries
+from accelmon.host.nvidia import NvmlSession, driver_gpu_entries, text
 from accelmon.host.topology_files import nccl_conf_value as nccl_conf_value  # callers read it here
 from accelmon.host.topology_files import nccl_conf_values as nccl_conf_values
 from accelmon.host.topology_files import read_regular
@@ -439,6 +440,35 @@ def nvswitch_groups(procfs: str) -> list[frozenset[str]]:
     return [frozenset(bus.lower() for bus, _, _ in driver_gpu_entries(procfs))]
 
 
+def nvlink_pairs(session: NvmlSession) -> Optional[list[frozenset[str]]]:
+    """The GPUs an NVLink joins straight, no NVSwitch between (two PCIe cards' bridge, a board wired GPU to GPU), as
+    pairs of PCI functions: each GPU's links that are up and lead to another GPU NVML lists, as NCCL reads them
+    (xml.cc `ncclTopoGetXmlFromGpu`: a link's far end by its bus id; topo.cc `ncclTopoAddNvLinks`: another GPU
+    there is one NVLink hop, PATH_NVL, from which PXN relays). None where NVML does not open."""
+    gpus = session.gpus()
+    if gpus is None:
+        return None
+    nvml, listed, ends = session.nvml, set(), set()
+    for index, handle, _ in gpus:
+        if handle is None:  # a GPU that does not answer (yet)
+            continue
+        try:  # a link past the GPU's last answers InvalidArgument, a GPU without NVLink NotSupported: done with it
+            mine = _nvml_bus(nvml.nvmlDeviceGetPciInfo(handle).busId)
+            listed.add(mine)
+            for link in range(nvml.NVML_NVLINK_MAX_LINKS):
+                if nvml.nvmlDeviceGetNvLinkState(handle, link) == nvml.NVML_FEATURE_ENABLED:
+                    ends.add((mine, _nvml_bus(nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId)))
+        except (nvml.NVMLError, ValueError) as error:  # as said above, or a bus id that is none
+            log.debug("GPU %d's NVLink links: %s", index, error)
+    return sorted({frozenset(end) for end in ends if end[1] in listed and end[0] != end[1]}, key=sorted)
+
+
+def _nvml_bus(bus_id: object) -> str:
+    """NVML's bus id (00000000:18:00.0) as sysfs and the driver's procfs name the function (0000:18:00.0)."""
+    domain, _, rest = text(bus_id).lower().partition(":")
+    return f"{int(domain, 16):04x}:{rest}"
+
+
 def _listdir(path: str) -> list[str]:
     try:
         return sorted(os.listdir(path))
@@ -545,7 +575,8 @@ def nccl_local(
 ) -> list[Local]:  # fmt: skip
     """For each GPU the driver lists, the ports NCCL leaves by (`nccl_choice`); with `rails`, also those only its
     point-to-point sends to another GPU's rail use (`rail` set). `nvlink`: the groups of GPU functions NVLink joins
-    (default: the NVSwitch group, `nvswitch_groups`). `topo_file`: an NCCL topology file, whose places win."""
+    (default: the NVSwitch group, `nvswitch_groups`; a bridged pair's from NVML, `nvlink_pairs`, the caller's).
+    `topo_file`: an NCCL topology file, whose places win."""
     nets = sorted(_nets(sysfs, ports, ib_hca), key=lambda net: min(_natural(p.device) for p in net.ports))
     given = topo_file_places(topo_file)
     for net in nets:
