@@ -487,7 +487,9 @@ def test_a_loopback_flood_leaves_a_fresh_scraper_and_roots_check_their_places(mo
     authenticated: 8 of 27 scrapes through, and with allowed_clients [127.0.0.1] the deploy's check failed for its
     whole 15 s. The loopback's 127/8 is now one client with one share; and a loopback connection whose socket is
     root's (the deploy's check runs as root; told from procfs's net/tcp, here a fixture naming this test's socket)
-    has slots of its own. Both wait in their password check while the flood comes, and both are answered."""
+    has slots of its own, looked up for all the newcomers waiting at once (here root's arrives with 16 of the
+    flood's while a lookup is not yet due). Both wait in their password check while the flood comes, and both are
+    answered."""
     monkeypatch.setattr(http, "MAX_CONNECTIONS", 32)
     gate, checked = threading.Event(), []
     web = gated_passwords(monkeypatch, gate, checked)
@@ -509,14 +511,17 @@ def test_a_loopback_flood_leaves_a_fresh_scraper_and_roots_check_their_places(mo
     try:
         flood += hold(port, "127.0.0.1", http.MAX_CONNECTIONS_PER_CLIENT)  # the loopback's share taken
         wait_until(lambda: server.open_connections == http.MAX_CONNECTIONS_PER_CLIENT, timeout=5, what="the hog in")
+        # As if a lookup had just been paid for: root's newcomer waits for the next, with the flood's (OWNER_SHARE).
+        server._owner_next = time.monotonic() + 1.0
         root.settimeout(10)
         root.connect(("127.0.0.1", port))
         root.sendall(request("right"))
+        flood += hold(port, "127.0.0.1", 16)
         scraper = socket.create_connection(("::1", port), timeout=10)
         scraper.sendall(request("right"))
         # One password at the gate, the other queued behind it: both connections admitted and waiting.
         wait_until(lambda: len(server._checks) == 1, timeout=5, what="root's check and the scraper in")
-        for n in range(40):  # 40 addresses of the loopback, and 16 more from 127.0.0.1
+        for n in range(40):  # then 40 addresses of the loopback, and 16 more from 127.0.0.1
             flood += hold(port, f"127.1.{n // 200}.{1 + n % 200}", 1)
         flood += hold(port, "127.0.0.1", 16)
         wait_until(lambda: all(closed_now(client) for client in flood[: -http.MAX_CONNECTIONS_PER_CLIENT]),

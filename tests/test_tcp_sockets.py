@@ -22,12 +22,15 @@ def test_a_connections_owner_is_read_from_its_established_line_only(tmp_path):
     if tcp_sockets.hex_address("127.0.0.1") != "0100007F":  # a big-endian host prints the words as they are
         client, server = "7F000001:9C40", "7F000001:4C0E"
     (tmp_path / "net" / "tcp").write_text(HEADER + line(client, server, "06", 0) + line(client, server, "01", 1000))
-    assert tcp_sockets.connection_uid(str(tmp_path), ("127.0.0.1", 40000), ("127.0.0.1", 19470)) == 1000
-    assert tcp_sockets.connection_uid(str(tmp_path), ("127.0.0.1", 40001), ("127.0.0.1", 19470)) is None
     mapped = tcp_sockets.hex_address("::ffff:127.0.0.2")
     (tmp_path / "net" / "tcp6").write_text(HEADER + line(f"{mapped}:9C40", f"{mapped}:4C0E", "01", 7))
-    assert tcp_sockets.connection_uid(str(tmp_path), ("127.0.0.2", 40000), ("127.0.0.2", 19470)) == 7
-    assert tcp_sockets.connection_uid(str(tmp_path / "none"), ("127.0.0.1", 40000), ("127.0.0.1", 19470)) is None
+    first, gone, v6 = (
+        (("127.0.0.1", 40000), ("127.0.0.1", 19470)),
+        (("127.0.0.1", 40001), ("127.0.0.1", 19470)),
+        (("127.0.0.2", 40000), ("127.0.0.2", 19470)),
+    )
+    assert tcp_sockets.connection_uids(str(tmp_path), [first, gone, v6]) == {first: 1000, v6: 7}
+    assert tcp_sockets.connection_uids(str(tmp_path / "none"), [first]) == {}
 
 
 def test_this_process_owns_its_own_connection_on_the_real_procfs():
@@ -35,8 +38,5 @@ def test_this_process_owns_its_own_connection_on_the_real_procfs():
         listener.bind(("127.0.0.1", 0))
         listener.listen(1)
         with socket.create_connection(listener.getsockname()) as client:
-            own, peer = client.getsockname()[:2], client.getpeername()[:2]
-            assert tcp_sockets.connection_uid("/proc", own, peer) == os.getuid()
-            assert tcp_sockets.hex_address(tcp_sockets.address_of(tcp_sockets.hex_address("::1"))) == (
-                tcp_sockets.hex_address("::1")
-            )
+            pair = (client.getsockname()[:2], client.getpeername()[:2])
+            assert tcp_sockets.connection_uids("/proc", [pair]) == {pair: os.getuid()}

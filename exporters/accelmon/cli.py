@@ -19,7 +19,7 @@ from accelmon.exporter.registry import Paths
 from accelmon.exporter.runtime import Exporter
 from accelmon.exporter.server import IPNetwork, MetricsServer, notify_systemd
 from accelmon.exporter.webconfig import WebConfig, load_web_config
-from accelmon.host.tcp_sockets import connection_uid
+from accelmon.host.tcp_sockets import connection_uids
 from accelmon.scan import SCAN_FAILED, build_samplers, plan, scan_health
 
 log = logging.getLogger("accelmon")
@@ -144,8 +144,8 @@ def make_server(
     tells a loopback client's socket owner from its net/tcp (root's keep slots of their own); without, none does."""
     host, port = check_listen_address(address, any_port=True)  # tests and benchmarks bind a free port
     version = f"accelmon-exporter/{__version__}"
-    peer_uid = functools.partial(connection_uid, procfs) if procfs else None
-    return MetricsServer(exporter.exposition, host.strip("[]"), port, version, web, allowed, peer_uid)
+    peer_uids = functools.partial(connection_uids, procfs) if procfs else None
+    return MetricsServer(exporter.exposition, host.strip("[]"), port, version, web, allowed, peer_uids)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

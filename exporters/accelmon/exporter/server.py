@@ -1,24 +1,23 @@
 """The /metrics endpoint: one asyncio event loop on its own thread, with every resource a client can hold bounded.
 
-The thread-per-connection server it replaces let one client grow the exporter to gigabytes: no limit on
-connections, up to 100 headers of 64 KiB buffered each, and a timeout per read, so a header every 29 s held a
-thread for most of an hour. Here a connection costs a coroutine and at most MAX_HEAD_BYTES of buffer; there are at
-most MAX_CONNECTIONS of them, counted from their accept (a TLS handshake that never ends holds a slot, not a file
-descriptor beyond the pool), and at most MAX_CONNECTIONS_PER_CLIENT from one client (`client_group`: an address,
-but the loopback's 127/8 and an IPv6 /64 each one client). When a newcomer finds its client's share taken, that
-client's oldest connection not yet trusted is closed for it; when it finds the pool taken, the oldest untrusted one of
-the client holding the most. Trusted: authenticated by password or by a client certificate, or, where the server asks
-for neither, answered once. So many addresses (a 32-node job's, a worker user's 127.x.y.z, an IPv6 /64's) no longer
-shut a scraper out, and Prometheus's keep-alive connection is never the one closed. A loopback connection of root's
-(the deploy's check) has ROOT_SLOTS of its own, which no other client's newcomer takes. A connection's
-first byte must come within HEAD_SECONDS, and a request's head whole within HEAD_SECONDS of its first byte; an idle
-keep-alive connection is closed after IDLE_SECONDS. A
-request refused for its password ends its connection, and a client whose passwords failed FREE_FAILURES times has
-one checked per CHECK_SECONDS at most, until one passes. Where `allowed` networks are given (the config's
-web.allowed_clients: the Prometheus servers), any other address is closed at its accept, before a TLS handshake. A
-scrape never waits on hardware: the body is the exporter's latest samples, rendered by prometheus_client once per
-sample (in the text format, or in OpenMetrics for a client that asks for it) and gzip-compressed when the client
-accepts it.
+The thread-per-connection server it replaces let one client grow the exporter to gigabytes: no limit on connections,
+up to 100 headers of 64 KiB buffered each, and a timeout per read, so a header every 29 s held a thread for most of
+an hour. Here a connection costs a coroutine and at most MAX_HEAD_BYTES of buffer; there are at most MAX_CONNECTIONS
+of them, counted from their accept (a TLS handshake that never ends holds a slot, not a file descriptor beyond the
+pool), and at most MAX_CONNECTIONS_PER_CLIENT from one client (`client_group`: an address, but the loopback's 127/8
+and an IPv6 /64 each one client). When a newcomer finds its client's share taken, that client's oldest connection not
+yet trusted is closed for it; when it finds the pool taken, the oldest untrusted one of the client holding the most.
+Trusted: authenticated by password or by a client certificate, or, where the server asks for neither, answered once.
+So many addresses (a 32-node job's, a worker user's 127.x.y.z, an IPv6 /64's) no longer shut a scraper out, and
+Prometheus's keep-alive connection is never the one closed. A loopback connection of root's (the deploy's check) has
+ROOT_SLOTS of its own, which no other client's newcomer takes. A connection's first byte must come within
+HEAD_SECONDS, and a request's head whole within HEAD_SECONDS of its first byte; an idle keep-alive connection is
+closed after IDLE_SECONDS. A request refused for its password ends its connection, and a client whose passwords
+failed FREE_FAILURES times has one checked per CHECK_SECONDS at most, until one passes. Where `allowed` networks are
+given (the config's web.allowed_clients: the Prometheus servers), any other address is closed at its accept, before a
+TLS handshake. A scrape never waits on hardware: the body is the exporter's latest samples, rendered by
+prometheus_client once per sample (in the text format, or in OpenMetrics for a client that asks for it) and
+gzip-compressed when the client accepts it.
 """
 
 from __future__ import annotations
@@ -35,10 +34,11 @@ import logging
 import os
 import socket
 import ssl
+import struct
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Optional, Tuple, Union
+from typing import Callable, Dict, List, Tuple, Union
 
 from prometheus_client.exposition import choose_encoder
 
@@ -47,8 +47,9 @@ from accelmon.exporter.webconfig import WebConfig
 log = logging.getLogger("accelmon.http")
 IPNetwork = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
 IPAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
-# (client address, port), (server address, port) -> the uid of the client's socket, None if unknown
-PeerUid = Callable[[Tuple[str, int], Tuple[str, int]], Optional[int]]
+# A connection as ((client address, port), (server address, port)); the uids of the client sockets of those found.
+Pair = Tuple[Tuple[str, int], Tuple[str, int]]
+PeerUids = Callable[[List[Pair]], Dict[Pair, int]]
 
 MAX_HEAD_BYTES = 8192  # request line and headers; Prometheus sends about 300 bytes
 MAX_CONNECTIONS = 256
@@ -58,9 +59,13 @@ MAX_CONNECTIONS_PER_CLIENT = 8
 # from the loopback's 127/8, which any user of the host can fill. Only another of root's closes one.
 ROOT_SLOTS = 2
 ROOT_GROUP = "uid 0 on the loopback"
-# Looking up a socket's owner reads /proc/net/tcp (milliseconds with thousands of sockets): only for a loopback
-# newcomer that finds its share or the pool taken, and at most this share of the server's time.
+# Looking up sockets' owners reads /proc/net/tcp (milliseconds with thousands of sockets): only for loopback
+# newcomers that find their share or the pool taken, all those waiting at once, and at most this share of the time.
 OWNER_SHARE = 0.1
+MAX_PENDING = 256  # newcomers waiting for their owner's lookup (a descriptor each)
+# SO_LINGER on, 0 s: a connection refused or closed for a newcomer is reset, leaving no TIME_WAIT socket behind
+# (a line more in /proc/net/tcp for 60 s each, which a flood would have grown by thousands a second).
+RESET = struct.pack("ii", 1, 0)
 # Failed passwords a client may have checked at full speed; beyond, one bcrypt check per CHECK_SECONDS (until one
 # passes): 8 keep-alive connections sending wrong passwords kept a core busy (~4.9 checks a second at cost 12).
 FREE_FAILURES = 5
@@ -86,8 +91,9 @@ class _Connection:
 
     def close(self) -> None:
         """Ends it wherever its task is (in the handshake, a read, a bcrypt check, a write): the next read sees the
-        end, or the next write fails, and the task closes it as any connection that went away."""
+        end, or the next write fails, and the task closes it as any connection that went away (with a reset)."""
         try:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, RESET)
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:  # already gone
             pass
@@ -104,12 +110,14 @@ class MetricsServer:
         server_header: str,
         web: WebConfig | None = None,
         allowed: tuple[IPNetwork, ...] = (),
-        peer_uid: PeerUid | None = None,
+        peer_uids: PeerUids | None = None,
     ) -> None:
         self.exposition = exposition
         self.allowed = allowed  # () lets any address in
-        self.peer_uid = peer_uid  # None: no slot kept for root
+        self.peer_uids = peer_uids  # None: no slot kept for root
+        self._pending: list[tuple[socket.socket, object, Pair]] = []  # newcomers waiting for their owner
         self._owner_next = 0.0  # monotonic time before which no owner is looked up (OWNER_SHARE)
+        self._owner_timer: asyncio.TimerHandle | None = None
         self.server_header = server_header
         self.web = web or WebConfig()
         # bcrypt checks (0.06-0.25 s of CPU each) run one at a time off the loop: wrong passwords cost one core
@@ -158,25 +166,71 @@ class MetricsServer:
                 log.warning("http: cannot accept a connection: %s", error)
                 await asyncio.sleep(0.1)
                 continue
-            connection = self._admit(conn, peer)
-            if connection is None:
-                conn.close()
-            else:
-                # The loop keeps only a weak reference to a task: held here until it ends.
-                task = loop.create_task(self._serve(peer, connection))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+            self._arrive(conn, peer)
 
-    def _admit(self, conn: socket.socket, peer: object) -> _Connection | None:
-        """The new connection's place in the pool, or None to close it: at its client's share, that client's oldest
-        connection not yet trusted is closed for it; with every slot taken, that of the client holding the most."""
+    def _arrive(self, conn: socket.socket, peer: object) -> None:
+        """Refuses a newcomer not allowed; holds a loopback one that finds its share or the pool taken until its
+        socket's owner is known (root's keep slots of their own); places any other at once."""
         client = client_address(peer)
         if self.allowed and not any(client in network for network in self.allowed):
             log.debug("http: %s refused: not an allowed client", peer)
-            return None
-        group = client_group(client)
-        if client.is_loopback and self._contended(group) and self._root_owns(conn, client, peer):
-            group = ROOT_GROUP
+            _abort(conn)
+            return
+        if self.peer_uids is None or not client.is_loopback or not self._contended(client_group(client)):
+            self._start(conn, peer)
+            return
+        try:
+            local = conn.getsockname()
+        except OSError:  # gone already
+            _abort(conn)
+            return
+        port = peer[1] if isinstance(peer, tuple) and len(peer) > 1 else 0
+        pair = ((str(client), int(port)), (str(client_address(local)), int(local[1])))
+        self._pending.append((conn, peer, pair))
+        if len(self._pending) > MAX_PENDING:  # bounded: the oldest waiting goes
+            _abort(self._pending.pop(0)[0])
+        self._look_up_owners()
+
+    def _look_up_owners(self) -> None:
+        """Places the newcomers waiting for their owner, looked up in one reading of the socket table for all of
+        them, as soon as OWNER_SHARE allows: a flood of loopback connections costs a bounded share of the server's
+        time, and root's newcomer is looked up whatever the flood's rate (up to MAX_PENDING between two lookups)."""
+        loop = asyncio.get_running_loop()
+        started = time.monotonic()
+        if started < self._owner_next:
+            if self._owner_timer is None:
+                self._owner_timer = loop.call_later(self._owner_next - started, self._owners_due)
+            return
+        pending, self._pending = self._pending, []
+        try:
+            uids = self.peer_uids([pair for _, _, pair in pending]) if self.peer_uids else {}
+        except (OSError, ValueError) as error:  # hostile or odd procfs text: no slot of root's this time
+            log.debug("http: socket owners not read: %s", error)
+            uids = {}
+        self._owner_next = started + (time.monotonic() - started) / OWNER_SHARE
+        for conn, peer, pair in pending:
+            self._start(conn, peer, root=uids.get(pair) == 0)
+
+    def _owners_due(self) -> None:
+        self._owner_timer = None
+        self._look_up_owners()
+
+    def _start(self, conn: socket.socket, peer: object, root: bool = False) -> None:
+        connection = self._admit(conn, peer, root)
+        if connection is None:
+            _abort(conn)
+            return
+        # The loop keeps only a weak reference to a task: held here until it ends.
+        task = asyncio.get_running_loop().create_task(self._serve(peer, connection))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _admit(self, conn: socket.socket, peer: object, root: bool = False) -> _Connection | None:
+        """The new connection's place in the pool, or None to close it: at its client's share (root's on the
+        loopback apart), that client's oldest connection not yet trusted is closed for it; with every slot taken,
+        that of the client holding the most."""
+        client = client_address(peer)
+        group = ROOT_GROUP if root else client_group(client)
         if self._by_group.get(group, 0) >= _share(group):
             evicted = self._evict(group)
         elif len(self._connections) >= MAX_CONNECTIONS:
@@ -197,21 +251,6 @@ class MetricsServer:
 
     def _contended(self, group: str) -> bool:
         return self._by_group.get(group, 0) >= _share(group) or len(self._connections) >= MAX_CONNECTIONS
-
-    def _root_owns(self, conn: socket.socket, client: IPAddress, peer: object) -> bool:
-        """Whether the loopback client's socket is root's, within OWNER_SHARE of the server's time: beyond it, a
-        newcomer is taken for any user's (a flood of lookups is not paid for)."""
-        started = time.monotonic()
-        if self.peer_uid is None or started < self._owner_next or not isinstance(peer, tuple):
-            return False
-        try:
-            server = conn.getsockname()
-            uid = self.peer_uid((str(client), int(peer[1])), (str(client_address(server)), int(server[1])))
-        except (OSError, ValueError) as error:  # gone already; or hostile procfs text: no slot of root's
-            log.debug("http: no owner for %s: %s", peer, error)
-            uid = None
-        self._owner_next = started + (time.monotonic() - started) / OWNER_SHARE
-        return uid == 0
 
     def _evict(self, group: str) -> bool:
         """Closes the oldest untrusted connection of client `group`; False if it has none."""
@@ -241,6 +280,8 @@ class MetricsServer:
             await asyncio.gather(*connections, return_exceptions=True)
             for connection in self._connections:  # admitted, but cancelled before its task began
                 connection.sock.close()
+            for conn, _, _ in self._pending:
+                conn.close()
 
         if self._thread.is_alive():
             asyncio.run_coroutine_threadsafe(close(), self._loop).result(5)
@@ -503,6 +544,14 @@ def client_group(address: IPAddress) -> str:
     if address.version == 6:
         return str(ipaddress.ip_network(f"{address}/64", strict=False))
     return str(address)
+
+
+def _abort(sock: socket.socket) -> None:
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, RESET)
+    except OSError:
+        pass
+    sock.close()
 
 
 def _share(group: str) -> int:

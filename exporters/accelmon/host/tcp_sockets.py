@@ -1,5 +1,5 @@
-"""Who holds a TCP port or connection on this host: the owner of each socket listening on a port, or of one
-connection's client end, from procfs's `net/tcp` and `net/tcp6`.
+"""Who holds a TCP port or connection on this host: the owner of each socket listening on a port, or of the client
+end of connections, from procfs's `net/tcp` and `net/tcp6`.
 
 Linux prints one line a socket (net/ipv4/tcp_ipv4.c, get_tcp4_sock; net/ipv6/tcp_ipv6.c, get_tcp6_sock):
 `sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode ...`, the local address as
@@ -17,10 +17,13 @@ from __future__ import annotations
 import ipaddress
 import os
 import sys
-from typing import Optional
+from typing import Iterable, Optional, Tuple
+
+Pair = Tuple[Tuple[str, int], Tuple[str, int]]  # a connection's (own address, port), (peer's address, port)
 
 LISTEN = "0A"  # TCP_LISTEN (include/net/tcp_states.h), as net/tcp prints a state
-ESTABLISHED = "01"  # TCP_ESTABLISHED; a TIME_WAIT line's uid is 0 whoever owned it, so only this state is read
+# TCP_ESTABLISHED. A TIME_WAIT line's uid is 0 whoever owned it (get_timewait4_sock prints 0): only this state is read.
+ESTABLISHED = "01"
 FILES = ("tcp", "tcp6")
 
 
@@ -37,25 +40,39 @@ def hex_address(address: str) -> str:
     return "".join(f"{int.from_bytes(raw[i : i + 4], sys.byteorder):08X}" for i in range(0, len(raw), 4))
 
 
-def connection_uid(procfs: str, local: tuple[str, int], remote: tuple[str, int]) -> Optional[int]:
-    """The uid of the connected socket whose own end is `local` and whose peer is `remote` (address, port): the
-    client end of a connection a server accepted, seen from the server. An IPv4 pair is looked for in net/tcp, then
-    IPv4-mapped in net/tcp6 (a client's AF_INET6 socket); None when no such socket is listed. Reading stops at the
-    line found, so the kernel prints no more of the file than that (seq_file prints as it is read)."""
-    pairs = [("tcp6", local[0], remote[0])]
-    if ipaddress.ip_address(local[0]).version == 4:
-        pairs = [("tcp", local[0], remote[0]), ("tcp6", f"::ffff:{local[0]}", f"::ffff:{remote[0]}")]
-    for name, own, peer in pairs:
-        needle = f" {hex_address(own)}:{local[1]:04X} {hex_address(peer)}:{remote[1]:04X} {ESTABLISHED} "
+def connection_uids(procfs: str, pairs: Iterable[Pair]) -> dict[Pair, int]:
+    """The uid of each connected socket whose own end and peer are one of `pairs` ((address, port), (address,
+    port)): the client ends of connections a server accepted, seen from the server, in one reading of the files
+    for them all. An IPv4 pair is looked for in net/tcp, and IPv4-mapped in net/tcp6 (a client's AF_INET6 socket).
+    Pairs not listed (gone, or no file readable) are left out. Reading stops once every pair is found: the kernel
+    prints the files as they are read (seq_file), so the rest is never made."""
+    wanted: dict[str, dict[tuple[str, str], Pair]] = {"tcp": {}, "tcp6": {}}
+    for pair in pairs:
+        (own, own_port), (peer, peer_port) = pair
+        forms = [("tcp6", own, peer)]
+        if ipaddress.ip_address(own).version == 4:
+            forms = [("tcp", own, peer), ("tcp6", f"::ffff:{own}", f"::ffff:{peer}")]
+        for name, local, remote in forms:
+            wanted[name][(f"{hex_address(local)}:{own_port:04X}", f"{hex_address(remote)}:{peer_port:04X}")] = pair
+    found: dict[Pair, int] = {}
+    left = len({pair for by_name in wanted.values() for pair in by_name.values()})
+    for name, by_ends in wanted.items():
+        if not by_ends:
+            continue
         try:
             with open(os.path.join(procfs, "net", name), encoding="ascii", errors="replace") as stream:
                 for line in stream:
-                    if needle in line:
-                        fields = line.split()
-                        return int(fields[7]) if len(fields) > 7 and fields[7].isdigit() else None
+                    fields = line.split(None, 4)  # sl, local, remote, state, the rest (uid its 4th field)
+                    if len(fields) < 5 or fields[3] != ESTABLISHED or (fields[1], fields[2]) not in by_ends:
+                        continue
+                    uid = fields[4].split(None, 4)[3:4]
+                    if uid and uid[0].isdigit():
+                        found[by_ends[(fields[1], fields[2])]] = int(uid[0])
+                    if len(found) == left:
+                        return found
         except OSError:
             continue
-    return None
+    return found
 
 
 def listening_uids(procfs: str, port: int) -> Optional[set[int]]:
