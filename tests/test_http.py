@@ -344,6 +344,29 @@ def test_a_scraper_sharing_an_address_with_a_hog_still_gets_in(served):
             client.close()
 
 
+def test_without_passwords_a_connection_answered_once_keeps_its_place(served):
+    """Security review F1: in plain HTTP (or TLS without passwords or client certificates) no connection was ever
+    trusted, so silent newcomers of the same client closed a scraper's keep-alive connection between two scrapes
+    (a review: 8 of 20 through). A connection answered once is now trusted as an authenticated one is."""
+    port = served.server_address[1]
+    hog: list[socket.socket] = []
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as scraper:
+        scraper.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        reply = b""
+        while b"test_value" not in reply:
+            reply += scraper.recv(65536)
+        try:
+            hog = hold(port, "127.0.0.1", 3 * http.MAX_CONNECTIONS_PER_CLIENT)
+            wait_until(lambda: all(closed_now(client) for client in hog[: -http.MAX_CONNECTIONS_PER_CLIENT]),
+                       timeout=5, what="the silent connections closed for one another")  # fmt: skip
+            assert not closed_now(scraper)
+            scraper.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert scraper.recv(100).startswith(b"HTTP/1.1 200 OK")
+        finally:
+            for client in hog:
+                client.close()
+
+
 def ipv6_loopback() -> bool:
     try:
         with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
