@@ -59,8 +59,9 @@ MAX_CONNECTIONS_PER_CLIENT = 8
 # from the loopback's 127/8, which any user of the host can fill. Only another of root's closes one.
 ROOT_SLOTS = 2
 ROOT_GROUP = "uid 0 on the loopback"
-# Looking up sockets' owners reads /proc/net/tcp (milliseconds with thousands of sockets): only for loopback
-# newcomers that find their share or the pool taken, all those waiting at once, and at most this share of the time.
+# Looking up sockets' owners reads /proc/net/tcp (40-70 ms on a loaded VM: the kernel walks its whole connection
+# table): only for loopback newcomers that find their share or the pool taken, all those waiting at once, and in at
+# most this share of the time.
 OWNER_SHARE = 0.1
 MAX_PENDING = 256  # newcomers waiting for their owner's lookup (a descriptor each)
 # SO_LINGER on, 0 s: a connection refused or closed for a newcomer is reset, leaving no TIME_WAIT socket behind
