@@ -85,15 +85,18 @@ def read_control(sysfs: str, bridge: str) -> Optional[int]:
 
 
 def path_bridges(gpu: topology.Place, nic: topology.Place) -> list[str]:
-    """The bridges peer-to-peer traffic between two functions crosses: below their lowest common bridge (a switch's
-    upstream port, kept: its downstream ports route between them) each side's ports; with none in common (through the
-    root complex or across it), every bridge above each (root ports included). The endpoints are left out."""
-    if gpu.root != nic.root:
-        shared = 0
-    else:
-        shared = next((i for i, (a, b) in enumerate(zip(gpu.chain, nic.chain)) if a != b),
-                      min(len(gpu.chain), len(nic.chain)))  # fmt: skip
-    start = max(shared - 1, 0)
+    """The bridges peer-to-peer traffic between two functions crosses where NCCL sends it peer to peer: a PIX or PXB
+    path (nccl_path), below their lowest common bridge (a switch's upstream port, kept: its downstream ports route
+    between them) each side's ports; the endpoints left out. None on a PHB or SYS path: NCCL turns GPUDirect RDMA
+    off beyond PXB (paths.cc `ncclTopoCheckGdr`, NCCL_NET_GDR_LEVEL's default) and P2P too (`ncclTopoCheckP2p`,
+    PXB but on a 2-GPU AMD host), its traffic goes through host memory, which a root port's ACS redirect does not
+    slow; and Linux sets those bits on every root port with ACS when the IOMMU is on (pci_std_enable_acs), so a
+    healthy node would record a fault there for good."""
+    if gpu.root != nic.root or topology.nccl_path(gpu, nic)[0] not in topology.PXN_SOURCES:
+        return []
+    shared = next((i for i, (a, b) in enumerate(zip(gpu.chain, nic.chain)) if a != b),
+                  min(len(gpu.chain), len(nic.chain)))  # fmt: skip
+    start = max(shared - 1, 1)  # never the root port (chain[0]): the path turns below it
     found: list[str] = []
     for chain in (gpu.chain, nic.chain):
         found.extend(b for b in chain[start:-1] if b not in found)
