@@ -102,3 +102,20 @@ def test_a_drill_names_the_gpus_that_use_the_port_and_refuses_one_no_gpu_uses(tm
     started = drill(config, "nic", "--device", "mlx5_0")
     assert started.returncode == 0, started.stderr
     assert "GPU 0, 1 use it" in started.stdout
+
+
+def test_a_drill_names_the_gpus_as_the_collector_does_with_the_nccl_topology_file(tmp_path):
+    """An Azure ND H100 v5 VM: NCCL reads Azure's NCCL_TOPO_FILE, which puts each GPU beside its own VF (GPU 1 uses
+    mlx5_ib1), as the infiniband collector's nccl_topo_file option says. The drill reads the same (accelmon.host
+    .nccl_nics); before, it ignored the file and named GPU 2 for mlx5_ib1 (sysfs's PHB, in device order)."""
+    from tests.support.pci_tree import azure_nd_h100_v5, azure_topo_file
+
+    sysfs, procfs = azure_nd_h100_v5(tmp_path)
+    topo = azure_topo_file(tmp_path / "topo.xml")
+    config = tmp_path / "exporter.yml"
+    config.write_text(f"paths: {{sysfs: {sysfs}, procfs: {procfs}}}\n"
+                      f"collectors: {{health: {{drill_dir: {tmp_path / 'drills'}}}, "
+                      f"infiniband: {{nccl_topo_file: {topo}}}}}\n")  # fmt: skip
+    started = drill(config, "nic", "--device", "mlx5_ib1")
+    assert started.returncode == 0, started.stderr
+    assert "GPU 1 use it" in started.stdout

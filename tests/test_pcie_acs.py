@@ -25,6 +25,7 @@ from tests.support.pci_tree import (
     DGX_H100_COMPUTE,
     GEN4,
     bridge_config,
+    bridged_pcie_pair,
     cpuinfo,
     dgx_h100,
     far_compute_hca,
@@ -418,3 +419,21 @@ def test_golden(tmp_path):
     text = text_of(collector_of(sysfs, procfs, tmp_path, wall=lambda: 1_000_060.0))
     promtool_check(text)
     check_golden("pcie_acs_pcie_gpu_server.prom", text, collector="pcie_acs")
+
+
+def test_the_root_pass_takes_nvlink_bridges_as_the_infiniband_collector_does(tmp_path, fake_nvml):
+    """Two PCIe GPUs an NVLink bridge joins (no NVSwitch): NCCL sends GPU 1's traffic to GPU 0's HCA through GPU 0
+    (PXN, NVLink read from NVML), so the root pass lists GPU 0's bridges for GPU 1 too, via GPU 0, as the collector
+    chooses (accelmon.host.nccl_nics). Before, the pass knew NVLink from NVSwitches only: GPU 1 was PHB, its traffic
+    through the root complex and its fault on GPU 0's bridges never recorded."""
+    import pynvml
+
+    sysfs, procfs = bridged_pcie_pair(tmp_path)
+    bridges = [f"nvlink_peer {g} {link} {1 - g}" for g in (0, 1) for link in range(12)]
+    fake_nvml.configure("\n".join(["gpus 2", "nvlink_unbridged 0 12", "nvlink_unbridged 1 12", *bridges]) + "\n")
+    state = pcie_acs.refresh(str(sysfs), str(procfs), str(tmp_path / "none"), str(tmp_path / "acs.json"), 0.0,
+                             nvml=pynvml)  # fmt: skip
+    paths = {(p["gpu"], p["device"], p.get("via")): p["bridges"] for p in state["paths"]}
+    mine = ["0000:16:00.0", "0000:17:00.0", "0000:17:01.0"]  # GPU 0's switch: upstream, its port, the HCA's
+    assert paths == {("0", "mlx5_0", None): mine, ("1", "mlx5_0", "0"): mine}
+    assert state["p2p"] == []  # NVLink carries the pair's P2P

@@ -163,8 +163,9 @@ def refresh_pcie_acs(settings: Settings, log: logging.Logger) -> None:
     if not runs_here(registration, settings):
         return
     options = {**registration.defaults, **settings.collector("pcie_acs").options}
+    topo_file = str(settings.collector("infiniband").options.get("nccl_topo_file") or "")  # NICs as it chooses
     paths = settings.paths
     try:
-        pcie_acs.refresh(paths.sysfs, paths.procfs, NCCL_CONF, str(options["pcie_acs_state"]), time.time())
+        pcie_acs.refresh(paths.sysfs, paths.procfs, NCCL_CONF, str(options["pcie_acs_state"]), time.time(), topo_file)
     except (OSError, ValueError) as error:
         log.warning("PCIe ACS not surveyed: %s", error)

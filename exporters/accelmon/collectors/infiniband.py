@@ -16,11 +16,12 @@ class link or firmware changes or LAYOUT_SECONDS pass; the values are read every
 
 Where the node has NVIDIA GPUs too, which path joins each GPU to each device (`accelmon_gpu_nic_info{link}`, as
 `nvidia-smi topo -m` names it) and the ports NCCL uses for each GPU by default (`accelmon_gpu_nic_nearest_info`,
-chosen as NCCL chooses: accelmon.host.topology.nccl_local) among the ports in service: ACTIVE now or since the exporter
-started (a port that went down stays the GPU's, at the best rate it had, so that its fault is seen: an uncabled
-port, a virtual function never up, is never in service), with the node's NCCL_IB_HCA (/etc/nccl.conf); worked out
-again when a GPU, a device, a port in service, its rate or NCCL_IB_HCA changes. Where no NVSwitch is listed, the GPU
-pairs an NVLink bridge joins (PXN between them) are asked of NVML, once for a set of GPUs.
+chosen as NCCL chooses: accelmon.host.nccl_nics, which the drill and the ACS pass share) among the ports in service:
+ACTIVE now or since the exporter started (a port that went down stays the GPU's, at the best rate it had, so that
+its fault is seen: an uncabled port, a virtual function never up, is never in service), with the node's NCCL_IB_HCA
+(/etc/nccl.conf); worked out again when a GPU, a device, a port in service, its rate or NCCL_IB_HCA changes. Where
+no NVSwitch is listed, the GPU pairs an NVLink bridge joins (PXN between them) are asked of NVML, once for a set of
+GPUs.
 
 An SR-IOV virtual function bound on the host is an RDMA device of its own (its PCI function has a `physfn` link to
 its card's, the kernel's mark of a VF); a card gives up to 127 of them, and each serves about 60 series as a PF does
@@ -43,16 +44,13 @@ from accelmon.exporter.registry import Paths, Registration, register, seconds
 from accelmon.exporter.runtime import Collector
 from accelmon.exporter.validation import MIN_SECONDS, Option
 from accelmon.health import drill_store
-from accelmon.host import pcie_acs, topology
+from accelmon.host import nccl_nics, pcie_acs, topology
 from accelmon.host.nvidia import NvmlSession
-from accelmon.host.topology_files import nccl_int
 
 log = logging.getLogger("accelmon.infiniband")
 
 PORT = ("device", "port")
-NCCL_CONF = "/etc/nccl.conf"  # where a site sets NCCL_IB_HCA for every job of the node (NCCL's param.cc)
-# Read from it: what decides the NICs NCCL leaves by.
-NCCL_SETTINGS = ("NCCL_IB_HCA", "NCCL_PXN_DISABLE", "NCCL_P2P_PXN_LEVEL", "NCCL_TOPO_FILE")
+NCCL_CONF = nccl_nics.NCCL_CONF  # what decides the NICs NCCL leaves by is read from it (accelmon.host.nccl_nics)
 NCCL_TOPO_FILE = Option(
     "nccl_topo_file",
     "",
@@ -344,24 +342,14 @@ class InfinibandCollector(Collector):
         """The GPU-to-device paths, worked out again only when the GPUs, the devices, the ports in service (and
         their rates) or NCCL_IB_HCA changed."""
         gpus = _listdir(os.path.join(self.procfs, "driver", "nvidia", "gpus"))
-        conf = topology.nccl_conf_values(self.nccl_conf, NCCL_SETTINGS)
+        conf = nccl_nics.settings(self.nccl_conf, self.nccl_topo_file)  # the topology file read again as it changes
         switches = _listdir(os.path.join(self.procfs, *topology.NVSWITCH_DEVICES))
-        ib_hca, pxn_disable, pxn_level, topo_file = conf
-        topo_file = self.nccl_topo_file or topo_file or topology.NCCL_TOPO_DEFAULT
-        try:
-            stat = os.stat(topo_file)
-            topo_seen: tuple[float, int] | None = (stat.st_mtime, stat.st_size)  # read again when it changes
-        except OSError:
-            topo_seen = None
-        bridged = self._nvlink_bridges(tuple(gpus), switches) if devices else []
+        bridged = self._nvlink_bridges(tuple(gpus)) if devices else []
         key = (tuple(devices), tuple(gpus), tuple(sorted(self._in_service.values(), key=str)), conf, tuple(switches),
-               topo_file, topo_seen, tuple(bridged))  # fmt: skip
+               tuple(bridged))  # fmt: skip
         if key != self._topology[0]:
             ports = list(self._in_service.values())
-            pxn, level = nccl_int(pxn_disable, 0) != 1, nccl_int(pxn_level, 2)
-            nvlink = topology.nvswitch_groups(self.procfs) + bridged
-            chosen = topology.nccl_local(self.sysfs, self.procfs, ports, ib_hca, nvlink, pxn, level, True,
-                                         topo_file if topo_seen else "")  # fmt: skip
+            chosen = nccl_nics.chosen(self.sysfs, self.procfs, ports, conf, bridged, rails=True)
             self._topology = (key, topology.gpu_nic_pairs(self.sysfs, self.procfs), chosen)
         if gpus and devices:
             out.add(PEER_MEMORY, [], 1 if peer_memory_loaded(self.sysfs) else 0)
@@ -373,14 +361,11 @@ class InfinibandCollector(Collector):
             else:
                 out.add(GPU_NIC_NEAREST, [local.gpu, local.uuid, local.device, local.port, local.path], 1)
 
-    def _nvlink_bridges(self, gpus: tuple[str, ...], switches: list[str]) -> list[frozenset[str]]:
-        """The GPU pairs an NVLink joins without NVSwitch (topology.nvlink_pairs), read from NVML once for a set of
-        GPUs (a bridge does not change while the driver runs); none asked where NVSwitches join every GPU anyway."""
-        if switches or len(gpus) < 2:
-            return []
+    def _nvlink_bridges(self, gpus: tuple[str, ...]) -> list[frozenset[str]]:
+        """The GPU pairs an NVLink joins without NVSwitch (nccl_nics.bridged_pairs), read from NVML once for a set of
+        GPUs (a bridge does not change while the driver runs)."""
         if self._bridged[0] != gpus:
-            pairs = topology.nvlink_pairs(self._nvml)
-            self._nvml.close()
+            pairs = nccl_nics.bridged_pairs(self.procfs, self._nvml)
             if pairs is None:  # NVML not there (yet): asked again after LAYOUT_SECONDS
                 return []
             self._bridged = (gpus, pairs)

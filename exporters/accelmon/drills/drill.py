@@ -47,7 +47,7 @@ from accelmon.exporter.checks import ActiveDrill, Drill
 from accelmon.exporter.validation import ConfigError
 from accelmon.health import drill_store
 from accelmon.health.drill_store import DRILL_DIR, nic_drills, read, remove, write
-from accelmon.host import topology
+from accelmon.host import nccl_nics
 from accelmon.scan import scan_health
 
 log = logging.getLogger("accelmon.drill")
@@ -160,10 +160,12 @@ def start_nic(args: argparse.Namespace, now: float) -> int:
         return refuse(f"--device {args.device!r}: this node's RDMA devices are {', '.join(found) or 'none'}")
     if not args.port.isdigit() or not os.path.isdir(os.path.join(ports, args.device, "ports", args.port)):
         return refuse(f"--port {args.port!r}: {args.device} has no such port")
-    # Which GPUs' traffic leaves by it, as NCCL chooses (accelmon.host.topology.nccl_local): a drill of a port no GPU
-    # uses (a storage HCA, an uncabled second port) would rehearse nothing the rules show.
+    # Which GPUs' traffic leaves by it, as NCCL chooses and the infiniband collector shows it (accelmon.host
+    # .nccl_nics: NCCL_TOPO_FILE, NVLink bridges): a drill of a port no GPU uses (a storage HCA, an uncabled second
+    # port) would rehearse nothing the rules show.
     sysfs, procfs = settings.paths.sysfs, settings.paths.procfs
-    chosen = topology.nccl_local(sysfs, procfs, topology.active_ports(sysfs), topology.nccl_conf_value(NCCL_CONF))
+    topo_file = str(settings.collector("infiniband").options.get("nccl_topo_file") or "")
+    chosen = nccl_nics.node_choice(sysfs, procfs, nccl_nics.settings(NCCL_CONF, topo_file))
     users = sorted({local.gpu for local in chosen if (local.device, local.port) == (args.device, args.port)}, key=int)
     if chosen and not users:
         used = ", ".join(sorted({f"{local.device} port {local.port}" for local in chosen}))

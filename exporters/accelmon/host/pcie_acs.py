@@ -30,8 +30,8 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from accelmon.host import topology
-from accelmon.host.nvidia import driver_gpu_entries
+from accelmon.host import nccl_nics, topology
+from accelmon.host.nvidia import NvmlSession, driver_gpu_entries
 from accelmon.host.topology_files import nccl_int
 
 STATE_PATH = "/run/accelmon/pcie-acs.json"  # where the root pass leaves it by default (the pcie_acs collector's option)
@@ -144,26 +144,29 @@ def _relay(gpu: str, device: str, direct: dict[str, list[tuple[int, int]]], join
 
 
 def survey(
-    sysfs: str, procfs: str, ib_hca: str = "", pxn: bool = True, p2p_pxn_level: int = 2, p2p: str = "PXB",
+    sysfs: str, procfs: str, conf: Optional[nccl_nics.Settings] = None, p2p: str = "PXB", nvml: object = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """The root pass: for each GPU, the bridges on its PCIe path to each NIC NCCL uses for it (accelmon.host.topology
-    `nccl_local` over the ACTIVE ports); a GPU that reaches its NIC through an NVLink peer (PXN: paths.cc
-    `ncclTopoComputePaths` adds the peer as an inter step, GPU -> peer over NVLink -> NIC over PCIe) crosses the
-    peer's bridges to it, listed for it with `via` the peer. And for each pair of GPUs NVLink does not join whose
-    path is within `p2p` (`p2p_level`), the bridges their GPU-to-GPU P2P crosses (`p2p`). Each bridge's ACS Control
-    register beside them (null where it could not be read)."""
+    """The root pass: for each GPU, the bridges on its PCIe path to each NIC NCCL uses for it (accelmon.host
+    .nccl_nics, as the infiniband collector chooses them: the node's NCCL settings `conf`, NCCL_TOPO_FILE, NVLink
+    bridges asked of NVML through `nvml`, over the ACTIVE ports); a GPU that reaches its NIC through an NVLink peer
+    (PXN: paths.cc `ncclTopoComputePaths` adds the peer as an inter step, GPU -> peer over NVLink -> NIC over PCIe)
+    crosses the peer's bridges to it, listed for it with `via` the peer. And for each pair of GPUs NVLink does not
+    join whose path is within `p2p` (`p2p_level`), the bridges their GPU-to-GPU P2P crosses (`p2p`). Each bridge's
+    ACS Control register beside them (null where it could not be read)."""
     functions = topology.nics(sysfs)
     bridges: dict[str, Optional[int]] = {}
     entries = driver_gpu_entries(procfs)
     places = {gpu.index: topology.place(sysfs, bus) for bus, gpu, _ in entries}
     uuids = {gpu.index: gpu.uuid for _, gpu, _ in entries}
-    groups = topology.nvswitch_groups(procfs)
+    conf = conf or nccl_nics.Settings()
+    bridged = nccl_nics.bridged_pairs(procfs, NvmlSession("NVLink bridges are not known (PXN, P2P)", nvml)) or []
+    groups = nccl_nics.nvlink_groups(procfs, bridged)  # a bridged pair's P2P goes by NVLink too
     buses = {gpu.index: bus.lower() for bus, gpu, _ in entries}
 
     def joined(a: str, b: str) -> bool:
         return any(buses.get(a) in group and buses.get(b) in group for group in groups)
 
-    chosen = topology.nccl_local(sysfs, procfs, topology.active_ports(sysfs), ib_hca, groups, pxn, p2p_pxn_level)
+    chosen = nccl_nics.chosen(sysfs, procfs, topology.active_ports(sysfs), conf, bridged)
     direct: dict[str, list[tuple[int, int]]] = {}
     for local in chosen:
         if local.path in topology.PXN_SOURCES:
@@ -196,16 +199,17 @@ def survey(
     return {"version": STATE_VERSION, "bridges": bridges, "paths": paths, "p2p": pairs}
 
 
-def refresh(sysfs: str, procfs: str, nccl_conf: str, path: str, now: float) -> dict[str, Any]:
-    """The root pass as the health hooks run it: the survey under the node's NCCL settings (NCCL_IB_HCA,
-    NCCL_PXN_DISABLE, NCCL_P2P_PXN_LEVEL, NCCL_P2P_LEVEL, NCCL_P2P_DISABLE of /etc/nccl.conf, as NCCL reads them),
-    written to `path`. Run as root only: anyone else reads 64 bytes of each bridge, and would write a survey of
-    unknowns."""
-    ib_hca, pxn_disable, pxn_level, level, disable = topology.nccl_conf_values(nccl_conf, (
-        "NCCL_IB_HCA", "NCCL_PXN_DISABLE", "NCCL_P2P_PXN_LEVEL", "NCCL_P2P_LEVEL", "NCCL_P2P_DISABLE"))  # fmt: skip
+def refresh(
+    sysfs: str, procfs: str, nccl_conf: str, path: str, now: float, topo_file: str = "", nvml: object = None,
+) -> dict[str, Any]:  # fmt: skip
+    """The root pass as the health hooks run it: the survey under the node's NCCL settings (those that choose the
+    NICs, nccl_nics.settings, with `topo_file` the infiniband collector's nccl_topo_file; NCCL_P2P_LEVEL and
+    NCCL_P2P_DISABLE of /etc/nccl.conf, as NCCL reads them), written to `path`. Run as root only: anyone else reads
+    64 bytes of each bridge, and would write a survey of unknowns."""
+    level, disable = topology.nccl_conf_values(nccl_conf, ("NCCL_P2P_LEVEL", "NCCL_P2P_DISABLE"))
     gpus = len(driver_gpu_entries(procfs))
-    state = survey(sysfs, procfs, ib_hca, nccl_int(pxn_disable, 0) != 1, nccl_int(pxn_level, 2),
-                   p2p_level(level, disable, _amd_cpu(procfs), gpus))  # fmt: skip
+    state = survey(sysfs, procfs, nccl_nics.settings(nccl_conf, topo_file),
+                   p2p_level(level, disable, _amd_cpu(procfs), gpus), nvml)  # fmt: skip
     write_state(path, state, now)
     return state
 
