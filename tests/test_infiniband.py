@@ -187,8 +187,8 @@ def _card_with_virtual_functions(root: Path, count: int) -> Path:
 
 def test_virtual_functions_serve_their_state_not_their_counters_so_a_scrape_stays_under_the_sample_limit(tmp_path):
     """330 VFs: with their counters the node's scrape would pass the master's 20,000 samples (with a GPU node's other
-    ~1,900); by default each VF serves its identity, placement, state, physical state, rate and link layer, its card
-    (the PF) everything."""
+    ~1,900); by default each VF serves its identity, placement, state, rate and link layer (its physical state is its
+    PF's), its card (the PF) everything."""
     sysfs = _card_with_virtual_functions(tmp_path / "sys", 330)
     found = series(ours(sysfs), "accelmon_infiniband_")
     by_device: dict[str, set[str]] = {}
@@ -196,8 +196,8 @@ def test_virtual_functions_serve_their_state_not_their_counters_so_a_scrape_stay
         device = dict(labels).get("device")
         if device:
             by_device.setdefault(device, set()).add(name)
-    assert by_device["mlx5_7"] == {"info", "placement_info", "state_id", "physical_state_id", "rate_bytes_per_second",
-                                   "port_info"}, by_device["mlx5_7"]  # fmt: skip
+    assert by_device["mlx5_7"] == {"info", "placement_info", "state_id", "rate_bytes_per_second", "port_info"}, (
+        by_device["mlx5_7"])  # fmt: skip
     assert {"port_data_received_bytes_total", "pcie_link_width"} <= by_device["mlx5_0"], by_device["mlx5_0"]
     assert len(found) < 330 * 6 + 200, len(found)
     # Asked for, the VFs' counters are read too (the bound is then the operator's to raise).
@@ -223,3 +223,39 @@ def test_the_virtual_function_option_reaches_the_collector_through_the_exporters
     bounded = run_once(args, exporter_env(None, None)).stdout
     assert 'accelmon_infiniband_state_id{device="mlx5_2",port="1"}' in bounded
     assert 'accelmon_infiniband_port_data_received_bytes_total{device="mlx5_2"' not in bounded
+
+
+@pytest.mark.e2e
+def test_virtual_functions_at_init_over_a_link_up_do_not_alert_as_ports_not_active(tmp_path):
+    """SR-IOV InfiniBand VFs where the subnet manager does not virtualise them read INIT with physical LinkUp (their
+    PF's link) for good. promtool over the collector's own scrapes: AccelmonInfinibandPortNotActive stays silent on
+    them (before: its LinkUp branch fired for all four), and still fires for a PF port at INIT over LinkUp."""
+    import shutil
+    import subprocess
+
+    import yaml
+
+    from tests.support.path_rules import input_series
+    from tests.support.pci_tree import healthy_idle_node
+    from tests.support.rules import master_rules
+
+    sysfs, procfs = healthy_idle_node(tmp_path)
+    for name in ("mlx5_2", "mlx5_3", "mlx5_4", "mlx5_5"):  # VFs as the kernel marks them (pci-iov: physfn)
+        vf = (sysfs / "class/infiniband" / name / "device").resolve()
+        (vf / "physfn").symlink_to("../0000:04:00.0")
+    for name, port in (("mlx5_2", "1"), ("mlx5_3", "1"), ("mlx5_4", "1"), ("mlx5_5", "1"), ("mlx5_0", "2")):
+        (sysfs / "class/infiniband" / name / "ports" / port / "state").write_text("2: INIT\n")  # the VFs; a PF's
+        (sysfs / "class/infiniband" / name / "ports" / port / "phys_state").write_text("5: LinkUp\n")
+    collector = InfinibandCollector(sysfs=str(sysfs), procfs=str(procfs), nccl_conf=str(tmp_path / "none"))
+    scrapes = [text_of(collector) for _ in range(10)]
+    firing = ('ALERTS{alertname="AccelmonInfinibandPortNotActive",alertstate="firing",device="mlx5_0",'
+              'instance="n1:19470",node="n1",port="2",severity="warning"}')  # fmt: skip
+    test = {"rule_files": [str(master_rules() / "rules" / "accelmon-alerts.yml")], "evaluation_interval": "1m",
+            "tests": [{"interval": "1m", "input_series": input_series(scrapes), "promql_expr_test": [{
+                "expr": 'ALERTS{alertname="AccelmonInfinibandPortNotActive",alertstate="firing"}', "eval_time": "9m",
+                "exp_samples": [{"labels": firing, "value": 1}]}]}]}  # fmt: skip
+    path = tmp_path / "vf-test.yml"
+    path.write_text(yaml.safe_dump(test))
+    done = subprocess.run([shutil.which("promtool") or "promtool", "test", "rules", str(path)], capture_output=True,
+                          text=True)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -27,8 +27,8 @@ An SR-IOV virtual function bound on the host is an RDMA device of its own (its P
 its card's, the kernel's mark of a VF); a card gives up to 127 of them, and each serves about 60 series as a PF does
 (746 for a DGX H100's 12 devices): past about 300 VFs, with the node's other ~1,900 series, a scrape passes 20,000,
 the master's per-scrape sample limit, and the node's whole scrape would be refused. So a VF serves its identity,
-placement, state, rate and link layer only (6 series), unless `virtual_function_counters` is on; its traffic is its
-VM's or pod's, and the card's own counters are on its PF.
+placement, state, rate and link layer only (5 series: its physical state is its PF's), unless
+`virtual_function_counters` is on; its traffic is its VM's or pod's, and the card's own counters are on its PF.
 """
 
 from __future__ import annotations
@@ -383,7 +383,7 @@ class InfinibandCollector(Collector):
             _sample_pcie_link(device, layout.pci, out)
         for port, directory in layout.ports:
             labels = (device, port)
-            if self._sample_port(labels, directory, out):
+            if self._sample_port(labels, directory, out, layout.virtual):
                 for file, spec, multiplier, saturating in layout.counters[port]:
                     value = _counter(_read(file))
                     if value is not None:
@@ -439,13 +439,16 @@ class InfinibandCollector(Collector):
             ]
         return layout
 
-    def _sample_port(self, labels: tuple[str, str], path: str, out: Samples) -> bool:
-        """The port's state, rate and link layer; False where it is gone (its counters are then not read)."""
+    def _sample_port(self, labels: tuple[str, str], path: str, out: Samples, virtual: bool = False) -> bool:
+        """The port's state, rate and link layer; False where it is gone (its counters are then not read). A VF's
+        physical state is not served: its link is its PF's (served there), and a VF the subnet manager has not made
+        ACTIVE reads INIT over that LinkUp for good, which AccelmonInfinibandPortNotActive's LinkUp branch would
+        take for a port stuck at the subnet manager."""
         state = _state(_read(os.path.join(path, "state")))
         if state is None:
             return False
         out.add(STATE, labels, state)
-        physical = _state(_read(os.path.join(path, "phys_state")))
+        physical = None if virtual else _state(_read(os.path.join(path, "phys_state")))
         if physical is not None:
             out.add(PHYSICAL_STATE, labels, physical)
         rate = _rate(_read(os.path.join(path, "rate")))
