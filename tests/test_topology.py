@@ -209,6 +209,19 @@ def test_an_nvlink_bridged_pair_without_nvswitch_relays_by_pxn_as_nccl_does(tmp_
     assert topology.nvlink_pairs(NvmlSession("test", pynvml)) == []
 
 
+def test_a_gpu_gone_from_sysfs_leaves_its_neighbours_nics_where_they_were(tmp_path):
+    """A DGX A100 whose GPU 0 fell off the bus (Xid 79: the kernel removed its PCI function, the driver's procfs
+    keeps it): NCCL spreads channels by each GPU's device index (topo.cc `ncclTopoGetLocalNet`, `gpu.dev`
+    mirrored), which does not move; GPUs 2 and 3 keep mlx5_2 and mlx5_3 and GPU 1, alone beside its pair's HCAs,
+    takes both. Before, each GPU was mirrored by its place among those found, and GPUs 2 and 3 swapped NICs."""
+    import os
+
+    sysfs, procfs = dgx_a100(tmp_path)
+    os.unlink(sysfs / "bus/pci/devices" / sorted((procfs / "driver/nvidia/gpus").iterdir())[0].name)
+    chosen = {(g, device) for g, device, _, _ in nccl_choice(sysfs, procfs) if g in "0123"}
+    assert chosen == {("1", "mlx5_0"), ("1", "mlx5_1"), ("2", "mlx5_2"), ("3", "mlx5_3")}
+
+
 def test_nccl_uses_both_the_phb_and_the_node_nic_of_one_bandwidth(tmp_path):
     """nvidia-smi: one HCA PHB (the GPU's root complex), the other NODE (another root complex of its NUMA node);
     NCCL has one CPU node per NUMA node, so both are PHB and, at one bandwidth, both are the GPU's."""

@@ -504,7 +504,7 @@ class Choice:
 
 def nccl_choice(
     gpus: list[Place], nets: list[tuple[Place, float]], inter_cpu: float, nvlink: list[frozenset[str]],
-    pxn: bool = True, p2p_pxn_level: int = 2,
+    pxn: bool = True, p2p_pxn_level: int = 2, devs: Optional[list[int]] = None,
 ) -> Choice:  # fmt: skip
     """NCCL's choice for GPUs at `gpus` (their index is NVML's) among `nets` (each its place and GB/s), in its steps:
     the direct paths (`ncclTopoSetPaths`); PXN (paths.cc `ncclTopoComputePaths`): GPU g reaches net n through the
@@ -540,7 +540,8 @@ def nccl_choice(
     def local_net(rows: list[list[tuple[float, str]]], g: int, channel: int) -> int:
         mine = local(rows, [g])
         per_gpu = -(-len(mine) // len(net_gpus[mine[0]]))
-        start = _mirror(g, len(mine)) if len(mine) & (len(mine) - 1) == 0 else g
+        dev = devs[g] if devs else g  # topo.cc `gpu.dev`: the GPU's CUDA (NVML) index, not its place in `gpus`
+        start = _mirror(dev, len(mine)) if len(mine) & (len(mine) - 1) == 0 else dev
         return mine[(start + channel % per_gpu) % len(mine)]
 
     def user(n: int) -> int:
@@ -586,8 +587,9 @@ def nccl_local(
     if not nets or not known:
         return []
     groups = nvswitch_groups(procfs) if nvlink is None else nvlink
+    devs = [int(gpu.index) for gpu, _ in known]
     choice = nccl_choice([where for _, where in known], [(net.place, net.bandwidth) for net in nets],
-                         inter_cpu_bandwidth(procfs), groups, pxn, p2p_pxn_level)  # fmt: skip
+                         inter_cpu_bandwidth(procfs), groups, pxn, p2p_pxn_level, devs)  # fmt: skip
     out: list[Local] = []
     for g, (gpu, _) in enumerate(known):
         for rail, picked in ((False, choice.own[g]), (True, choice.rails[g] if rails else [])):
