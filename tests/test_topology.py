@@ -137,6 +137,34 @@ def test_nccl_ib_hca_as_nccl_reads_it(tmp_path):
     assert [(labels["device"], labels["path"]) for labels, _ in served] == [("mlx5_0", "PHB")]
 
 
+def test_nccl_ib_hca_ports_are_read_as_atoi_reads_them(tmp_path):
+    """misc/utils.cc parseStringList (v2.28.7-1) reads a port with atoi: leading blanks and a sign are taken, so
+    `mlx5_0: 1` is port 1 and `:-1` any port (matchPort); no number is port 0, which no port is. Before, the blank
+    and the sign read as no number: port 0, and NCCL's NIC was dropped."""
+    sysfs, procfs = far_compute_hca(tmp_path)
+    assert nccl_choice(sysfs, procfs, "mlx5_0: 1") == [("0", "mlx5_0", "1", "PHB")]
+    assert nccl_choice(sysfs, procfs, "mlx5_0:-1") == [("0", "mlx5_0", "1", "PHB")]
+    assert nccl_choice(sysfs, procfs, "mlx5_0:+1x") == [("0", "mlx5_0", "1", "PHB")]
+    assert nccl_choice(sysfs, procfs, "mlx5_0:") == []
+    assert nccl_choice(sysfs, procfs, "mlx5_0:" + "9" * 5000) == []  # no port, and no ValueError from int()
+
+
+def test_nccl_merges_at_most_four_devices_into_one_nic(tmp_path):
+    """A card's PF and 5 VFs, all ACTIVE, merged at its function 0 (NCCL_IB_MERGE_VFS): NCCL stops a virtual NIC
+    at NCCL_NET_MAX_DEVS_PER_NIC (4, nccl_net.h; topo.cc ncclTopoAutoMerge) and starts another. Before: one NIC of 6
+    ports, its bandwidth 6 ports' where NCCL counts 4."""
+    sysfs, procfs = tmp_path / "sys", tmp_path / "proc"
+    top = ["pci0000:00", "0000:00:01.0", "0000:01:00.0"]
+    gpu(sysfs, procfs, [*top, "0000:02:00.0", "0000:03:00.0"], 0, GEN5)
+    for function in range(6):
+        nic(sysfs, f"mlx5_{function}", [*top, "0000:02:01.0", f"0000:04:00.{function}"], 0, None, GEN5)
+    number_gpus(procfs)
+    cpuinfo(procfs)
+    nets = topology._nets(str(sysfs), topology.active_ports(str(sysfs)), "")
+    assert [sorted(port.device for port in net.ports) for net in nets] == [
+        ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"], ["mlx5_4", "mlx5_5"]]  # fmt: skip
+
+
 def test_a_port_in_use_that_goes_down_stays_the_gpus_and_one_never_up_is_never_used(tmp_path):
     """The collector keeps a port seen ACTIVE as the GPU's when it goes down (its fault is then the GPU's: the
     rules record not_active); an uncabled port and VFs never up are used by no GPU."""

@@ -52,14 +52,14 @@ import logging
 import os
 import re
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 from xml.etree import ElementTree
 
 from accelmon.host.gpu_holders import read as _read
 from accelmon.host.nvidia import NvmlSession, driver_gpu_entries, text
+from accelmon.host.topology_files import ib_hca_filter, read_regular
 from accelmon.host.topology_files import nccl_conf_value as nccl_conf_value  # callers read it here
 from accelmon.host.topology_files import nccl_conf_values as nccl_conf_values
-from accelmon.host.topology_files import read_regular
 
 log = logging.getLogger("accelmon.topology")
 LINKS = ("PIX", "PXB", "PHB", "NODE", "SYS")  # nearest first
@@ -151,6 +151,7 @@ def gpu_nic_pairs(sysfs: str, procfs: str) -> list[Pair]:
     return pairs
 
 
+MAX_DEVS_PER_NIC = 4  # nccl_net.h NCCL_NET_MAX_DEVS_PER_NIC (topo.cc ncclTopoAutoMerge stops a NIC there)
 LOC_BW = 5000.0  # GB/s: NCCL's "no limit", its inter-CPU bandwidth for a CPU it does not know (graph/topo.h)
 
 
@@ -188,31 +189,6 @@ class _Net:
     def bandwidth(self) -> float:
         """GB/s: the sum of its ports' Mb/s over 8000 (topo.cc `ncclTopoAddNet`)."""
         return sum(port.gbps * 1000 for port in self.ports) / 8000.0
-
-
-def ib_hca_filter(spec: str) -> Callable[[str, str], bool]:
-    """NCCL_IB_HCA as NCCL reads it (utils.cc `parseStringList`, `matchIfList`; net_ib.cc `ncclIbInitDevices`):
-    comma-separated name prefixes, each with an optional `:port`; a leading `^` excludes them, a leading `=`
-    (after `^`) makes the names exact. Unset or empty: every device."""
-    exclude = spec.startswith("^")
-    spec = spec[1:] if exclude else spec
-    exact = spec.startswith("=")
-    spec = spec[1:] if exact else spec
-    wanted = []
-    for item in spec.split(","):
-        name, colon, port = item.partition(":")
-        if name:
-            digits = port[: len(port) - len(port.lstrip("0123456789"))]
-            wanted.append((name, int(digits) if colon and digits else (0 if colon else -1)))
-
-    def match(device: str, port: str) -> bool:
-        found = not wanted or any(
-            (device == name if exact else device.startswith(name)) and (want == -1 or want == int(port))
-            for name, want in wanted
-        )
-        return found != exclude
-
-    return match
 
 
 NCCL_TOPO_DEFAULT = "/var/run/nvidia-topologyd/virtualTopology.xml"  # read when NCCL_TOPO_FILE is unset (topo.cc)
@@ -410,7 +386,7 @@ def _nets(sysfs: str, ports: list[Port], ib_hca: str) -> list[_Net]:
     its PCI function 0 (net_ib.cc `ncclIbGetPciPath`: the function and, NCCL_IB_MERGE_VFS, the device zeroed)."""
     allowed = ib_hca_filter(ib_hca)
     functions = nics(sysfs)
-    nets: dict[tuple[str, str], _Net] = {}
+    nets: dict[tuple[str, str, int], _Net] = {}
     for port in ports:
         function = functions.get(port.device)
         if function is None or not allowed(port.device, port.port) or port.link_layer not in ("InfiniBand", "Ethernet"):
@@ -420,7 +396,10 @@ def _nets(sysfs: str, ports: list[Port], ib_hca: str) -> list[_Net]:
             continue
         first = place(sysfs, f"{function[:-4]}00.0")  # 0000:17:01.3 -> 0000:17:00.0, beside it
         where = first if first is not None and first.chain[:-1] == own.chain[:-1] else own
-        nets.setdefault((where.path, port.link_layer), _Net(where, port.link_layer, [])).ports.append(port)
+        group = 0  # NCCL merges at most NCCL_NET_MAX_DEVS_PER_NIC (4) devices; the next start a NIC of their own
+        while len(nets.get((where.path, port.link_layer, group), _Net(where, "", [])).ports) >= MAX_DEVS_PER_NIC:
+            group += 1
+        nets.setdefault((where.path, port.link_layer, group), _Net(where, port.link_layer, [])).ports.append(port)
     return list(nets.values())
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+from typing import Callable
 
 CONF_LIMIT = 64 << 10  # bytes of the conf file read: a site's is a few lines
 
@@ -56,3 +57,28 @@ def nccl_int(text: str, default: int) -> int:
         return default
     value = int(match.group(0), 16 if digits[:2] in ("0x", "0X") else 8 if digits[:1] == "0" else 10)
     return value if -(1 << 63) <= value < 1 << 63 else default
+
+
+def ib_hca_filter(spec: str) -> Callable[[str, str], bool]:
+    """NCCL_IB_HCA as NCCL reads it (misc/utils.cc `parseStringList`, `matchIfList`; net_ib.cc `ncclIbInitDevices`,
+    v2.28.7-1): comma-separated name prefixes, each with an optional `:port` read by atoi (leading blanks and a sign
+    taken: `mlx5_0: 1` is port 1, `:-1` any port; no number is port 0, which no port is); a leading `^` excludes
+    them, a leading `=` (after `^`) makes the names exact. Unset or empty: every device."""
+    exclude = spec.startswith("^")
+    spec = spec[1:] if exclude else spec
+    exact = spec.startswith("=")
+    spec = spec[1:] if exact else spec
+    wanted = []
+    for item in spec.split(","):
+        name, colon, port = item.partition(":")
+        if name:
+            number = re.match(r"[ \t\n\v\f\r]*([+-]?[0-9]{1,18})", port)  # atoi's; past 18 digits matches no port
+            wanted.append((name, (int(number.group(1)) if number else 0) if colon else -1))
+
+    def match(device: str, port: str) -> bool:
+        found = not wanted or any(
+            (device == name if exact else device.startswith(name)) and want in (-1, int(port)) for name, want in wanted
+        )
+        return found != exclude
+
+    return match
