@@ -120,6 +120,8 @@ def test_the_exporters_let_in_the_masters_of_the_whole_inventory_and_the_loopbac
             {"ansible.builtin.include_vars": str(node / "vars" / "main.yml")},
             {"ansible.builtin.template": {"src": str(node / "templates" / "allowed-clients.conf.j2"),
                                           "dest": out + "-node.conf", "mode": "0644"}},
+            {"ansible.builtin.template": {"src": str(node / "templates" / "limits.conf.j2"),
+                                          "dest": out + "-limits.conf", "mode": "0644"}},
         ],
     }]  # fmt: skip
     playbook = tmp_path / "play.yml"
@@ -135,6 +137,9 @@ def test_the_exporters_let_in_the_masters_of_the_whole_inventory_and_the_loopbac
             "[Service]", "IPAccounting=yes", "IPAddressDeny=", "IPAddressDeny=any", "IPAddressAllow=",
             "IPAddressAllow=localhost " + " ".join(node_exporter),
         ], name  # fmt: skip
+        # And what node_exporter may hold, whoever is let in (a security review's 4,000 loopback connections).
+        limits = (tmp_path / f"{name}-limits.conf").read_text().splitlines()
+        assert limits[limits.index("[Service]") :] == ["[Service]", "LimitNOFILE=4096", "MemoryMax=512M"], name
 
 
 @pytest.mark.e2e

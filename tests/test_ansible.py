@@ -136,6 +136,8 @@ WORKER_CASES = [
     ("accelmon_node_exporter_listen_address=9100", "must be HOST:PORT or :PORT"),
     ('{"accelmon_node_exporter_extra_args": ["--web.listen-address=:9101"]}', "without --web.listen-address"),
     ('{"accelmon_node_exporter_disabled_collectors": ["InfiniBand; rm"]}', "names collectors"),
+    # Issue 66: a limit systemd cannot read would leave node_exporter unbounded (its journal only warns).
+    ("accelmon_node_exporter_memory_max=lots", "accelmon_node_exporter_memory_max is a size such as 512M"),
     # Issue 66, point 5: node_exporter pinned, by the distribution's version or a release checked by its sha256.
     ('{"accelmon_node_exporter_package_versions": {"Debian-11": "1.1.2+ds-2.1"}}', "no version pinned for Debian-12"),
     (

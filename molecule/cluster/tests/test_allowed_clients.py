@@ -93,3 +93,15 @@ def test_a_workers_exporters_let_in_the_master_and_refuse_another_worker(host):
         f"node_exporter's IP filter applied by the kernel here: {enforced} (IPIngressBytes={shown['IPIngressBytes']})"
     )
     assert probe(other, WORKER, 9100) == ("timeout" if enforced else "accepted")
+
+
+def test_node_exporter_runs_with_its_file_and_memory_limits():
+    """The role's second drop-in, as systemd loaded it on a worker (LimitNOFILE= and MemoryMax=, defaults/main.yml):
+    node_exporter's Go runtime would otherwise raise its open-file limit to the hard one."""
+    worker = testinfra.get_host(f"podman://{WORKER}")
+    shown = worker.check_output(f"systemctl show -p LimitNOFILE -p MemoryMax {SERVICE}").splitlines()
+    assert sorted(shown) == ["LimitNOFILE=4096", "MemoryMax=536870912"], shown
+    pid = worker.check_output(f"systemctl show -p MainPID --value {SERVICE}")
+    limits = [line.split()[3:5] for line in worker.check_output(f"cat /proc/{pid}/limits").splitlines()
+              if line.startswith("Max open files")]  # fmt: skip
+    assert limits == [["4096", "4096"]], limits  # soft and hard: Go raises only the soft one to the hard
