@@ -571,3 +571,18 @@ def test_a_pcie_gen6_link_is_rated_as_nccl_rates_it(tmp_path):
     number_gpus(procfs)
     cpuinfo(procfs)
     assert nccl_choice(sysfs, procfs) == [("0", "mlx5_1", "1", "PXB")]
+
+
+def test_the_bridge_readings_session_closing_leaves_the_nvml_collectors_open(fake_nvml):
+    """NVML counts initializations and shuts down when the count reaches zero (nvmlShutdown in NVML's API reference):
+    the infiniband collector's NVLink bridge reading opens and closes a session of its own beside the nvml
+    collector's. The fake shut down at any nvmlShutdown, so a worker of the Molecule cluster lost its NVLink and
+    power series once the bridge reading ran (its first session's every call then UNINITIALIZED)."""
+    fake_nvml.configure("gpus 2\n")
+    collectors = NvmlSession("the nvml collector's", pynvml)
+    assert collectors.gpus()
+    bridges = NvmlSession("NVLink bridges", pynvml)
+    assert bridges.gpus()
+    bridges.close()
+    assert pynvml.nvmlDeviceGetPowerUsage(pynvml.nvmlDeviceGetHandleByIndex(1)) >= 0
+    collectors.close()

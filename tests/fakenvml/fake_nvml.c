@@ -395,11 +395,23 @@ nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     pthread_mutex_unlock(&init_lock);
     ENTER();
     if (refused) return (nvmlReturn_t)refused;
-    initialized = 1;
+    pthread_mutex_lock(&init_lock);
+    initialized++;
+    pthread_mutex_unlock(&init_lock);
     return OK;
 }
 nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
-nvmlReturn_t nvmlShutdown(void) { ENTER(); initialized = 0; return OK; }
+/* As NVML's: a count of initializations, shut down when it reaches zero (the API reference's nvmlShutdown: "once for
+ * each call to nvmlInit ... Shutdown only occurs when the reference count reaches zero"). Two sessions in one process
+ * (the nvml collector's and the infiniband collector's NVLink bridge reading) each init and shut down: before, the
+ * second's shutdown left the first's calls UNINITIALIZED, which real NVML never does. */
+nvmlReturn_t nvmlShutdown(void) {
+    ENTER();
+    pthread_mutex_lock(&init_lock);
+    if (initialized > 0) initialized--;
+    pthread_mutex_unlock(&init_lock);
+    return OK;
+}
 
 const char *nvmlErrorString(nvmlReturn_t r) {
     switch (r) {
