@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import argparse
 import base64
+import ipaddress
 import json
 import ssl
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
@@ -110,13 +112,36 @@ def caller(url: str, password: str, timeout: float = 10.0, ca_file: Optional[str
     return call
 
 
+def plain_http_refused(url: str, ca_file: Optional[str]) -> str:
+    """Why `url` is refused, or "": the admin password goes with every request, so plain http:// is taken only to
+    this host's loopback (the demo's Grafana); masters serve HTTPS by default (accelmon_master_grafana_plain_http)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme == "https":
+        return ""
+    if parts.scheme != "http":
+        return f"--url {url}: not an http(s):// URL"
+    if ca_file:
+        return f"--url {url} is plain http://: --ca-file would not be used (https:// for the master's Grafana)"
+    host = parts.hostname or ""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        return f"--url {url}: plain http:// would send the admin password in clear; https:// (--ca-file: the deploy's CA)"
+    return ""
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--url", default="http://127.0.0.1:3000")
+    parser.add_argument("--url", required=True, help="https://MASTER:3000; http:// only to this host (the demo's)")
     parser.add_argument("--password-file", required=True, help="the admin password (the role's file)")
     parser.add_argument("--ca-file", help="the CA of Grafana's certificate (the deploy's: ~/.accelmon/pki/ca.crt)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for Grafana to answer")
     args = parser.parse_args(argv)
+    refused = plain_http_refused(args.url, args.ca_file)
+    if refused:
+        parser.error(refused)  # before the password is read, let alone sent
     ca_file = str(Path(args.ca_file).expanduser()) if args.ca_file else None
     call = caller(args.url, Path(args.password_file).expanduser().read_text().strip(), ca_file=ca_file)
     deadline = time.monotonic() + args.timeout
