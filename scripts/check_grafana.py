@@ -128,7 +128,7 @@ def plain_http_refused(url: str, ca_file: Optional[str]) -> str:
     except ValueError:
         loopback = False
     if not loopback:
-        return f"--url {url}: plain http:// would send the admin password in clear; https:// (--ca-file: the deploy's CA)"
+        return f"--url {url}: plain http:// would send the admin password in clear (https://, --ca-file: the CA)"
     return ""
 
 
