@@ -120,6 +120,9 @@ def test_config_file_and_flags(tmp_path):
         ("web:\n  listen_address: nowhere\n", "listen address 'nowhere'"),
         ("web:\n  allowed_clients: 10.0.0.5\n", "web.allowed_clients: expected a list"),
         ("web:\n  allowed_clients: [10.0.0.0/33]\n", "web.allowed_clients: '10.0.0.0/33' is no address or network"),
+        # Issue 66 review: a typo's host bits under /0 let in everyone; a zone was dropped (fe80::1 of any link).
+        ("web:\n  allowed_clients: [10.0.0.5/0]\n", "web.allowed_clients: '10.0.0.5/0' is no address or network"),
+        ("web:\n  allowed_clients: ['fe80::1%eth0']\n", "'fe80::1%eth0': give the address without its zone"),
         ("log_level: loud\n", "log_level: expected one of"),
         ("- a list\n", "expected a mapping"),
         ("web: [\n", "not valid YAML"),
@@ -142,6 +145,14 @@ def test_bad_config_is_refused_with_the_setting_named(tmp_path, text, message):
     with pytest.raises(ConfigError, match=None) as error:
         settings("--config", str(config))
     assert message in str(error.value)
+
+
+def test_an_ipv4_mapped_allowed_client_is_read_as_the_ipv4_address_it_is(tmp_path):
+    """A dual-stack socket's IPv4 client is matched as IPv4 (server.client_address): ::ffff:192.0.2.9 kept as IPv6
+    matched no client ever (issue 66 review)."""
+    config = tmp_path / "web.yml"
+    config.write_text("web:\n  allowed_clients: ['::ffff:192.0.2.9', '::ffff:10.0.0.0/104']\n")
+    assert [str(n) for n in settings("--config", str(config)).allowed_clients] == ["192.0.2.9/32", "10.0.0.0/8"]
 
 
 def test_bad_config_exits_2_with_message(tmp_path, fake_nvml_dir):

@@ -560,13 +560,23 @@ def _share(group: str) -> int:
 
 
 def allowed_networks(values: object) -> tuple[IPNetwork, ...]:
-    """web.allowed_clients as networks: CIDRs or single addresses (ValueError naming a bad one)."""
+    """web.allowed_clients as networks: CIDRs or single addresses (ValueError naming a bad one). Strict: an entry
+    that would never match, or match more than it says, is refused rather than read some other way."""
     if not isinstance(values, list):
         raise ValueError("expected a list of addresses or networks (CIDR), e.g. [10.0.0.5, 10.0.0.0/24]")
     networks = []
     for value in values:
+        text = str(value)
+        if "%" in text:  # a zone is the host's interface, never part of a client's address (client_address drops it)
+            raise ValueError(f"{value!r}: give the address without its zone (%...)")
         try:
-            networks.append(ipaddress.ip_network(str(value), strict=False))
+            # strict: 10.0.0.5/0 is a typo that would let in every address, not 0.0.0.0/0 meant
+            network = ipaddress.ip_network(text, strict=True)
         except ValueError as error:
             raise ValueError(f"{value!r} is no address or network: {error}") from error
+        mapped = network.network_address.ipv4_mapped if isinstance(network, ipaddress.IPv6Network) else None
+        if mapped is not None and network.prefixlen >= 96:
+            # IPv4 clients of a dual-stack socket are matched as IPv4 (client_address): ::ffff:a.b.c.d as a.b.c.d
+            network = ipaddress.ip_network(f"{mapped}/{network.prefixlen - 96}")
+        networks.append(network)
     return tuple(networks)
