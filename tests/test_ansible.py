@@ -132,6 +132,23 @@ WORKER_CASES = [
     ),
     ("accelmon_exporter_aws_access_key_id=AKIAIOSFODNN7EXAMPLE", "go together"),
     ('{"accelmon_exporter_nccl_inspector": true}', "accelmon_exporter_nccl_inspector needs accelmon_exporter_jobs"),
+    # Issue 66 review: the allow-list. A scraper group without a host answered the loopback alone (each case host
+    # names an address of its own, batch_deploy); a string was read character by character; a typo's host bits
+    # under /0 answered everyone; a zone never matched; the plain-HTTP choice of the first host was every host's.
+    ('{"accelmon_exporter_allowed_clients": []}', "accelmon_exporter_scraper_group=master names a group with no host"),
+    (
+        '{"accelmon_exporter_scraper_group": "masters", "accelmon_exporter_allowed_clients": []}',
+        "accelmon_exporter_scraper_group=masters names no group of this inventory",
+    ),
+    ("accelmon_exporter_allowed_clients=10.0.0.9", "accelmon_exporter_allowed_clients must be a list"),
+    ('{"accelmon_exporter_allowed_clients": ["10.0.0.5/0"]}', "'10.0.0.5/0' is no address or network"),
+    ('{"accelmon_exporter_allowed_clients": ["fe80::1%eth0"]}', "give the address without its zone"),
+    ("accelmon_exporter_plain_http=true", "so set it for all of them or none"),
+    # An open list is warned (test_an_open_allow_list_is_warned), then this host fails in node_exporter's preflight.
+    (
+        '{"accelmon_exporter_allowed_clients": ["0.0.0.0/0", "::/0"], "accelmon_node_exporter_memory_max": "lots"}',
+        "accelmon_node_exporter_memory_max is a size such as 512M",
+    ),
     # node_exporter's own checks (its role's preflight), in the same play.
     ("accelmon_node_exporter_listen_address=9100", "must be HOST:PORT or :PORT"),
     ('{"accelmon_node_exporter_extra_args": ["--web.listen-address=:9101"]}', "without --web.listen-address"),
@@ -322,6 +339,8 @@ def batch_deploy(work: Path, group: str, cases: list[tuple[Any, str]]) -> tuple[
     hosts = {}
     for number, (variables, _) in enumerate(cases):
         host = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+        if group == "worker":  # the inventory has no master: its Prometheus named by address, as a remote one is
+            host["accelmon_exporter_allowed_clients"] = ["192.0.2.10"]
         for variable in (variables,) if isinstance(variables, str) else variables:
             # What `-e` makes of it: JSON as JSON, key=value as ansible-playbook parses it.
             host.update(json.loads(variable) if variable.startswith("{") else parse_kv(variable))
@@ -362,6 +381,16 @@ def test_bad_variable_fails_in_preflight_naming_it(preflight, number, case):
     assert f"case-{number:02d}" in output.split("PLAY RECAP")[-1]
     # It failed in the preflight play: no worker play ran.
     assert "PLAY [Workers]" not in output
+
+
+def test_an_open_allow_list_is_warned(preflight):
+    """["0.0.0.0/0", "::/0"] is a choice the play's output shows, as plain HTTP is (issue 66 review B)."""
+    _, output = preflight("worker")
+    number = next(n for n, case in enumerate(WORKER_CASES) if "0.0.0.0/0" in case[0])
+    results = output.split(f"ok: [case-{number:02d}] => ")[1:]
+    warned = [r for r in results if "[WARNING] accelmon_exporter_allowed_clients lets any address" in r[:600]]
+    assert warned and "0.0.0.0/0, ::/0" in warned[0][:600], output[-3000:]
+    assert not any("lets any address" in r[:600] for r in output.split("ok: [case-00] => ")[1:])
 
 
 @pytest.mark.parametrize(("number", "case"), list(enumerate(MASTER_CASES)), ids=[c[1] for c in MASTER_CASES])

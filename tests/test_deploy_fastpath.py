@@ -31,7 +31,11 @@ def _play(tmp_path: Path, check_diff: bool, extra: dict[str, str], hosts: tuple[
         f"{host} {local} accelmon_exporter_install_dir={tmp_path / host} {extra.get(host, '')}\n" for host in hosts
     ]
     inventory = tmp_path / "host.ini"
-    inventory.write_text("[master]\n\n[store]\n\n[worker]\n" + "".join(lines))
+    # No master: its Prometheus named by address (a scraper group with no host is refused, issue 66 review).
+    inventory.write_text(
+        '[master]\n\n[worker:vars]\naccelmon_exporter_allowed_clients=["192.0.2.10"]\n\n[store]\n\n[worker]\n'
+        + "".join(lines)
+    )
     fake = tmp_path / "bin"
     fake.mkdir(exist_ok=True)
     (fake / "systemctl").write_text(
@@ -104,7 +108,8 @@ def test_a_bad_accelmon_deploy_full_stops_the_deploy_in_its_first_play(tmp_path)
     """The switch is checked with the roll-out settings, before any host is read or changed."""
     inventory = tmp_path / "host.ini"
     inventory.write_text(
-        f"[master]\n\n[store]\n\n[worker]\nw ansible_connection=local ansible_python_interpreter={sys.executable}\n"
+        '[master]\n\n[worker:vars]\naccelmon_exporter_allowed_clients=["192.0.2.10"]\n\n[store]\n\n[worker]\n'
+        f"w ansible_connection=local ansible_python_interpreter={sys.executable}\n"
     )
     (tmp_path / "home").mkdir()
     env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "NO_COLOR": "1", "HOME": str(tmp_path / "home")}

@@ -355,7 +355,11 @@ def _real_fleet(tmp_path: Path, extra: dict[str, str]) -> tuple[subprocess.Compl
     lines = [
         f"w{i} {local} accelmon_exporter_install_dir={tmp_path / f'w{i}'} {extra.get(f'w{i}', '')}\n" for i in (1, 2, 3)
     ]
-    inventory.write_text("[master]\n\n[store]\n\n[worker]\n" + "".join(lines))
+    # No master: its Prometheus named by address (a scraper group with no host is refused, issue 66 review).
+    inventory.write_text(
+        '[master]\n\n[worker:vars]\naccelmon_exporter_allowed_clients=["192.0.2.10"]\n\n[store]\n\n[worker]\n'
+        + "".join(lines)
+    )
     (tmp_path / "home").mkdir(exist_ok=True)
     env = {**os.environ, "HOME": str(tmp_path / "home"), "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")}
     result = subprocess.run(

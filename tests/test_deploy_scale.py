@@ -33,7 +33,7 @@ def test_the_controller_checks_each_distinct_exporter_configuration_once(tmp_pat
     local = f"ansible_connection=local ansible_python_interpreter={sys.executable}"
     inventory = tmp_path / "host.ini"
     inventory.write_text(
-        "[master]\n\n[store]\n\n[worker]\n"
+        '[master]\n\n[worker:vars]\naccelmon_exporter_allowed_clients=["192.0.2.10"]\n\n[store]\n\n[worker]\n'
         + "".join(f"same-{n} {local}\n" for n in range(3))
         + f"own {local} accelmon_exporter_log_level=debug\n"
         + f"bad {local} accelmon_exporter_listen_address=nowhere\n"
