@@ -202,7 +202,11 @@ def test_a_toy_collector_reaches_the_roles_config_and_unit(toy_tree, tmp_path):
     }
 
     def preflight(collectors_setting: dict) -> subprocess.CompletedProcess[str]:
-        variables = {"accelmon_exporter_source_dir": str(toy_tree), "accelmon_exporter_collectors": collectors_setting}
+        variables = {
+            "accelmon_exporter_source_dir": str(toy_tree),
+            "accelmon_exporter_collectors": collectors_setting,
+            "accelmon_exporter_allowed_clients": ["192.0.2.9"],
+        }  # no master group here: the scraper named
         return run_local_play(play, variables, tmp_path)
 
     refused = preflight({"toy": {"colour": "green"}})
