@@ -36,6 +36,8 @@ except socket.timeout:
     print("timeout")
 except ConnectionRefusedError:
     print("refused")
+except ConnectionResetError:  # the exporter resets a refused client at its accept: the connect may meet it
+    print("closed")
 else:
     try:
         with context.wrap_socket(raw, server_hostname=sys.argv[1]):
