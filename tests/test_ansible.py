@@ -78,8 +78,11 @@ def deploy(
     the controller's environment)."""
     host = f"localhost ansible_connection=local ansible_python_interpreter={sys.executable}"
     inventory = tmp_path / "host.ini"
+    # No master here: the workers' Prometheus is named by address, as a remote one is (the preflight refuses an
+    # empty scraper group).
+    scraper = '[worker:vars]\naccelmon_exporter_allowed_clients=["192.0.2.10"]\n\n'
     inventory.write_text(
-        "".join(f"[{name}]\n{host if group == name else ''}\n\n" for name in ("master", "worker", "store"))
+        "".join(f"[{name}]\n{host if group == name else ''}\n\n" for name in ("master", "worker", "store")) + scraper
     )
     env = controller_env(tmp_path, **(env or {}))
     args = [arg for variable in variables for arg in ("-e", variable)]
@@ -1101,7 +1104,8 @@ def new_worker_check(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, su
     work = tmp_path_factory.mktemp("new-worker")
     inventory = work / "host.ini"
     inventory.write_text(
-        "[master]\n\n[store]\n\n[worker]\nold-worker ansible_host=192.0.2.1 ansible_connection=ssh\n"
+        '[master]\n\n[store]\n\n[worker:vars]\naccelmon_exporter_allowed_clients=["192.0.2.10"]\n\n'
+        "[worker]\nold-worker ansible_host=192.0.2.1 ansible_connection=ssh\n"
         f"new-worker ansible_connection=local ansible_python_interpreter={sys.executable}\n"
     )
     command = ADD_WORKERS.replace("host.ini", str(inventory)).replace("NEW_WORKERS", "new-worker").split()

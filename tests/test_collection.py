@@ -107,7 +107,7 @@ def test_a_bad_variable_stops_the_fqcn_deploy_in_preflight(installed):
     inventory = work / "bad.ini"
     inventory.write_text(
         f"[master]\n\n[worker]\nlocalhost ansible_connection=local ansible_python_interpreter={sys.executable}\n\n"
-        "[store]\n\n"
+        '[store]\n\n[worker:vars]\naccelmon_exporter_allowed_clients=["192.0.2.10"]\n'  # no master: named by address
     )
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")},
            "ANSIBLE_COLLECTIONS_PATH": str(work / "collections")}  # fmt: skip
