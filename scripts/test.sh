@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # accelmon's tests. Installs what they need first (scripts/setup.sh), then:
-#   ./scripts/test.sh            the full suite, what CI runs: lint and types, the unit tier (on Python 3.9 where one
-#                                is installed, beside the e2e tier), the e2e tier (real Prometheus, node_exporter,
-#                                VictoriaMetrics, Chromium, Ansible) and the Molecule scenarios on podman systemd hosts
+#   ./scripts/test.sh            the full suite, what CI runs: lint and types, the unit tier (on Python 3.9 first where
+#                                one is installed), the e2e tier (real Prometheus, node_exporter, VictoriaMetrics,
+#                                Chromium, Ansible) and the Molecule scenarios on podman systemd hosts
 #   ./scripts/test.sh --quick    lint and types, then the unit tier on this Python: no images, servers or containers
 #   ./scripts/test.sh [--quick] -- ARGS   ARGS go to pytest (say -k NAME, or a test file)
 # The Molecule tier runs beside the others, its scenarios in parallel (pytest-xdist), once the images are built
@@ -95,7 +95,7 @@ lint() {  # chained: inside a function that a caller tests, set -e would not sto
 step "lint and types" lint
 
 # Workers run the exporter on their system Python, 3.9 and newer: where a 3.9 interpreter exists (pyenv on our
-# machines), the unit tier runs on it (beside the e2e tier), and what passed there is not run again on this Python (Ansible, the
+# machines), the unit tier runs on it first, and what passed there is not run again on this Python (Ansible, the
 # master's tools and the job report run on the controller or an operator's machine, which are newer; their tests
 # need their packages, absent from this venv, so they are skipped there and run here).
 # The few unit tests that touch no worker code (docs, lock files, the bench's arithmetic: 8 of ~50 files) are
@@ -108,52 +108,31 @@ for candidate in python3.9 "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.9*/bin/pytho
     break
   fi
 done
-status=0
-some() {  # some PYTEST-ARGS...: pytest, where ARGS given to this script may select no test of a tier (status 5)
-  local rc=0
-  python -m pytest "$@" || rc=$?
-  [ "$rc" -ne 5 ] || [ -z "$narrowed" ] || rc=0
-  return "$rc"
-}
-narrowed=${1:+yes}
 if $quick; then
   echo "quick: the Python 3.9 run is left to the full suite"
+elif [ -n "$py39" ]; then
+  [ -x .venv39/bin/python ] || "$py39" -m venv .venv39
+  .venv39/bin/pip install -q -e '.[test]'
+  passed_on_39=$(mktemp /tmp/accelmon-passed39.XXXXXX)
+  # In one process: on 4 workers beside the Molecule tier's start, a breaker test's fake controller, timed against
+  # a check's budget, was slowed past it (twice in CI); the tier that follows runs on the parallel workers.
+  step "unit tier on Python 3.9" .venv39/bin/python -m pytest -q -p no:cacheprovider -m unit \
+    --record-passed="$passed_on_39" "$@"
+else
+  echo "no Python 3.9 here: the exporter's tests run on $(python --version) only"
+fi
+
+status=0
+if $quick; then
   step "unit tier" python -m pytest -m unit "${parallel[@]}" "$@" || status=$?
   report
   exit "$status"
 fi
-if [ -n "$py39" ]; then
-  [ -x .venv39/bin/python ] || "$py39" -m venv .venv39
-  .venv39/bin/pip install -q -e '.[test]'
-  passed_on_39=$(mktemp /tmp/accelmon-passed39.XXXXXX)
-  # The unit tier on 3.9 runs beside the e2e tier: both mostly wait (on servers, subprocesses, timeouts: the 3.9
-  # tier used 234 s of CPU in 970 s), so side by side they take about the time of the longer one; one after the
-  # other they were 704 + 1,350 s of CI's 2,202. Each in one process (on 4 workers beside the Molecule tier, a
-  # breaker test's fake controller, timed against a check's budget, was slowed past it, twice in CI), each with its
-  # own temporary directory.
-  unit39_log=$(mktemp /tmp/accelmon-unit39.XXXXXX.log)
-  unit39_tmp=$(mktemp -d /tmp/accelmon-unit39.XXXXXX)
-  unit39_begin=$SECONDS
-  .venv39/bin/python -m pytest -q -p no:cacheprovider -m unit --basetemp="$unit39_tmp/t" \
-    --record-passed="$passed_on_39" "$@" >"$unit39_log" 2>&1 &
-  unit39_pid=$!
-  step "e2e tier (beside the 3.9 unit tier)" some -m e2e "${parallel[@]}" "$@" || status=$?
-  unit39_status=0
-  wait "$unit39_pid" || unit39_status=$?
-  echo "--- unit tier on Python 3.9 (run beside the e2e tier) ---"
-  cat "$unit39_log"
-  rm -rf "$unit39_log" "$unit39_tmp"
-  timings+=("$(printf '%-34s %5d s' "unit tier on Python 3.9 (beside)" $((SECONDS - unit39_begin)))")
-  [ "$unit39_status" -ne 5 ] || [ -z "$narrowed" ] || unit39_status=0
-  [ "$status" -ne 0 ] || status=$unit39_status
-  # Then what did not pass there on this Python: the tests that need the controller's packages (skipped on 3.9).
-  step "unit tier (not passed on 3.9)" some -m unit "${parallel[@]}" --skip-passed="$passed_on_39" "$@" ||
-    status=$?
-  rm -f "$passed_on_39"
-else
-  echo "no Python 3.9 here: the exporter's tests run on $(python --version) only"
-  step "unit and e2e tiers" python -m pytest -m "unit or e2e" "${parallel[@]}" "$@" || status=$?
-fi
+# What passed on 3.9 is not run again here (the tests that need this Python's packages were skipped there).
+step "unit and e2e tiers" python -m pytest -m "unit or e2e" "${parallel[@]}" \
+  ${passed_on_39:+--skip-passed="$passed_on_39"} "$@" ||
+  status=$?
+[ -z "$passed_on_39" ] || rm -f "$passed_on_39"
 
 echo "--- Molecule tier (started beside the others; waiting for it) ---"
 molecule_status=0
