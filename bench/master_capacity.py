@@ -49,6 +49,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -466,7 +467,16 @@ def slowest_query(endpoint: Prometheus, queries: list[tuple[str, str]], began: f
     """Every panel's range query of 720 steps over the run so far, slowest first."""
     end = time.time()
     step = max(1.0, (end - began) / 720)
-    latencies = [(endpoint.range_seconds(expr, end - 720 * step, end, step)[0], title) for title, expr in queries]
+    latencies = []
+    for title, expr in queries:
+        try:
+            latencies.append((endpoint.range_seconds(expr, end - 720 * step, end, step)[0], title))
+        except urllib.error.HTTPError as refused:
+            # A panel Prometheus refuses (422: over --query.max-samples or the query timeout) is what an operator
+            # would meet on that fleet: said, and ranked slowest, instead of ending the run.
+            reason = json.loads(refused.read() or b"{}").get("error", refused.reason)
+            print(f"panel {title!r} failed: HTTP {refused.code}: {reason}", flush=True)
+            latencies.append((float("inf"), title))
     return sorted(latencies, reverse=True)
 
 
