@@ -18,6 +18,7 @@ from tests.support.path_rules import path_faults_test
 from tests.support.pci_tree import (
     DGX_H100_COMPUTE,
     DOWN,
+    GEN4,
     GEN5,
     PCIE_EXPECTED,
     azure_nd_h100_v5,
@@ -234,7 +235,35 @@ def test_an_nvlink_bridged_pair_without_nvswitch_relays_by_pxn_as_nccl_does(tmp_
     unbridged = InfinibandCollector(sysfs=str(sysfs), procfs=str(procfs), nccl_conf=str(tmp_path / "none"), nvml=pynvml)
     assert served(unbridged, "accelmon_gpu_nic_nearest_info") == [("0", "mlx5_0", "PIX"), ("1", "mlx5_0", "PHB")]
     fake_nvml.configure("gpus 2\nnvlink 0 18\nnvlink 1 18\n")  # every link to an NVSwitch (an HGX board's)
-    assert topology.nvlink_pairs(NvmlSession("test", pynvml)) == []
+    assert topology.nvlink_pairs(NvmlSession("test", pynvml), str(sysfs)) == [
+        frozenset({"0000:18:00.0", "0000:28:00.0"})
+    ]
+
+
+def test_gpus_on_nvswitches_no_driver_lists_relay_by_pxn_as_nccl_does(tmp_path, fake_nvml):
+    """In a VM (Azure ND: the host runs the NVSwitches) the nvidia-nvswitch driver lists none, but NVML shows each
+    GPU's links up to a far end the guest cannot see, which NCCL takes for an NVSwitch (xml.cc
+    ncclTopoGetXmlFromGpu: "Assume NVSwitch"), so the GPUs are one NVLink hop apart and each one's point-to-point
+    sends to the other rail leave by that rail's NIC through its GPU (PXN; search.cc ncclTopoGetNetDev). Before:
+    no NVLink known, no rail port, and a fault of the NIC those sends use recorded for none of them. A far end
+    sysfs shows of class 0x068000 is an NVSwitch too; a GPU NVML does not list (another container's) is none."""
+    sysfs, procfs = bridged_pcie_pair(tmp_path)
+    nic(sysfs, "mlx5_1", ["pci0000:25", "0000:25:01.0", "0000:26:00.0", "0000:27:01.0", "0000:29:00.0"], 0,
+        {1: {"rate": "200 Gb/sec (4X HDR)"}}, GEN4)  # fmt: skip
+    fake_nvml.configure("gpus 2\nnvlink 0 12\nnvlink 1 12\n")  # links up to 0000:c0:00.0-c3:00.0, not in sysfs
+    collector = InfinibandCollector(sysfs=str(sysfs), procfs=str(procfs), nccl_conf=str(tmp_path / "none"), nvml=pynvml)
+    assert served(collector, "accelmon_gpu_nic_nearest_info") == [("0", "mlx5_0", "PIX"), ("1", "mlx5_1", "PIX")]
+    assert served(collector, "accelmon_gpu_nic_rail_info") == [("0", "mlx5_1"), ("1", "mlx5_0")]
+    for bus, kind in (("c0", "0x068000"), ("c1", "0x068000"), ("c2", "0x030200"), ("c3", "0x068000")):
+        (sysfs / "devices" / f"0000:{bus}:00.0").mkdir(parents=True)
+        (sysfs / "devices" / f"0000:{bus}:00.0" / "class").write_text(kind + "\n")
+        (sysfs / "bus" / "pci" / "devices" / f"0000:{bus}:00.0").symlink_to(sysfs / "devices" / f"0000:{bus}:00.0")
+    joined = [frozenset({"0000:18:00.0", "0000:28:00.0"})]
+    assert topology.nvlink_pairs(NvmlSession("test", pynvml), str(sysfs)) == joined
+    fake_nvml.configure("gpus 2\nnvlink 0 3\nnvlink 1 3\n")  # links 0-2 only: to c0, c1 (NVSwitches) and c2 (a GPU)
+    assert topology.nvlink_pairs(NvmlSession("test", pynvml), str(sysfs)) == joined
+    fake_nvml.configure("gpus 2\nnvlink 0 3\nnvlink 1 3\nnvlink_down 0 0\nnvlink_down 0 1\n")  # GPU 0: to c2 only
+    assert topology.nvlink_pairs(NvmlSession("test", pynvml), str(sysfs)) == []
 
 
 def test_a_gpu_gone_from_sysfs_leaves_its_neighbours_nics_where_they_were(tmp_path):
@@ -285,6 +314,42 @@ def test_point_to_point_sends_may_leave_by_every_rails_nic_on_an_nvswitch_node(t
     assert served(collector, "accelmon_gpu_nic_rail_info") == []
     nvswitches(procfs)  # the NVSwitch driver loaded later: worked out again
     assert len(served(collector, "accelmon_gpu_nic_rail_info")) == 8 * 7
+
+
+def test_nccl_p2p_pxn_level_1_sends_by_a_rail_within_pxn(tmp_path):
+    """NCCL_P2P_PXN_LEVEL=1, "use PXN if needed" (search.cc ncclTopoGetNetDev): a send to GPU d of another node
+    leaves by d's HCA where the sender's own path to it is PXN or nearer: on a DGX H100 every other compute HCA,
+    through its GPU, as at 2; on a board without NVLink none (every other HCA PHB or SYS). Before: none at 1, and
+    a rail HCA's fault was recorded for no sending GPU."""
+    conf = tmp_path / "nccl.conf"
+    conf.write_text("NCCL_P2P_PXN_LEVEL=1\n")
+    sysfs, procfs = dgx_h100(tmp_path)
+    collector = InfinibandCollector(sysfs=str(sysfs), procfs=str(procfs), nccl_conf=str(conf))
+    rails = served(collector, "accelmon_gpu_nic_rail_info")
+    assert sorted(device for gpu_, device in rails if gpu_ == "0") == sorted(DGX_H100_COMPUTE[1:])
+    assert len(rails) == 8 * 7
+    sysfs, procfs = hgx_h100(tmp_path / "no-switch")
+    collector = InfinibandCollector(sysfs=str(sysfs), procfs=str(procfs), nccl_conf=str(conf))
+    assert served(collector, "accelmon_gpu_nic_rail_info") == []
+
+
+def test_nccl_conf_lines_end_where_nccls_getline_ends_them(tmp_path):
+    """NCCL splits /etc/nccl.conf at "\\n" only (param.cc setEnvFile): a file saved with CRLF gives NCCL_IB_HCA the
+    value "mlx5_6\\r", which names no device, so NCCL opens no HCA at all and no port is any GPU's (before: read as
+    mlx5_6, as if NCCL used it); a form feed does not end a line either, and a NUL ends the C string."""
+    sysfs, procfs = healthy_idle_node(tmp_path)
+    conf = tmp_path / "nccl.conf"
+    conf.write_bytes(b"NCCL_IB_HCA=mlx5_6\r\n")
+    collector = InfinibandCollector(sysfs=str(sysfs), procfs=str(procfs), nccl_conf=str(conf))
+    assert served(collector, "accelmon_gpu_nic_nearest_info") == []
+    conf.write_bytes(b"NCCL_IB_HCA=mlx5_6\n")
+    assert served(collector, "accelmon_gpu_nic_nearest_info") == [("0", "mlx5_6", "PHB"), ("1", "mlx5_6", "PIX")]
+    conf.write_bytes(b"NCCL_DEBUG=INFO\x0cNCCL_IB_HCA=mlx5_0\nNCCL_P2P_PXN_LEVEL=1\x00\n")
+    assert topology.nccl_conf_values(str(conf), ("NCCL_DEBUG", "NCCL_IB_HCA", "NCCL_P2P_PXN_LEVEL")) == (
+        "INFO\x0cNCCL_IB_HCA=mlx5_0",
+        "",
+        "1",
+    )
 
 
 @ROLE_RULES
@@ -521,6 +586,30 @@ def test_a_hostile_topology_file_is_refused_and_sysfs_kept(tmp_path, kind):
     finally:
         if kind == "fifo":
             release(hostile)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '<system version="1"><cpu numaid="0"><pci busid="0001:00:00.0">',
+        '<system version="1"><cpu numaid="0"></pci></system>',
+    ],
+)
+def test_a_malformed_topology_file_is_skipped_and_counted(tmp_path, text):
+    """An unterminated or mismatched topology file fails NCCL's parser (xml.cc xmlLoadSub: "unterminated", "XML
+    Mismatch"), and with it the topology detection of every job on the node (topo.cc ncclTopoGetSystem): sysfs's
+    places stand and accelmon_nccl_topology_file_refused says so (before: a log line only), 0 once it is mended."""
+    sysfs, procfs = azure_nd_h100_v5(tmp_path)
+    topo = tmp_path / "topo.xml"
+    topo.write_text(text)
+    conf = tmp_path / "nccl.conf"
+    conf.write_text(f"NCCL_TOPO_FILE={topo}\n")
+    collector = InfinibandCollector(sysfs=str(sysfs), procfs=str(procfs), nccl_conf=str(conf))
+    assert series(text_of(collector), "accelmon_nccl_topology_file_refused") == [({}, 1.0)]
+    azure_topo_file(topo)
+    assert series(text_of(collector), "accelmon_nccl_topology_file_refused") == [({}, 0.0)]
+    topo.unlink()  # absent: NCCL reads sysfs, as it may
+    assert series(text_of(collector), "accelmon_nccl_topology_file_refused") == [({}, 0.0)]
 
 
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero"])

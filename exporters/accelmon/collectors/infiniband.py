@@ -147,6 +147,14 @@ PEER_MEMORY = C.gauge(
     "0 if none: GPUDirect RDMA then needs DMA-BUF (open kernel module, Linux 5.12+); served where the node has GPUs.",
     [],
 )
+TOPO_FILE_REFUSED = C.gauge(
+    "accelmon_nccl_topology_file_refused",
+    "1 while the NCCL topology file the node's jobs read (nccl_topo_file, else /etc/nccl.conf's NCCL_TOPO_FILE, else "
+    "NCCL's default path) is there but not read: unreadable, no regular file, over 1 MiB or 256 elements, or "
+    "malformed, on which NCCL's topology detection fails too (xml.cc xmlLoadSub) and with it every job's init; "
+    "the NICs are then chosen from sysfs. 0 where read or absent; served where the node has GPUs.",
+    [],
+)
 DRILL_ACTIVE = C.gauge(
     "accelmon_infiniband_drill_active",
     "1 while a drill (accelmon-drill nic) rehearses a fault of this port: the rules treat it as a NIC at fault, "
@@ -313,6 +321,7 @@ class InfinibandCollector(Collector):
         self.nccl_conf, self.nccl_topo_file = nccl_conf, nccl_topo_file
         self._topology: tuple[tuple[object, ...], list[topology.Pair], list[topology.Local]] = ((), [], [])
         self._in_service: dict[tuple[str, str], topology.Port] = {}  # ports ACTIVE now or since the start
+        self._topo_refused = False
         self.root = os.path.join(sysfs, "class", "infiniband")
         self._devices_found = False
         self._clock = clock
@@ -351,8 +360,10 @@ class InfinibandCollector(Collector):
             ports = list(self._in_service.values())
             chosen = nccl_nics.chosen(self.sysfs, self.procfs, ports, conf, bridged, rails=True)
             self._topology = (key, topology.gpu_nic_pairs(self.sysfs, self.procfs), chosen)
+            self._topo_refused = topology.read_topo_file(conf.topo_file) is None  # skipped (logged), served below
         if gpus and devices:
             out.add(PEER_MEMORY, [], 1 if peer_memory_loaded(self.sysfs) else 0)
+            out.add(TOPO_FILE_REFUSED, [], 1 if self._topo_refused else 0)
         for pair in self._topology[1]:
             out.add(GPU_NIC, [pair.gpu, pair.uuid, pair.device, pair.link], 1)
         for local in self._topology[2]:
@@ -365,7 +376,7 @@ class InfinibandCollector(Collector):
         """The GPU pairs an NVLink joins without NVSwitch (nccl_nics.bridged_pairs), read from NVML once for a set of
         GPUs (a bridge does not change while the driver runs)."""
         if self._bridged[0] != gpus:
-            pairs = nccl_nics.bridged_pairs(self.procfs, self._nvml)
+            pairs = nccl_nics.bridged_pairs(self.procfs, self._nvml, self.sysfs)
             if pairs is None:  # NVML not there (yet): asked again after LAYOUT_SECONDS
                 return []
             self._bridged = (gpus, pairs)

@@ -51,8 +51,9 @@ def settings(nccl_conf: str = NCCL_CONF, topo_file: str = "") -> Settings:
     return Settings(ib_hca, nccl_int(pxn_disable, 0) != 1, nccl_int(pxn_level, 2), path, seen)
 
 
-def bridged_pairs(procfs: str, session: NvmlSession) -> Optional[list[frozenset[str]]]:
-    """The GPU pairs an NVLink bridge joins (topology.nvlink_pairs); none asked where NVSwitches join every GPU
+def bridged_pairs(procfs: str, session: NvmlSession, sysfs: str = "/sys") -> Optional[list[frozenset[str]]]:
+    """The GPUs NVLink joins as NVML shows them (topology.nvlink_pairs: bridged pairs, and the GPUs on NVSwitches
+    the nvidia-nvswitch driver does not list, a VM's); none asked where that driver's NVSwitches join every GPU
     anyway, or with fewer than two GPUs. None where NVML does not open (the caller may ask again later)."""
     try:
         gpus = os.listdir(os.path.join(procfs, "driver", "nvidia", "gpus"))
@@ -61,7 +62,7 @@ def bridged_pairs(procfs: str, session: NvmlSession) -> Optional[list[frozenset[
     if topology.nvswitch_groups(procfs) or len(gpus) < 2:
         return []
     try:
-        return topology.nvlink_pairs(session)
+        return topology.nvlink_pairs(session, sysfs)
     finally:
         session.close()
 
@@ -86,5 +87,5 @@ def node_choice(
 ) -> list[topology.Local]:  # fmt: skip
     """`chosen` once, for a command (the drill, the ACS root pass): over the ports ACTIVE now, with the bridged pairs
     asked of an NVML session of its own (`nvml`: a binding other than pynvml, for tests)."""
-    bridged = bridged_pairs(procfs, NvmlSession("NVLink bridges are not known (PXN)", nvml)) or []
+    bridged = bridged_pairs(procfs, NvmlSession("NVLink bridges are not known (PXN)", nvml), sysfs) or []
     return chosen(sysfs, procfs, topology.active_ports(sysfs), conf, bridged, rails)

@@ -159,7 +159,8 @@ def survey(
     places = {gpu.index: topology.place(sysfs, bus) for bus, gpu, _ in entries}
     uuids = {gpu.index: gpu.uuid for _, gpu, _ in entries}
     conf = conf or nccl_nics.Settings()
-    bridged = nccl_nics.bridged_pairs(procfs, NvmlSession("NVLink bridges are not known (PXN, P2P)", nvml)) or []
+    session = NvmlSession("NVLink bridges are not known (PXN, P2P)", nvml)
+    bridged = nccl_nics.bridged_pairs(procfs, session, sysfs) or []
     groups = nccl_nics.nvlink_groups(procfs, bridged)  # a bridged pair's P2P goes by NVLink too
     buses = {gpu.index: bus.lower() for bus, gpu, _ in entries}
 

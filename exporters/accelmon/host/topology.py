@@ -197,11 +197,16 @@ TOPO_FILE_NODES = 256  # elements NCCL's parser takes (topo.h NCCL_TOPO_XML_MAX_
 
 
 def topo_file_places(path: str) -> dict[str, Place]:
+    """The PCI functions an NCCL topology file places (`read_topo_file`); none where it is absent or refused."""
+    return read_topo_file(path) or {}
+
+
+def read_topo_file(path: str) -> Optional[dict[str, Place]]:
     """The PCI functions an NCCL topology file (NCCL_TOPO_FILE: `<system><cpu numaid=N><pci busid=...
     link_speed=... link_width=...>` nested as the switches are) places, by lower-case bus id: NCCL takes a device
     found there with the file's parents and links instead of sysfs's (xml.cc `ncclTopoGetXmlFromSys` climbs sysfs
-    only for a node without a parent; topo.cc `ncclTopoGetSystem`). An unreadable, oversized or malformed file, as
-    NCCL would fail on it, places nothing (and is logged)."""
+    only for a node without a parent; topo.cc `ncclTopoGetSystem`). {} where no file is there; None (and logged)
+    where one is there but unreadable, oversized or malformed, as NCCL would fail on it."""
     if not path:
         return {}
     try:
@@ -221,7 +226,7 @@ def topo_file_places(path: str) -> dict[str, Place]:
         return {}
     except (OSError, ValueError, ElementTree.ParseError) as error:
         log.warning("NCCL topology file %s not read: %s", path, error)
-        return {}
+        return None
     places: dict[str, Place] = {}
 
     def walk(node: ElementTree.Element, numa: int, chain: tuple[str, ...], links: tuple[float, ...]) -> None:
@@ -419,11 +424,13 @@ def nvswitch_groups(procfs: str) -> list[frozenset[str]]:
     return [frozenset(bus.lower() for bus, _, _ in driver_gpu_entries(procfs))]
 
 
-def nvlink_pairs(session: NvmlSession) -> Optional[list[frozenset[str]]]:
-    """The GPUs an NVLink joins straight, no NVSwitch between (two PCIe cards' bridge, a board wired GPU to GPU), as
-    pairs of PCI functions: each GPU's links that are up and lead to another GPU NVML lists, as NCCL reads them
-    (xml.cc `ncclTopoGetXmlFromGpu`: a link's far end by its bus id; topo.cc `ncclTopoAddNvLinks`: another GPU
-    there is one NVLink hop, PATH_NVL, from which PXN relays). None where NVML does not open."""
+def nvlink_pairs(session: NvmlSession, sysfs: str = "/sys") -> Optional[list[frozenset[str]]]:
+    """The GPUs NVLink joins as NVML shows their links, as NCCL reads them (xml.cc `ncclTopoGetXmlFromGpu`: each
+    link up, its far end by bus id; topo.cc `ncclTopoAddNvLinks`: one NVLink hop, PATH_NVL, from which PXN relays),
+    as groups of PCI functions: each pair whose link leads straight from one GPU NVML lists to another (two PCIe
+    cards' bridge), and one group of every GPU with a link to an NVSwitch, where the nvidia-nvswitch driver lists
+    none (`nvswitch_groups`): a VM's (Azure ND, whose host runs the switches) or a node without that driver. None
+    where NVML does not open."""
     gpus = session.gpus()
     if gpus is None:
         return None
@@ -439,7 +446,17 @@ def nvlink_pairs(session: NvmlSession) -> Optional[list[frozenset[str]]]:
                     ends.add((mine, _nvml_bus(nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId)))
         except (nvml.NVMLError, ValueError) as error:  # as said above, or a bus id that is none
             log.debug("GPU %d's NVLink links: %s", index, error)
-    return sorted({frozenset(end) for end in ends if end[1] in listed and end[0] != end[1]}, key=sorted)
+    switched = frozenset(mine for mine, far in ends if far not in listed and _nvswitch(sysfs, far))
+    groups = {frozenset(end) for end in ends if end[1] in listed and end[0] != end[1]}
+    return sorted(groups | ({switched} if len(switched) > 1 else set()), key=sorted)
+
+
+def _nvswitch(sysfs: str, bus: str) -> bool:
+    """Whether NCCL takes an NVLink's far end at `bus` for an NVSwitch (xml.cc `ncclTopoGetXmlFromGpu`): a function
+    sysfs does not show ("not visible inside this VM. Assume NVSwitch") or of class 0x068000 (topo.cc
+    `kvDictPciClass`); a GPU NVML does not list (another container's) is none."""
+    function = os.path.join(sysfs, "bus", "pci", "devices", bus)
+    return not os.path.exists(function) or _read(os.path.join(function, "class")).startswith("0x068000")
 
 
 def _nvml_bus(bus_id: object) -> str:
@@ -538,14 +555,18 @@ def nccl_choice(
     for g in every:
         chosen = sorted({local_net(paths, g, c) for c in range(MAXCHANNELS)})
         own[g] = [(n, paths[g][n][1]) for n in chosen]
-        rail = set()
-        if pxn and p2p_pxn_level == 2:  # a send to GPU d of another node goes by d's rail: the net our GPU d uses
+        rail, kinds = set(), {}
+        if pxn and p2p_pxn_level in (1, 2):  # a send to GPU d of another node goes by d's rail: the net our d uses
             for d in every:
                 for n in {local_net(paths, d, c) for c in range(MAXCHANNELS)} - set(chosen):
                     peer = users[n]
-                    if peer != -1 and (peer == g or joined(g, peer)) and direct[peer][n][1] in PXN_SOURCES:
+                    if p2p_pxn_level == 1:  # "use PXN if needed": where our own path to it is PXN or nearer
+                        if PATH_ORDER.index(paths[g][n][1]) <= PATH_ORDER.index("PXN"):
+                            rail.add(n)
+                            kinds[n] = paths[g][n][1]
+                    elif peer != -1 and (peer == g or joined(g, peer)) and direct[peer][n][1] in PXN_SOURCES:
                         rail.add(n)
-        rails[g] = [(n, "PXN" if users[n] != g else direct[g][n][1]) for n in sorted(rail)]
+        rails[g] = [(n, kinds.get(n) or ("PXN" if users[n] != g else direct[g][n][1])) for n in sorted(rail)]
     return Choice(own, rails)
 
 

@@ -37,10 +37,14 @@ def nccl_conf_values(path: str, names: tuple[str, ...]) -> tuple[str, ...]:
         text = read_regular(path, CONF_LIMIT)[:CONF_LIMIT].decode("utf-8", "replace")
     except (OSError, ValueError):
         text = ""
-    for line in text.splitlines():
+    # Lines as NCCL's getline splits them, at "\n" only: a "\r" (a file saved with CRLF) stays in the value, where
+    # NCCL_IB_HCA=mlx5_0\r matches no device for NCCL (splitlines() also split at \r, \v, \f, \x1c-\x1e, \x85
+    # and dropped it); each line a C string, ended at its first NUL; values cut at 1023 bytes, as setEnvFile's.
+    for line in text.split("\n"):
+        line = line.partition("\0")[0]
         key, sep, value = line.partition("=")
         if sep and not line.startswith("#") and key in names:
-            found.setdefault(key, value)
+            found.setdefault(key, value[:1023])
     return tuple(found.get(name, "") for name in names)
 
 
