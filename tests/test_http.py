@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import gzip
 import ipaddress
+import os
 import select
 import socket
 import subprocess
@@ -503,20 +504,9 @@ def closed_now(client: socket.socket) -> bool:
     return bool(select.select([client], [], [], 0)[0]) and closed_by_server(client)
 
 
-@pytest.mark.skipif(not ipv6_loopback(), reason="no IPv6 on this host")
-def test_a_loopback_flood_leaves_a_fresh_scraper_and_roots_check_their_places(monkeypatch, tmp_path):
-    """Security review F1: one address's share was counted by exact address and a full pool closed the oldest
-    untrusted connection of any client, so a user of the host opening connections from many 127.x.y.z (or from
-    127.0.0.1, which the allow-list keeps for the deploy's check) closed a scraper's new connection before it
-    authenticated: 8 of 27 scrapes through, and with allowed_clients [127.0.0.1] the deploy's check failed for its
-    whole 15 s. The loopback's 127/8 is now one client with one share; and a loopback connection whose socket is
-    root's (the deploy's check runs as root; told from procfs's net/tcp, here a fixture naming this test's socket)
-    has slots of its own, looked up for all the newcomers waiting at once (here root's arrives with 16 of the
-    flood's while a lookup is not yet due). Both wait in their password check while the flood comes, and both are
-    answered."""
-    monkeypatch.setattr(http, "MAX_CONNECTIONS", 32)
-    gate, checked = threading.Event(), []
-    web = gated_passwords(monkeypatch, gate, checked)
+def served_with_a_socket_of_roots(web, tmp_path) -> tuple[http.MetricsServer, int, socket.socket]:
+    """A server started on every address with `web`, its sockets' owners read from a procfs fixture that names one
+    loopback socket as uid 0's (the deploy's check), and that socket, bound but not yet connected."""
     exporter = Exporter([Sampler(Steady(), 0.05)])
     exporter.collect_once()
     procfs = tmp_path / "proc"
@@ -531,6 +521,24 @@ def test_a_loopback_flood_leaves_a_fresh_scraper_and_roots_check_their_places(mo
         "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
         f"   0: {own} {peer} 01 00000000:00000000 00:00000000 00000000     0        0 4242 1\n"
     )
+    return server, port, root
+
+
+@pytest.mark.skipif(not ipv6_loopback(), reason="no IPv6 on this host")
+def test_a_loopback_flood_leaves_a_fresh_scraper_and_roots_check_their_places(monkeypatch, tmp_path):
+    """Security review F1: one address's share was counted by exact address and a full pool closed the oldest
+    untrusted connection of any client, so a user of the host opening connections from many 127.x.y.z (or from
+    127.0.0.1, which the allow-list keeps for the deploy's check) closed a scraper's new connection before it
+    authenticated: 8 of 27 scrapes through, and with allowed_clients [127.0.0.1] the deploy's check failed for its
+    whole 15 s. The loopback's 127/8 is now one client with one share; and a loopback connection whose socket is
+    root's (the deploy's check runs as root; told from procfs's net/tcp, here a fixture naming this test's socket)
+    has slots of its own, looked up for all the newcomers waiting at once (here root's arrives with 16 of the
+    flood's while a lookup is not yet due). Both wait in their password check while the flood comes, and both are
+    answered."""
+    monkeypatch.setattr(http, "MAX_CONNECTIONS", 32)
+    gate, checked = threading.Event(), []
+    web = gated_passwords(monkeypatch, gate, checked)
+    server, port, root = served_with_a_socket_of_roots(web, tmp_path)
     flood: list[socket.socket] = []
     try:
         flood += hold(port, "127.0.0.1", http.MAX_CONNECTIONS_PER_CLIENT)  # the loopback's share taken
@@ -612,3 +620,70 @@ def test_wrong_passwords_end_their_connection_and_a_failing_client_is_checked_at
         server.stop()
         for thread in attackers:
             thread.join(15)
+
+
+def open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_connection_closed_while_its_password_waits_frees_its_descriptor_and_its_check(monkeypatch):
+    """Issue 66 review (a worker's user): a connection closed for a newcomer while its password waited for a bcrypt
+    check kept its task and its queued check until that check ran, and a client whose passwords failed gets one a
+    second: a loop of connections sending a wrong password grew the queue (and the process: 33 to 65 MB in 30 s
+    over TLS, about 120 connections on this 2-core machine) without end, and root's check on the loopback waited
+    behind all of it. Here, without TLS, each also kept its descriptor: 200 such connections left 200 tasks
+    and descriptors, and 199 checks queued. The connection's task now ends with it: one client's share is left."""
+    gate, checked = threading.Event(), []
+    web = gated_passwords(monkeypatch, gate, checked)  # the gate stays closed: no check ends
+    exporter = Exporter([Sampler(Steady(), 0.05)])
+    exporter.collect_once()
+    server = make_server(exporter, "127.0.0.1:0", web)
+    server.start()
+    port = server.server_address[1]
+    try:
+        before = open_descriptors()
+        for _ in range(200):
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as client:
+                client.sendall(request("wrong"))
+        share = http.MAX_CONNECTIONS_PER_CLIENT
+        wait_until(lambda: len(server._tasks) <= share, timeout=10, what=f"at most {share} connection tasks left")
+        assert len(server._checks) <= share, len(server._checks)
+        assert open_descriptors() <= before + share, (before, open_descriptors())
+    finally:
+        gate.set()
+        server.stop()
+
+
+@pytest.mark.skipif(not ipv6_loopback(), reason="no IPv6 on this host")
+def test_roots_check_is_not_held_behind_a_loopback_client_whose_passwords_failed(monkeypatch, tmp_path):
+    """Issue 66 review (a worker's user): root's loopback connection was told apart only when the loopback's share
+    or the pool was taken. A user who sent 5 wrong passwords from 127.0.0.1 made the loopback's 127/8 one client
+    checked once per CHECK_SECONDS, and the deploy's check (root's, the exporter just restarted: no password
+    remembered) waited behind that user's queued checks: 3 of them, 15 s here, past the check's 15 s. A loopback
+    newcomer of a client held back so is now looked up too, and root's password is checked at once."""
+    monkeypatch.setattr(http, "CHECK_SECONDS", 5.0)
+    gate, checked = threading.Event(), []
+    gate.set()
+    web = gated_passwords(monkeypatch, gate, checked)
+    server, port, root = served_with_a_socket_of_roots(web, tmp_path)
+    queued: list[socket.socket] = []
+    try:
+        for _ in range(http.FREE_FAILURES):
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
+                client.sendall(request("wrong"))
+                assert client.recv(100).startswith(b"HTTP/1.1 401")
+        for _ in range(3):  # held back: one check per CHECK_SECONDS
+            queued.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+            queued[-1].sendall(request("wrong"))
+        wait_until(lambda: len(server._checks) == 3, timeout=5, what="the user's checks queued")
+        started = time.monotonic()
+        root.settimeout(10)
+        root.connect(("127.0.0.1", port))
+        root.sendall(request("right"))
+        assert root.recv(100).startswith(b"HTTP/1.1 200")
+        assert time.monotonic() - started < http.CHECK_SECONDS
+    finally:
+        for client in queued:
+            client.close()
+        root.close()
+        server.stop()

@@ -89,15 +89,22 @@ class _Connection:
         self.client = client
         self.group = group  # client_group (or ROOT_GROUP): whose share and failed passwords it counts in
         self.trusted = False
+        self.task: asyncio.Task[None] | None = None
+        self.serving = False  # its task has begun (and closes the socket on its way out)
 
     def close(self) -> None:
-        """Ends it wherever its task is (in the handshake, a read, a bcrypt check, a write): the next read sees the
-        end, or the next write fails, and the task closes it as any connection that went away (with a reset)."""
+        """Ends it with a reset, and its task: one waiting for its password's check (behind others, or CHECK_SECONDS)
+        stayed, with its check queued, until that check ran. A cancel that Python <3.12's wait_for swallows (its read
+        done at once) is caught where the task would queue a check (_authorized)."""
         try:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, RESET)
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:  # already gone
             pass
+        if self.task is not None:
+            self.task.cancel()
+            if not self.serving:  # a task cancelled before its first step never runs its `finally`
+                self.sock.close()
 
 
 class MetricsServer:
@@ -170,8 +177,9 @@ class MetricsServer:
             self._arrive(conn, peer)
 
     def _arrive(self, conn: socket.socket, peer: object) -> None:
-        """Refuses a newcomer not allowed; holds a loopback one that finds its share or the pool taken until its
-        socket's owner is known (root's keep slots of their own); places any other at once."""
+        """Refuses a newcomer not allowed; holds a loopback one that finds its share or the pool taken (or its client
+        held back for its passwords) until its socket's owner is known (root's keep slots of their own); places any
+        other at once."""
         client = client_address(peer)
         if self.allowed and not any(client in network for network in self.allowed):
             log.debug("http: %s refused: not an allowed client", peer)
@@ -222,7 +230,7 @@ class MetricsServer:
             _abort(conn)
             return
         # The loop keeps only a weak reference to a task: held here until it ends.
-        task = asyncio.get_running_loop().create_task(self._serve(peer, connection))
+        task = connection.task = asyncio.get_running_loop().create_task(self._serve(peer, connection))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -251,7 +259,13 @@ class MetricsServer:
         return connection
 
     def _contended(self, group: str) -> bool:
-        return self._by_group.get(group, 0) >= _share(group) or len(self._connections) >= MAX_CONNECTIONS
+        """Whether a newcomer of client `group` may lose to others: its share or the pool taken, or its client's
+        passwords held back (FREE_FAILURES): root's check there waited behind another user's wrong passwords."""
+        return (
+            self._by_group.get(group, 0) >= _share(group)
+            or len(self._connections) >= MAX_CONNECTIONS
+            or self._failures.get(group, 0) >= FREE_FAILURES
+        )
 
     def _evict(self, group: str) -> bool:
         """Closes the oldest untrusted connection of client `group`; False if it has none."""
@@ -294,6 +308,7 @@ class MetricsServer:
         self._bcrypt.shutdown(wait=False)
 
     async def _serve(self, peer: object, connection: _Connection) -> None:
+        connection.serving = True
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader(limit=MAX_HEAD_BYTES)
         protocol = asyncio.StreamReaderProtocol(reader)
@@ -315,9 +330,9 @@ class MetricsServer:
         except (ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError, ssl.SSLError, OSError) as error:
             log.debug("http: client %s went away: %r", peer, error)
         except asyncio.CancelledError:
-            # Only stop() cancels a connection. Ending normally rather than cancelled: Python 3.11's streams log a
-            # cancelled connection task as an error ("Exception in callback ... CancelledError").
-            log.debug("http: connection of %s closed at shutdown", peer)
+            # stop() or _Connection.close() (closed for a newcomer). Ending normally rather than cancelled: Python
+            # 3.11's streams log a cancelled connection task as an error ("Exception in callback ... CancelledError").
+            log.debug("http: connection of %s closed", peer)
         except asyncio.LimitOverrunError:
             log.debug("http: client %s sent a head over %d bytes", peer, MAX_HEAD_BYTES)
             if writer is not None:
@@ -352,9 +367,7 @@ class MetricsServer:
         # Every request is checked (a proxy may carry several clients' requests on one connection); one that passes
         # makes its connection trusted: no newcomer takes its place. Without passwords, being answered once does
         # (plain HTTP: a scraper's keep-alive connection, not a silent one, keeps its place).
-        authorized = not self.web.requires_auth or await self._authorized(
-            headers.get("authorization", ""), connection.group
-        )
+        authorized = not self.web.requires_auth or await self._authorized(headers.get("authorization", ""), connection)
         connection.trusted = connection.trusted or authorized
         if not authorized:
             # Closed: each new try costs the client a connection (and a TLS handshake), not just a request.
@@ -380,7 +393,7 @@ class MetricsServer:
             await self._reply(writer, 404, "text/plain; charset=utf-8", b"not found\n", close, head=method == "HEAD")
         return not close
 
-    async def _authorized(self, authorization: str, group: str) -> bool:
+    async def _authorized(self, authorization: str, connection: _Connection) -> bool:
         scheme, _, encoded = authorization.partition(" ")
         if scheme.lower() != "basic":
             return False
@@ -392,16 +405,18 @@ class MetricsServer:
             return False
         if self.web.is_known(user, password):
             return True
+        if connection not in self._connections:  # closed for a newcomer, and its task's cancel lost (see close)
+            return False
         checked: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._checks.append((next(self._arrivals), group, user, password, checked))
+        self._checks.append((next(self._arrivals), connection.group, user, password, checked))
         self._next_check()
         return await checked
 
     def _next_check(self) -> None:
         """Starts the next bcrypt check unless one runs (on the loop's thread, as every caller is)."""
+        self._checks = [waiting for waiting in self._checks if not waiting[4].done()]  # connections gone
         if self._checking:
             return
-        self._checks = [waiting for waiting in self._checks if not waiting[4].done()]  # connections gone
         now = time.monotonic()
         ready = [waiting for waiting in self._checks if self._due(waiting[1]) <= now]
         if self._wakeup is not None:
