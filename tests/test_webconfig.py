@@ -182,6 +182,20 @@ def test_bad_web_config_is_refused_naming_the_setting(tmp_path, text, message):
         load_web_config(str(path))
 
 
+@pytest.mark.parametrize("cost", ["03", "32"])
+def test_a_bcrypt_cost_bcrypt_cannot_use_is_refused_naming_the_user(pki, tmp_path, cost):
+    """Issue 66 review (an operator's hash): a cost outside bcrypt's 4-31 passed the check of the file and then
+    failed the exporter's start, and the deploy's `--check-config`, with bcrypt.gensalt's ValueError and a
+    traceback."""
+    path = tmp_path / "web-config.yml"
+    path.write_text(
+        f"tls_server_config: {{cert_file: {pki}/server.crt, key_file: {pki}/server.key}}\n"
+        f"basic_auth_users: {{prometheus: '$2b${cost}$" + "x" * 53 + "'}\n"
+    )
+    with pytest.raises(ConfigError, match=f"'prometheus''s bcrypt cost {cost} is outside 4-31"):
+        load_web_config(str(path))
+
+
 def test_check_config_validates_the_web_config_file(tmp_path, pki):
     path = tmp_path / "web-config.yml"
     path.write_text("tls_server_config: {cert_file: /nonexistent.crt, key_file: /nonexistent.key}\n")

@@ -176,5 +176,9 @@ def _users(section: Any, path: str) -> dict[str, bytes]:
             or not parts[2].isdigit()
         ):
             raise ConfigError(f"{where}: {user!r} needs a bcrypt hash ($2a$, $2b$ or $2y$), never a clear password")
+        # bcrypt's costs (golang.org/x/crypto/bcrypt MinCost 4, MaxCost 31, as exporter-toolkit checks them): another
+        # failed the exporter's start with a traceback (bcrypt.gensalt's ValueError), not this message.
+        if not 4 <= int(parts[2]) <= 31:
+            raise ConfigError(f"{where}: {user!r}'s bcrypt cost {parts[2]} is outside 4-31")
         users[user] = hashed.encode("ascii")
     return users
