@@ -377,6 +377,52 @@ def test_a_real_layout_at_rest_records_no_path_fault(tmp_path, layout):
     assert path_faults_test(scrapes, [], tmp_path) == ""
 
 
+def a100_pcie_beside_a_storage_hca(root):
+    """A PCIe server's two A100 PCIe (Gen4 x16: 24 GB/s to NCCL), one per socket, each under a switch: GPU 0 beside a
+    200G storage HCA of the compute HCAs' model (ConnectX-7), with a 400G compute HCA across its host bridge; GPU 1
+    beside a 400G compute HCA. NCCL rates GPU 0's paths to both HCAs 24 GB/s (its own link) and takes the nearer,
+    the storage HCA (topo.cc ncclTopoGetLocal)."""
+    sysfs, procfs = root / "sys", root / "proc"
+    for socket, (bus, storage) in enumerate(((0x00, True), (0x80, False))):
+        top = [f"pci0000:{bus:02x}", f"0000:{bus:02x}:01.0", f"0000:{bus + 1:02x}:00.0"]
+        gpu(sysfs, procfs, [*top, f"0000:{bus + 2:02x}:00.0", f"0000:{bus + 3:02x}:00.0"], socket, GEN4)
+        rate = {1: {"rate": "200 Gb/sec (4X HDR)"}} if storage else None
+        nic(sysfs, f"mlx5_{2 * socket}", [*top, f"0000:{bus + 2:02x}:01.0", f"0000:{bus + 4:02x}:00.0"], socket,
+            rate, GEN5, "MT4129")  # fmt: skip
+    nic(sysfs, "mlx5_1", ["pci0000:00", "0000:00:02.0", "0000:05:00.0"], 0, None, GEN5, "MT4129")
+    number_gpus(procfs)
+    cpuinfo(procfs)
+    return sysfs, procfs
+
+
+@ROLE_RULES
+def test_a_port_as_fast_as_nccls_path_to_it_is_no_slow_port(tmp_path):
+    """promtool over the collector's own scrapes: GPU 0 leaves by the 200G storage HCA, as NCCL chooses, slower than
+    the 400G compute HCA GPU 1 uses, of one kind, but no slower than NCCL's path to it (24 GB/s,
+    accelmon_infiniband_port_path_bandwidth_bytes_per_second): no fault (before: slow_rate for good on a healthy
+    node). On Gen5 (H100 PCIe, 48 GB/s) GPU 0 takes the compute HCA, and GPU 1's compute HCA trained at 200G is
+    its path's bottleneck: slow_rate."""
+    sysfs, procfs = a100_pcie_beside_a_storage_hca(tmp_path)
+    assert nccl_choice(sysfs, procfs) == [("0", "mlx5_0", "1", "PIX"), ("1", "mlx5_2", "1", "PIX")]
+    collector = InfinibandCollector(sysfs=str(sysfs), procfs=str(procfs), nccl_conf=str(tmp_path / "none"))
+    scrapes = [text_of(collector) for _ in range(3)]
+    served = {labels["device"]: value for labels, value in
+              series(scrapes[-1], "accelmon_infiniband_port_path_bandwidth_bytes_per_second")}  # fmt: skip
+    assert served == {"mlx5_0": 24e9, "mlx5_2": 24e9}
+    assert path_faults_test(scrapes, [], tmp_path) == ""
+    sysfs, procfs = a100_pcie_beside_a_storage_hca(tmp_path / "gen5")
+    for name in ("max_link_speed", "current_link_speed"):  # H100 PCIe: every link Gen5
+        for found in (sysfs / "devices").rglob(name):
+            found.write_text(GEN5[0] + "\n")
+    (sysfs / "class/infiniband/mlx5_2/ports/1/rate").write_text("200 Gb/sec (4X HDR)\n")
+    assert nccl_choice(sysfs, procfs) == [("0", "mlx5_1", "1", "PHB"), ("1", "mlx5_2", "1", "PIX")]
+    collector = InfinibandCollector(sysfs=str(sysfs), procfs=str(procfs), nccl_conf=str(tmp_path / "none"))
+    scrapes = [text_of(collector) for _ in range(3)]
+    fault = [{"labels": f'accelmon:gpu_path_fault{{device="mlx5_2",gpu="1",instance="n1:19470",node="n1",'
+                        f'part="nic_port",reason="slow_rate",uuid="{uuid(1)}"}}', "value": 1}]  # fmt: skip
+    assert path_faults_test(scrapes, fault, tmp_path) == ""
+
+
 # Issue 68, point 6: the error, saturation and congestion reasons, by promtool over the collector's own scrapes of the
 # healthy idle node (both GPUs leave by mlx5_0 port 1) as its port's counters move, one scrape a minute.
 def scrapes_as_counters_move(tmp_path, move, gone: tuple[str, ...] = ()) -> list[str]:

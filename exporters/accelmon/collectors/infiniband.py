@@ -123,6 +123,14 @@ GPU_NIC_RAIL = C.gauge(
     ["gpu", "uuid", "device", "port"],
     read="when a GPU, a device, a port in service or its rate comes, goes or changes",
 )
+PATH_BANDWIDTH = C.gauge(
+    "accelmon_infiniband_port_path_bandwidth_bytes_per_second",
+    "For a port NCCL uses for some GPU by default: the bandwidth NCCL rates that GPU's path to it at, its PCIe links "
+    "and any CPUs' interconnect, the port's own speed left out (the most of the GPUs using it): a port slower than "
+    "this slows NCCL, one as fast or faster does not (graph/paths.cc ncclTopoSetPaths, GB/s x 1e9).",
+    PORT,
+    read="when a GPU, a device, a port in service or its rate comes, goes or changes",
+)
 PCIE_SPEED = C.gauge(
     "accelmon_infiniband_pcie_link_transfers_per_second",
     "Transfer rate per lane the HCA's PCIe link runs at now (sysfs current_link_speed: 32 GT/s for Gen5).",
@@ -366,11 +374,16 @@ class InfinibandCollector(Collector):
             out.add(TOPO_FILE_REFUSED, [], 1 if self._topo_refused else 0)
         for pair in self._topology[1]:
             out.add(GPU_NIC, [pair.gpu, pair.uuid, pair.device, pair.link], 1)
+        paths: dict[tuple[str, str], float] = {}
         for local in self._topology[2]:
             if local.rail:
                 out.add(GPU_NIC_RAIL, [local.gpu, local.uuid, local.device, local.port], 1)
             else:
                 out.add(GPU_NIC_NEAREST, [local.gpu, local.uuid, local.device, local.port, local.path], 1)
+                used = (local.device, local.port)
+                paths[used] = max(paths.get(used, 0.0), local.bandwidth * 1e9)
+        for (device, port), bandwidth in paths.items():
+            out.add(PATH_BANDWIDTH, [device, port], bandwidth)
 
     def _nvlink_bridges(self, gpus: tuple[str, ...]) -> list[frozenset[str]]:
         """The GPU pairs an NVLink joins without NVSwitch (nccl_nics.bridged_pairs), read from NVML once for a set of

@@ -175,6 +175,7 @@ class Local:
     port: str
     path: str
     rail: bool = False  # only point-to-point sends to another GPU's rail leave by it (through that GPU, PXN)
+    bandwidth: float = 0.0  # GB/s NCCL rates the path at, the NIC's own speed left out (nccl_path; PXN: the peer's)
 
 
 @dataclass
@@ -197,8 +198,7 @@ TOPO_FILE_NODES = 256  # elements NCCL's parser takes (topo.h NCCL_TOPO_XML_MAX_
 
 
 def topo_file_places(path: str) -> dict[str, Place]:
-    """The PCI functions an NCCL topology file places (`read_topo_file`); none where it is absent or refused."""
-    return read_topo_file(path) or {}
+    return read_topo_file(path) or {}  # none where it is absent or refused
 
 
 def read_topo_file(path: str) -> Optional[dict[str, Place]]:
@@ -425,12 +425,10 @@ def nvswitch_groups(procfs: str) -> list[frozenset[str]]:
 
 
 def nvlink_pairs(session: NvmlSession, sysfs: str = "/sys") -> Optional[list[frozenset[str]]]:
-    """The GPUs NVLink joins as NVML shows their links, as NCCL reads them (xml.cc `ncclTopoGetXmlFromGpu`: each
-    link up, its far end by bus id; topo.cc `ncclTopoAddNvLinks`: one NVLink hop, PATH_NVL, from which PXN relays),
-    as groups of PCI functions: each pair whose link leads straight from one GPU NVML lists to another (two PCIe
-    cards' bridge), and one group of every GPU with a link to an NVSwitch, where the nvidia-nvswitch driver lists
-    none (`nvswitch_groups`): a VM's (Azure ND, whose host runs the switches) or a node without that driver. None
-    where NVML does not open."""
+    """The GPUs NVLink joins as NCCL reads NVML (xml.cc `ncclTopoGetXmlFromGpu`: each link up, its far end by bus
+    id; topo.cc `ncclTopoAddNvLinks`: one hop, PATH_NVL, from which PXN relays), as groups of PCI functions: each
+    pair a link joins straight (a bridge), and every GPU with a link to an NVSwitch the nvidia-nvswitch driver does
+    not list (`nvswitch_groups`; a VM's, whose host runs the switches). None where NVML does not open."""
     gpus = session.gpus()
     if gpus is None:
         return None
@@ -496,6 +494,7 @@ class Choice:
 
     own: dict[int, list[tuple[int, str]]]
     rails: dict[int, list[tuple[int, str]]]
+    links: list[list[float]]  # [gpu][net]: GB/s of the path without the NIC's own speed (nccl_path; PXN, the peer's)
 
 
 def nccl_choice(
@@ -515,12 +514,11 @@ def nccl_choice(
                    for group in nvlink)  # fmt: skip
 
     paths: list[list[tuple[float, str]]] = []
+    links: list[list[float]] = []
     for gpu in gpus:
-        row = []
-        for where, bandwidth in nets:
-            kind, bw = nccl_path(gpu, where, inter_cpu)
-            row.append((min(bw, bandwidth), kind))
-        paths.append(row)
+        found = [nccl_path(gpu, where, inter_cpu) for where, _ in nets]
+        links.append([bw for _, bw in found])
+        paths.append([(min(bw, speed), kind) for (kind, bw), (_, speed) in zip(found, nets)])
     direct = [list(row) for row in paths]
 
     def local(rows: list[list[tuple[float, str]]], of: list[int], column: Optional[int] = None) -> list[int]:
@@ -549,7 +547,7 @@ def nccl_choice(
         for g in every:
             if pxn and peer not in (g, -1) and joined(g, peer) and direct[peer][n][1] in PXN_SOURCES and (
                     direct[peer][n][0] > direct[g][n][0] or direct[g][n][1] in ("PHB", "SYS")):  # fmt: skip
-                paths[g][n] = (direct[peer][n][0], "PXN")
+                paths[g][n], links[g][n] = (direct[peer][n][0], "PXN"), links[peer][n]
     own: dict[int, list[tuple[int, str]]] = {}
     rails: dict[int, list[tuple[int, str]]] = {}
     for g in every:
@@ -567,7 +565,7 @@ def nccl_choice(
                     elif peer != -1 and (peer == g or joined(g, peer)) and direct[peer][n][1] in PXN_SOURCES:
                         rail.add(n)
         rails[g] = [(n, kinds.get(n) or ("PXN" if users[n] != g else direct[g][n][1])) for n in sorted(rail)]
-    return Choice(own, rails)
+    return Choice(own, rails, links)
 
 
 def nccl_local(
@@ -594,5 +592,6 @@ def nccl_local(
     for g, (gpu, _) in enumerate(known):
         for rail, picked in ((False, choice.own[g]), (True, choice.rails[g] if rails else [])):
             for n, kind in picked:
-                out.extend(Local(gpu.index, gpu.uuid, p.device, p.port, kind, rail) for p in nets[n].ports)
+                out.extend(Local(gpu.index, gpu.uuid, p.device, p.port, kind, rail, choice.links[g][n])
+                           for p in nets[n].ports)  # fmt: skip
     return out
