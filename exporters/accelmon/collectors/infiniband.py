@@ -159,8 +159,8 @@ TOPO_FILE_REFUSED = C.gauge(
     "accelmon_nccl_topology_file_refused",
     "1 while the NCCL topology file the node's jobs read (nccl_topo_file, else /etc/nccl.conf's NCCL_TOPO_FILE, else "
     "NCCL's default path) is there but not read: unreadable, no regular file, over 1 MiB or 256 elements, or "
-    "malformed, on which NCCL's topology detection fails too (xml.cc xmlLoadSub) and with it every job's init; "
-    "the NICs are then chosen from sysfs. 0 where read or absent; served where the node has GPUs.",
+    "malformed (NCCL's parser fails on a malformed one or one past 256 elements, xml.cc xmlLoadSub, and with it "
+    "every job's init); the NICs are then chosen from sysfs. 0 where read or absent; served where the node has GPUs.",
     [],
 )
 DRILL_ACTIVE = C.gauge(
