@@ -77,7 +77,7 @@ COUNTER = re.compile(r"(_total|_count|_sum|_bucket|_seconds_total)(\{|$)")
 # fleet in trouble, for the cost of one.
 STEADY = re.compile(
     r"^\w+?(_info|_id|_state|_up|_active|_saturated|_max|_width|_generation|_rate_bytes_per_second"
-    r"|_transfers_per_second|_limit_\w+)(\{|$)"
+    r"|_transfers_per_second|_path_bandwidth_bytes_per_second|_limit_\w+)(\{|$)"
 )
 QUIET_COUNTER = re.compile(
     r"^accelmon_\w*(error|discard|downed|recovery|overrun|wait|hw_events|xid|ecc|remap)\w*_total(\{|$)"
