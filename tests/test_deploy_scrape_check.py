@@ -221,3 +221,18 @@ def test_a_worker_whose_scrape_fails_fails_its_deploy_naming_the_cause(tmp_path,
     assert "401" in failures["badpass"] and "scrape CA" in failures["otherca"]
     password = (pki / "scrape-password").read_text().strip()
     assert password not in output + result.stderr
+
+
+def test_the_check_runs_as_root_and_isolated():
+    """Issue 66 review (a worker's user): the exporter keeps root's loopback connections slots of their own, so that
+    a user flooding the loopback cannot fail the deploy's check (tests/test_http.py), but the check ran as the SSH
+    user (no `become` on the task or the Workers play; inventory.example.ini logs in as ubuntu): its connections
+    shared the loopback's 8 slots with the flood. It runs as root now, and with `python3 -I`: as root, neither the
+    working directory (the SSH user's home) nor PYTHON* variables may choose a module it imports. The tests here run
+    as root, where both ways pass, so this reads the tasks as written."""
+    tasks = yaml.safe_load((ROLES / "accelmon_exporter" / "tasks" / "scrape_check.yml").read_text())
+    commands = [task for task in tasks if "ansible.builtin.command" in task]
+    assert len(commands) == 2 and all(task.get("become") is True for task in commands), commands
+    argvs = [task["ansible.builtin.command"]["argv"] for task in commands]
+    python = next(argv for argv in argvs if argv[0] == "{{ accelmon_exporter_python }}")
+    assert python[1:3] == ["-I", "-c"]
