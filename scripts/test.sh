@@ -114,10 +114,12 @@ elif [ -n "$py39" ]; then
   [ -x .venv39/bin/python ] || "$py39" -m venv .venv39
   .venv39/bin/pip install -q -e '.[test]'
   passed_on_39=$(mktemp /tmp/accelmon-passed39.XXXXXX)
-  # In one process: on 4 workers beside the Molecule tier's start, a breaker test's fake controller, timed against
-  # a check's budget, was slowed past it (twice in CI); the tier that follows runs on the parallel workers.
+  # On parallel workers (ACCELMON_TEST_WORKERS_39, default 4): the tier is mostly waiting on the processes and
+  # servers its tests start (in one process, ~700 s of wall for ~234 CPU-s in CI's rehearsal), which workers overlap.
+  # The slow-controller breaker test once ran past its budget here (the fake scontrol's --json refusals, which
+  # scontrol makes without the controller, queued behind its latency: tests/support/fake_scontrol.py).
   step "unit tier on Python 3.9" .venv39/bin/python -m pytest -q -p no:cacheprovider -m unit \
-    --record-passed="$passed_on_39" "$@"
+    -n "${ACCELMON_TEST_WORKERS_39:-4}" --dist loadgroup --record-passed="$passed_on_39" "$@"
 else
   echo "no Python 3.9 here: the exporter's tests run on $(python --version) only"
 fi

@@ -25,6 +25,8 @@ from tests.test_remediation import healthy as passing
 from tests.test_slurm_health import failing_prolog
 
 DAY = 86400.0
+# On the worker of tests/test_fleet.py's fleets, one after the other (why: there).
+pytestmark = pytest.mark.xdist_group("fleet-checks")
 
 
 def another_round(tmp_path: Path, cluster: Cluster, nodes: list[str]) -> None:

@@ -26,6 +26,10 @@ from tests.support.fake_scontrol import Cluster
 from tests.test_remediation import failing, health_samples
 from tests.test_remediation import healthy as passing
 
+# The checks of a whole fleet at once (a process a call, from up to 20 threads) on one pytest-xdist worker, one
+# module after the other: beside each other their bursts starved the slow-controller test's calls past its
+# budget (scripts/test.sh runs the tier on parallel workers).
+pytestmark = pytest.mark.xdist_group("fleet-checks")
 NODES = [f"gpu-{n:02d}" for n in range(20)]
 DAY = 86400.0
 

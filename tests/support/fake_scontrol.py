@@ -10,7 +10,8 @@ node's HealthCheckProgram in the same instant. Each node has two GPUs (gres `gpu
 hold two) unless given another.
 
 The faults of a loaded controller, as settings (`Cluster.change`):
-    latency: S          every call takes S seconds (holding the controller's lock, as slurmctld's serialised RPCs)
+    latency: S          every call that reaches the controller takes S seconds (holding the controller's lock, as
+                        slurmctld's serialised RPCs); the --json refusals below never reach it and take none
     fail: [WORDS]       calls starting so ("show nodes", "update") fail: "Unable to contact slurm controller"
     lose: [ARG]         an update with that argument ("State=DRAIN") is applied, then its answer is lost: it fails
                         with "Socket timed out on send/recv operation", as a client whose RPC outlived its timeout
@@ -20,6 +21,9 @@ The faults of a loaded controller, as settings (`Cluster.change`):
     json_plugin_missing: a Slurm 23.02+ built without json-c: every --json call fails, status 1, before any call to
                         the controller, with "scontrol: fatal: JSON plugin load failure" (a string: that message
                         instead, e.g. 25.05's "serializer_required: could not find plugin for application/json")
+
+Every call is logged (`Cluster.calls`) in the order it was answered, beside the state: a refusal scontrol makes by
+itself is logged without waiting for the controller's lock.
 
     show node NAME --oneliner | show nodes --oneliner      one line a node, as 22.05.8 prints it (`line`)
     show node NAME --json | show nodes --json               Slurm 23.02's JSON with `json`, else 22.05's refusal
@@ -64,6 +68,7 @@ class Cluster:
         self, directory: Path, nodes: dict[str, str], json_form: bool = False, reason_age: float = 3600
     ) -> None:
         self.state = directory / "slurm-state.json"
+        self.log = calls_log(self.state)
         self.command = directory / "scontrol"
         self.command.write_text(WRAPPER.format(python=sys.executable, script=__file__, state=self.state))
         self.command.chmod(0o755)
@@ -78,16 +83,16 @@ class Cluster:
                 "state": state, "reason": reason, "comment": "", "next_state": "", "gres": "gpu:h100:2",
                 "stamp": stamp(when=time.time() - reason_age),
             }  # fmt: skip
-        data = {"nodes": parsed, "calls": [], "fail": list(fail), "json": self.json_form, "listings": 0, **settings}
+        data = {"nodes": parsed, "fail": list(fail), "json": self.json_form, "listings": 0, **settings}
         with Locked(self.state, fresh=data):
-            pass
+            self.log.write_text("")
 
     def change(self, **settings: Any) -> None:
         with Locked(self.state) as data:
             data.update(settings)
 
     def calls(self) -> list[str]:
-        return json.loads(self.state.read_text())["calls"]
+        return self.log.read_text().splitlines()
 
     def node(self, name: str) -> dict[str, str]:
         node = json.loads(self.state.read_text())["nodes"][name]
@@ -223,6 +228,37 @@ def hostlist(expression: str, known: list[str]) -> list[str]:
     return names
 
 
+def calls_log(state: Path) -> Path:
+    return state.with_name("slurm-calls.log")
+
+
+def log_call(state: Path, args: list[str]) -> None:
+    """One line appended (O_APPEND: whole lines, whoever else writes at the same moment)."""
+    with open(calls_log(state), "a") as log:
+        log.write(" ".join(args) + "\n")
+
+
+def refused_by_scontrol(path: Path, args: list[str]) -> int | None:
+    """A --json scontrol cannot give, refused as scontrol itself refuses it, before any call to the controller: 22.05
+    rejects the unknown option at getopt_long in main() (src/scontrol/scontrol.c: "Try "scontrol --help"..." and
+    exit 1), 23.02+ without its JSON plugin fails at loading it; neither waits on slurmctld. The status, or None for
+    a call that goes to the controller."""
+    if "--json" not in args:
+        return None
+    data = json.loads(path.read_text())  # replaced whole under the lock: read outside it, never half written
+    if data.get("json_plugin_missing"):
+        missing = data["json_plugin_missing"]
+        print(
+            f"scontrol: fatal: {missing if isinstance(missing, str) else 'JSON plugin load failure'}", file=sys.stderr
+        )
+    elif not data["json"]:
+        print("scontrol: unrecognized option '--json'\nTry \"scontrol --help\" for more information", file=sys.stderr)
+    else:
+        return None
+    log_call(path, args)
+    return 1
+
+
 def meet(path: Path) -> None:
     """The first `meet` listings wait until that many have arrived (outside the controller's lock)."""
     with Locked(path) as data:
@@ -239,26 +275,17 @@ def meet(path: Path) -> None:
 
 def main(state_path: str, args: list[str]) -> int:
     path = Path(state_path)
+    refused = refused_by_scontrol(path, args)
+    if refused is not None:
+        return refused
     if args[:2] == ["show", "nodes"]:
         meet(path)
     lost = False
     with Locked(path) as data:
         time.sleep(float(data.get("latency", 0)))
-        data["calls"].append(" ".join(args))
+        log_call(path, args)
         nodes = data["nodes"]
         words = [a for a in args if a not in ("--oneliner", "--json")]
-        if "--json" in args and data.get("json_plugin_missing"):  # scontrol's own fatal(), at its options
-            missing = data["json_plugin_missing"]
-            print(
-                f"scontrol: fatal: {missing if isinstance(missing, str) else 'JSON plugin load failure'}",
-                file=sys.stderr,
-            )
-            return 1
-        if "--json" in args and not data["json"]:
-            print(
-                "scontrol: unrecognized option '--json'\nTry \"scontrol --help\" for more information", file=sys.stderr
-            )
-            return 1
         if (args[:1] and " ".join(words[:2]) in data["fail"]) or (args[:1] and args[0] in data["fail"]):
             print(f"slurm_{args[0]} error: Unable to contact slurm controller (connect failure)", file=sys.stderr)
             return 1
