@@ -267,9 +267,11 @@ def test_a_root_service_systemd_confirms_is_stopped_from_a_cgroup_below_its_own(
     assert cluster.node(NODE) == {"state": "IDLE", "reason": ""}
 
 
-def test_a_process_that_keeps_the_gpu_is_named_and_no_reset_is_run(tmp_path):
+def test_a_process_that_keeps_the_gpu_is_named_and_no_reset_is_run(tmp_path, monkeypatch):
     """A user's process that outlived its job holds GPU 2 (a job scope: never accelmon's to stop): the reset the driver
     would refuse is not run; the journal names the process; the node is left drained for a person."""
+    # The wait for holders to let go, cut short: with the loop's sleep a no-op, its 10 s re-read procfs on one core.
+    monkeypatch.setattr(gpu_reset, "HOLDERS_EXIT_SECONDS", 0.2)
     procfs = node_procfs(tmp_path)
     holding(procfs, 901, "python3", "0::/system.slice/slurmstepd.scope/job_12/step_0/user/task_0", "/dev/nvidia3")
     cluster = drained_for_a_reset(tmp_path, procfs)
