@@ -19,16 +19,16 @@ pytestmark = pytest.mark.e2e
 # fingerprint (on the run's first host), the record and the services read, the end; the workers' play's skip switch
 # and end. Before the fast path: about 100 (bench/deploy_bench.py), 24.5 of them in the preflight play.
 FAST_PATH_TASKS = 10
-HOSTS = ("same", "changed", "nostamp", "forced")
+HOSTS = ("same", "changed", "forced")
 
 
-def _play(tmp_path: Path, check_diff: bool, extra: dict[str, str], hosts: tuple[str, ...] = HOSTS) -> str:
-    """ansible-playbook --check of deploy.yaml on `hosts` (this machine, by a local connection), each with
+def _play(tmp_path: Path, check_diff: bool, extra: dict[str, str]) -> str:
+    """ansible-playbook --check of deploy.yaml on HOSTS (this machine, by a local connection), each with
     an install directory of its own in tmp_path (where its record lives); systemctl answers `active` for both
     services (a fake ahead on PATH; everything else goes to the real one)."""
     local = f"ansible_connection=local ansible_python_interpreter={sys.executable}"
     lines = [
-        f"{host} {local} accelmon_exporter_install_dir={tmp_path / host} {extra.get(host, '')}\n" for host in hosts
+        f"{host} {local} accelmon_exporter_install_dir={tmp_path / host} {extra.get(host, '')}\n" for host in HOSTS
     ]
     inventory = tmp_path / "host.ini"
     # No master: its Prometheus named by address (a scraper group with no host is refused, issue 66 review).
@@ -70,20 +70,19 @@ def _tasks(play: str, host: str) -> int:
 
 
 def test_an_unchanged_worker_ends_after_a_few_tasks_and_any_difference_runs_the_full_roles(tmp_path):
-    """First run, no records: every worker takes the full roles, and --diff shows the fingerprint each would record.
-    Records written as a complete deploy would: the unchanged worker runs FAST_PATH_TASKS tasks and changes nothing;
-    one whose variable changed, one with no record, one forced with accelmon_deploy_full run in full.
-    The worker with no record sits out the first run (it would record nothing the second reads; each worker's full
-    check-mode run is ~70 s of this tier on CI's two cores): the second run is its first, with no record."""
-    recorded = ("same", "changed", "forced")
-    first = _workers_play(_play(tmp_path, True, {}, recorded))
+    """First run, no records: every worker takes the full roles (a worker with no record runs in full), and --diff
+    shows the fingerprint each would record. Records written as a complete deploy would: the unchanged worker runs
+    FAST_PATH_TASKS tasks and changes nothing; one whose variable changed and one forced with accelmon_deploy_full
+    run in full beside it. No worker without a record runs again in the second run: the first is that case, and each
+    worker's full check-mode run is ~25 s of this tier on CI's two cores."""
+    first = _workers_play(_play(tmp_path, True, {}))
     fingerprints = dict(
         re.findall(rf"\+\+\+ after: {tmp_path}/(\w+)/deployed\.sha256\n@@[^\n]*\n\+([0-9a-f]{{64}})", first)
     )
-    assert set(fingerprints) == set(recorded), first[-3000:]
-    for host in recorded:
+    assert set(fingerprints) == set(HOSTS), first[-3000:]
+    for host in HOSTS:
         assert _tasks(first, host) > 40, host
-    for host in recorded:
+    for host in HOSTS:
         (tmp_path / host).mkdir(exist_ok=True)
         (tmp_path / host / "deployed.sha256").write_text(fingerprints[host] + "\n")
         (tmp_path / host / "deployed.sha256").chmod(0o600)  # as the role writes it
@@ -97,10 +96,10 @@ def test_an_unchanged_worker_ends_after_a_few_tasks_and_any_difference_runs_the_
     assert _tasks(_worker_plays(output), "same") <= FAST_PATH_TASKS, _worker_plays(output)
     assert "changed=0" in recap["same"], recap
     records = "".join(block for block in second.split("TASK [") if block.startswith("accelmon_exporter : Record the"))
-    for host in ("changed", "nostamp", "forced"):
+    for host in ("changed", "forced"):
         assert _tasks(second, host) > 40, (host, second[-3000:])
     # What changed is recorded anew; a forced run records what a plain one would (its next run is a fast one).
-    assert "changed: [changed]" in records and "changed: [nostamp]" in records, records
+    assert "changed: [changed]" in records, records
     assert "ok: [forced]" in records, records
 
 
