@@ -390,9 +390,8 @@ def test_a_current_certificate_costs_the_controller_no_module_and_a_new_address_
     run_play(tmp_path, pki_tasks(), {})
     first = {name: (hosts / f"{name}.crt").read_bytes() for name in WORKERS}
     second = run_play(tmp_path, pki_tasks(), {})
-    for task in ("Make this host's key unless it exists", "Make this host's signing request",
-                 "Find whether this host's certificate ends within 90 days",
-                 "Sign this host's certificate with the CA unless it is signed and lasts 90 days more"):  # fmt: skip
+    for task in ("Make this host's keys unless they exist", "Make this host's signing requests",
+                 "Sign this host's certificates with the CA"):  # fmt: skip
         assert task_lines(second, task) == ["skipping", "skipping"], (task, second[-3000:])
     assert {name: (hosts / f"{name}.crt").read_bytes() for name in WORKERS} == first
     (hosts / "gpu-2.key").unlink()
@@ -422,3 +421,39 @@ def test_grafana_in_clear_on_the_network_is_warned(tmp_path, address, plain, war
                  "accelmon_master_grafana_plain_http": plain, "accelmon_master_grafana_enabled": True}  # fmt: skip
     output = run_play(tmp_path, [task], variables, workers={"master-1": {}})
     assert (f"[WARNING] master-1: Grafana serves plain HTTP on {address}:3000" in output) is warned, output[-2000:]
+
+
+def test_node_exporters_certificate_near_its_end_takes_the_full_deploy_and_is_signed_again(tmp_path):
+    """The no-change fast path (tasks/unchanged.yml) ends a worker only while both of its certificates last 90 days
+    more, and its fingerprint holds node_exporter's files too: a node_exporter certificate near its end is signed
+    again by the full deploy it forces, accelmon-exporter's left as it was (before: only hosts/ was read, and a
+    worker on the fast path would have served node_exporter's certificate past its end)."""
+    pki = tmp_path / "home" / ".accelmon" / "pki"
+    run_play(tmp_path, pki_tasks(__accelmon_exporter_pki_node_exporter=True), {})
+    exporter_crt, node_crt = pki / "hosts" / "gpu-1.crt", pki / "node-exporter" / "gpu-1.crt"
+    kept = exporter_crt.read_bytes()
+
+    def fast_path() -> tuple[bool, str]:
+        found = role_value(tmp_path / "value", "accelmon_exporter",
+                           "[__accelmon_exporter_deploy_cert_current, __accelmon_exporter_deploy_pki]", {},
+                           accelmon_exporter_pki_dir=str(pki))  # fmt: skip
+        return str(found[0]).lower() == "true", found[1]
+
+    (tmp_path / "value").mkdir()
+    current, fingerprint = fast_path()
+    assert current
+    # Signed again by the same CA for 30 days only, as a certificate issued 795 days ago would be.
+    csr = tmp_path / "node.csr"
+    subprocess.run(["openssl", "req", "-new", "-key", str(pki / "node-exporter" / "gpu-1.key"), "-subj", "/CN=gpu-1",
+                    "-out", str(csr)], check=True, capture_output=True)  # fmt: skip
+    subprocess.run(["openssl", "x509", "-req", "-in", str(csr), "-CA", str(pki / "ca.crt"), "-CAkey",
+                    str(pki / "ca.key"), "-CAcreateserial", "-days", "30", "-out", str(node_crt)],
+                   check=True, capture_output=True)  # fmt: skip
+    current, changed = fast_path()
+    assert not current and changed != fingerprint
+    output = run_play(tmp_path, pki_tasks(__accelmon_exporter_pki_node_exporter=True), {})
+    assert changed_counts(output)["gpu-1"] >= 1
+    assert fast_path()[0] and exporter_crt.read_bytes() == kept
+    x509 = pytest.importorskip("cryptography.x509")
+    renewed = x509.load_pem_x509_certificate(node_crt.read_bytes())
+    assert (renewed.not_valid_after_utc - renewed.not_valid_before_utc).days > 700

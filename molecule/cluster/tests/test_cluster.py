@@ -143,20 +143,26 @@ def test_the_scrape_secrets_are_readable_by_their_service_alone(host):
     assert owners == [f"{PROMETHEUS_UID}:{PROMETHEUS_UID}"], owners
     for name in WORKERS:
         worker = testinfra.get_host(f"podman://{name}")
+        node_dir = "/etc/accelmon-node-exporter"
+        # Each service's key its own user's alone (Debian's node_exporter runs as prometheus), and not the same key.
         expected = {
-            "/etc/accelmon/web-config.yml": ("root", "accelmon", 0o640),
+            "/etc/accelmon/web-config.yml": ("accelmon", "root", 0o400),
             "/etc/accelmon/tls": ("root", "accelmon", 0o750),
-            "/etc/accelmon/tls/server.key": ("root", "accelmon", 0o640),
+            "/etc/accelmon/tls/server.crt": ("accelmon", "root", 0o400),
+            "/etc/accelmon/tls/server.key": ("accelmon", "root", 0o400),
             "/etc/accelmon-node-exporter": ("root", "prometheus", 0o750),
-            "/etc/accelmon-node-exporter/server.key": ("root", "prometheus", 0o640),
-            "/etc/accelmon-node-exporter/web-config.yml": ("root", "prometheus", 0o640),
+            "/etc/accelmon-node-exporter/server.crt": ("prometheus", "root", 0o400),
+            "/etc/accelmon-node-exporter/server.key": ("prometheus", "root", 0o400),
+            "/etc/accelmon-node-exporter/web-config.yml": ("prometheus", "root", 0o400),
         }
         for path, (user, group, mode) in expected.items():
             found = worker.file(path)
             assert (found.user, found.group, found.mode) == (user, group, mode), (name, path)
+        keys = [worker.file(f"{d}/server.key").content_string for d in ("/etc/accelmon/tls", node_dir)]
+        assert keys[0] and keys[1] and keys[0] != keys[1], name
     # On the controller: the PKI directory and every file in it its user's alone.
     pki = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "accelmon-pki"
-    assert {oct(p.stat().st_mode & 0o777) for p in [pki, pki / "hosts"]} == {"0o700"}
+    assert {oct(p.stat().st_mode & 0o777) for p in [pki, pki / "hosts", pki / "node-exporter"]} == {"0o700"}
     assert {oct(p.stat().st_mode & 0o777) for p in pki.rglob("*") if p.is_file()} == {"0o600"}
 
 
