@@ -5,6 +5,7 @@ which NIC NCCL uses for each GPU, as NCCL v2.28.7-1 chooses it (issue 68)."""
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pynvml
 import pytest
@@ -39,6 +40,9 @@ from tests.support.pci_tree import (
     nvswitches,
     pcie_server,
     two_nics_under_one_switch,
+)
+from tests.support.pci_tree import (
+    function as pci_function,
 )
 from tests.support.waiting import returns_while_blocked
 
@@ -180,6 +184,27 @@ def test_a_port_in_use_that_goes_down_stays_the_gpus_and_one_never_up_is_never_u
     for file, text in DOWN.items():
         (sysfs / "class" / "infiniband" / "mlx5_0" / "ports" / "1" / file).write_text(text + "\n")
     assert used() == [("mlx5_0", "1")]
+
+
+def test_a_card_that_takes_a_used_ports_name_does_not_inherit_it(tmp_path):
+    """mlx5 names follow probe order: a driver reload that loses a card shifts them, a re-plugged card may take
+    another's. Here mlx5_0 becomes another PCI function with its port uncabled: the port in service was the other
+    card's, so the new one's is nobody's and both GPUs leave by mlx5_6 (before: kept as the GPUs' port gone down,
+    a not_active fault of both on a healthy card)."""
+    sysfs, procfs = healthy_idle_node(tmp_path)
+    now = [0.0]
+    collector = InfinibandCollector(sysfs=str(sysfs), procfs=str(procfs), nccl_conf=str(tmp_path / "none"),
+                                    clock=lambda: now[0])  # fmt: skip
+    assert {row[1] for row in served(collector, "accelmon_gpu_nic_nearest_info")} == {"mlx5_0"}
+    card = sysfs / "class" / "infiniband" / "mlx5_0"
+    chain = ["pci0000:00", "0000:00:03.0", "0000:09:00.0"]
+    pci_function(sysfs, chain, 0, GEN5)
+    (card / "device").unlink()
+    (card / "device").symlink_to(sysfs / "devices" / Path(*chain))
+    for file, text in DOWN.items():
+        (card / "ports" / "1" / file).write_text(text + "\n")
+    now[0] = 301.0  # the device's files listed again (at once on a real kernel: its class link changes)
+    assert {row[1] for row in served(collector, "accelmon_gpu_nic_nearest_info")} == {"mlx5_6"}
 
 
 # Issue 68, point 3: PXN, NCCL's one NIC a GPU of a pair, both the PHB and the NODE NIC, rails.

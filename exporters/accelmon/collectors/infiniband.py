@@ -435,11 +435,16 @@ class InfinibandCollector(Collector):
         numa = _read(os.path.join(pci, "numa_node"))
         board, hca = (_read(os.path.join(path, name)) or "" for name in ("board_id", "hca_type"))
         virtual = os.path.lexists(os.path.join(pci, "physfn"))
+        function = os.path.basename(pci) if os.path.isdir(pci) else ""
+        if layout is not None and layout.placement[1] != function:
+            # Another PCI function under this name (a card re-plugged, names shifted at a driver reload): the ports in
+            # service were the other card's, and this card's uncabled port must not read as theirs gone down.
+            self._in_service = {seen: port for seen, port in self._in_service.items() if seen[0] != device}
         layout = self._layouts[device] = _Layout(
             key,
             now,
             [board, device, firmware, hca],
-            [device, os.path.basename(pci) if os.path.isdir(pci) else "", numa or "-1"],
+            [device, function, numa or "-1"],
             # A VF's PCIe link is its card's (its own files read 'Unknown'): the PF serves it.
             pci=pci if os.path.isdir(pci) and not virtual else "",
             virtual=virtual,
