@@ -477,6 +477,9 @@ def slowest_query(endpoint: Prometheus, queries: list[tuple[str, str]], began: f
             reason = json.loads(refused.read() or b"{}").get("error", refused.reason)
             print(f"panel {title!r} failed: HTTP {refused.code}: {reason}", flush=True)
             latencies.append((float("inf"), title))
+        except TimeoutError:
+            print(f"panel {title!r} failed: no answer in 120 s", flush=True)
+            latencies.append((float("inf"), title))
     return sorted(latencies, reverse=True)
 
 
