@@ -89,6 +89,17 @@ def fetch(url: str, timeout: float = 30) -> bytes:
         return response.read()
 
 
+def stop(server: subprocess.Popen) -> None:
+    """Ends a server the run started: a Prometheus writing out millions of series may take minutes to stop
+    cleanly on a loaded machine, and one left behind holds both cores (after the second --faults run it did)."""
+    server.terminate()
+    try:
+        server.wait(30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+
+
 def wait_serving(url: str, seconds: float = 60) -> bytes:
     deadline = time.monotonic() + seconds
     while True:
@@ -587,11 +598,9 @@ def main() -> None:
                           f"{store['bytes_per_sample']:.2f} B per stored sample, slowest panel query "
                           f"{store_latency[0] * 1000:.0f} ms ({store_latency[1]})", flush=True)  # fmt: skip
         finally:
-            process.terminate()
-            process.wait(30)
-            if store_process:
-                store_process.terminate()
-                store_process.wait(30)
+            for server in (process, store_process):
+                if server:
+                    stop(server)
             fleet.shutdown()
 
     if len(results) >= 2:
