@@ -212,3 +212,59 @@ def test_a_worker_whose_node_exporter_served_the_shared_key_gets_its_own_and_the
         assert pem(tmp_path / name / EXPORTER_DIR / "tls" / "server.key") == shared[name]  # the exporter's kept
         assert (pki / "hosts" / f"{name}.key").read_bytes() == before[name]
     assert changed_counts(deploy(tmp_path)) == {"gpu-1": 0, "gpu-2": 0}
+
+
+def test_node_exporter_serves_its_own_certificate_from_the_files_the_role_wrote(deployed):
+    """Debian's node_exporter given the web config the role wrote (its own files, as deployed): a client trusting
+    the CA and checking the worker's name gets node_exporter's certificate, not accelmon-exporter's, and /metrics
+    with the scrape password."""
+    import base64
+    import shutil
+    import socket
+    import ssl
+    import urllib.request
+
+    from tests.support.processes import free_port
+    from tests.support.waiting import wait_until
+
+    binary = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+    assert binary, "node_exporter not found: install Debian's prometheus-node-exporter (.ci/run does)"
+    work = deployed["work"]
+    pki = work / "home" / ".accelmon" / "pki"
+    node, exporter = work / "gpu-1" / NODE_DIR, work / "gpu-1" / EXPORTER_DIR / "tls"
+    port = free_port()
+    process = subprocess.Popen(
+        [binary, "--collector.disable-defaults", "--collector.loadavg", f"--web.listen-address=127.0.0.1:{port}",
+         f"--web.config.file={node / 'web-config.yml'}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+
+    def served() -> bytes | None:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+                with context.wrap_socket(raw, server_hostname="gpu-1") as tls:  # the name is checked
+                    return tls.getpeercert(binary_form=True)
+        except OSError:
+            return None
+
+    try:
+        assert wait_until(lambda: served() is not None, timeout=20)
+        der = served()
+        assert der == ssl.PEM_cert_to_DER_cert((node / "server.crt").read_text())
+        assert der != ssl.PEM_cert_to_DER_cert((exporter / "server.crt").read_text())
+        request = urllib.request.Request(f"https://gpu-1:{port}/metrics")
+        password = (pki / "scrape-password").read_text().strip()
+        request.add_header("Authorization", "Basic " + base64.b64encode(f"prometheus:{password}".encode()).decode())
+        opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=context))
+        # gpu-1 is not a name this machine resolves: connect to the loopback, check the certificate for gpu-1.
+        original = socket.getaddrinfo
+        socket.getaddrinfo = lambda host, *rest: original("127.0.0.1" if host == "gpu-1" else host, *rest)
+        try:
+            with opener.open(request, timeout=10) as response:
+                assert response.status == 200 and b"node_exporter_build_info" in response.read()
+        finally:
+            socket.getaddrinfo = original
+    finally:
+        process.terminate()
+        process.wait(10)
