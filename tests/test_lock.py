@@ -168,3 +168,36 @@ def test_the_locked_wheels_install_offline_and_a_tampered_one_is_refused(tmp_pat
     pip[pip.index(str(wheels))] = str(tampered)
     refused = subprocess.run([*pip, "-r", str(FILES / GROUPS[""])], capture_output=True, text=True, timeout=600)
     assert refused.returncode != 0 and "THESE PACKAGES DO NOT MATCH THE HASHES" in refused.stderr, refused.stderr
+
+    # pip checks hashes only of what it downloads: a package already installed at the locked version stays as it
+    # is, whatever its files hold (here a file of PyYAML changed after the install, as an install before the lock
+    # or a hand's pip may have left it). So the role makes anew a virtualenv it did not fill with hashes required.
+    installed_yaml = next((environment / "lib").glob("python*/site-packages/yaml/__init__.py"))
+    installed_yaml.write_text(installed_yaml.read_text() + "\n# not what the locked wheel holds\n")
+    pip[0] = str(environment / "bin" / "python")
+    pip[pip.index(str(tampered))] = str(wheels)
+    again = subprocess.run([*pip, *locks], capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "Successfully installed" not in again.stdout, again.stdout + again.stderr
+    assert "not what the locked wheel holds" in installed_yaml.read_text(), "the premise: pip kept the file"
+    venv.create(environment, with_pip=True, clear=True)  # the role's `python -m venv --clear`
+    remade = subprocess.run([*pip, *locks], capture_output=True, text=True, timeout=600)
+    assert remade.returncode == 0, remade.stdout + remade.stderr
+    assert "not what the locked wheel holds" not in installed_yaml.read_text()
+
+
+def test_a_virtualenv_not_filled_with_hashes_required_is_made_anew():
+    """The role's install tasks: the virtualenv is made anew (--clear) unless its marker says this role filled it
+    with hashes required, and the marker is written only after the locked install, so an install that fails
+    leaves no marker and the next deploy clears it again (pip's side of this: the test above)."""
+    tasks = yaml.safe_load((ROOT / "ansible" / "roles" / "accelmon_exporter" / "tasks" / "install.yml").read_text())
+    order = [entry.get("name") for entry in tasks]
+    read = "Read whether the virtualenv holds only hash-checked packages"
+    create = "Create the virtualenv, anew where it was not filled with hashes required"
+    deps = "Install the locked dependencies into the virtualenv"
+    record = "Record that the virtualenv holds only hash-checked packages"
+    assert order.index(read) < order.index(create) < order.index(deps) < order.index(record)
+    assert "--clear" in task(tasks, create)["ansible.builtin.command"]["argv"]
+    assert task(tasks, create)["when"] == "not __accelmon_exporter_venv_hashed_stat.stat.exists"
+    assert task(tasks, read)["ansible.builtin.stat"]["path"] == task(tasks, record)["ansible.builtin.copy"]["dest"]
+    variables = yaml.safe_load((ROOT / "ansible" / "roles" / "accelmon_exporter" / "vars" / "main.yml").read_text())
+    assert variables["__accelmon_exporter_venv_hashed"].startswith("{{ accelmon_exporter_install_dir }}/venv/")
