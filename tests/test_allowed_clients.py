@@ -479,3 +479,46 @@ def test_a_master_network_on_another_subnet_is_made_again_on_the_pinned_one(tmp_
     finally:
         subprocess.run(["podman", "rm", "-f", "--ignore", container], env=env, capture_output=True)
         subprocess.run(["podman", "network", "rm", "-f", name], env=env, capture_output=True)
+
+
+# `network inspect` of a network on 10.89.254.0/24 as each engine prints it: podman 4 (netavark or CNI), docker, and
+# podman 3 (Ubuntu 22.04's 3.4: the CNI conflist itself; podman's issue 8366 shows one).
+INSPECTED = {
+    "podman 4": {"name": "accelmon", "driver": "bridge", "subnets": [{"subnet": "10.89.254.0/24",
+                                                                       "gateway": "10.89.254.1"}]},
+    "docker": {"Name": "accelmon", "IPAM": {"Driver": "default", "Config": [{"Subnet": "10.89.254.0/24"}]}},
+    "podman 3": {"cniVersion": "0.4.0", "name": "accelmon", "plugins": [
+        {"type": "bridge", "bridge": "cni-podman1", "isGateway": True, "ipMasq": True, "ipam": {
+            "type": "host-local", "routes": [{"dst": "0.0.0.0/0"}],
+            "ranges": [[{"subnet": "10.89.254.0/24", "gateway": "10.89.254.1"}]]}},
+        {"type": "portmap", "capabilities": {"portMappings": True}}, {"type": "firewall"}, {"type": "tuning"}]},
+}  # fmt: skip
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("engine", sorted(INSPECTED))
+@pytest.mark.parametrize("pinned", ["10.89.254.0/24", "10.89.253.0/24"])
+def test_a_network_on_the_pinned_subnet_is_kept_whatever_the_engine_prints(tmp_path, engine, pinned):
+    """tasks/network-moved.yml with a fake engine printing `network inspect` as docker, podman 4 and podman 3 do:
+    a network already on the pinned subnet is kept with its containers, one on another is removed. Before, podman
+    3's CNI conflist was read as no subnet at all: every deploy of a master on Ubuntu 22.04 removed its
+    Prometheus, Grafana and Alertmanager and their network (a gap in every scrape and alert, on every HA master)."""
+    calls = tmp_path / "calls"
+    fake = tmp_path / "engine"
+    (tmp_path / "inspect.json").write_text(json.dumps([INSPECTED[engine]]))
+    fake.write_text(
+        f'#!/bin/sh\necho "$*" >> {calls}\n'
+        f'[ "$1 $2" = "network inspect" ] && exec cat {tmp_path / "inspect.json"}\nexit 0\n'
+    )
+    fake.chmod(0o755)
+    play = {"tasks": [{"ansible.builtin.include_role": {"name": "accelmon_master", "tasks_from": "network-moved.yml"}}]}
+    variables = {"__accelmon_master_engine": str(fake), "accelmon_master_network": "accelmon",
+                 "__accelmon_master_all_containers": ["accelmon-prometheus"], "accelmon_master_network_subnet": pinned,
+                 "ansible_become": False}  # fmt: skip
+    result = run_local_play(play, variables, tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:]
+    removed = [line for line in calls.read_text().splitlines() if not line.startswith("network inspect")]
+    if pinned == "10.89.254.0/24":
+        assert removed == [], removed
+    else:
+        assert removed == ["rm --force accelmon-prometheus", "network rm accelmon"], removed
