@@ -223,10 +223,26 @@ INTERFACES = [
 ]
 
 
+# What the fake `ip -j -4 route show table all` lists: the default route, a site network and a host behind a router
+# (a static and a DHCP route, neither on an interface of this host), and the kernel's own routes for the interfaces
+# (the bridge's, the local table's), which the interface check covers.
+ROUTES = [
+    {"dst": "default", "gateway": "198.51.100.1", "dev": "eth0", "protocol": "dhcp"},
+    {"dst": "10.60.0.0/16", "gateway": "198.51.100.1", "dev": "eth0", "protocol": "static"},
+    {"dst": "192.0.2.77", "gateway": "198.51.100.1", "dev": "eth0", "protocol": "dhcp"},
+    {"dst": "10.89.254.0/24", "dev": "cni-podman1", "protocol": "kernel", "scope": "link", "prefsrc": "10.89.254.1"},
+    {"type": "local", "dst": "198.51.100.20", "table": "local", "dev": "eth0", "protocol": "kernel"},
+]
+
+
 def fake_ip(directory: Path) -> None:
-    """An `ip` answering `ip -j -4 addr show` with INTERFACES, as the master's check reads the host's networks."""
+    """An `ip` answering `ip -j -4 addr show` with INTERFACES and `ip -j -4 route show table all` with ROUTES, as
+    the master's check reads the host's networks."""
     script = directory / "ip"
-    script.write_text(f"#!/bin/sh\ncat <<'EOF'\n{json.dumps(INTERFACES)}\nEOF\n")
+    script.write_text(
+        f"#!/bin/sh\nif [ \"$3\" = route ]; then cat <<'EOF'\n{json.dumps(ROUTES)}\nEOF\n"
+        f"else cat <<'EOF'\n{json.dumps(INTERFACES)}\nEOF\nfi\n"
+    )
     script.chmod(0o755)
 
 
@@ -237,7 +253,7 @@ def network_problems(subnet: str, addresses: dict[str, str]) -> list[str]:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return list(module.problems(subnet, addresses, INTERFACES))
+    return list(module.problems(subnet, addresses, INTERFACES, ROUTES))
 
 
 @pytest.mark.parametrize(
@@ -256,6 +272,9 @@ def network_problems(subnet: str, addresses: dict[str, str]) -> list[str]:
         ("10.77.3.0/24", {}, "overlaps 10.77.0.5/16 on this host's interface ib0"),
         ("198.51.100.0/25", {}, "overlaps 198.51.100.20/24 on this host's interface eth0"),
         ("203.0.113.0/24", {"w-far": "203.0.113.9", "w-v6": "[2001:db8::9]"}, "holds the address of w-far"),
+        # Networks reached through a router: the bridge's more specific route would take their traffic.
+        ("10.60.4.0/24", {}, "overlaps the route to 10.60.0.0/16 via 198.51.100.1 on this host (eth0)"),
+        ("192.0.2.64/26", {}, "overlaps the route to 192.0.2.77/32 via 198.51.100.1 on this host (eth0)"),
     ],
 )  # fmt: skip
 def test_the_master_network_subnet_is_checked_against_the_host_and_the_inventory(subnet, addresses, refused):

@@ -9,8 +9,12 @@ network; podman and docker want it so), with room for the gateway and the three 
 so wide it would shadow a large part of the address space (/8 or narrower). It must overlap none of the host's own
 IPv4 networks (as `ip -j -4 addr show` lists them), except the engine's bridge for this very subnet that an earlier
 deploy made (its gateway is the subnet's first address): the host would route that traffic into the bridge. podman
-refuses such a subnet when it creates the network; docker takes it and the host loses that network. Nor may it hold
-an inventory host's address given as an IP: Prometheus would send that host's scrapes into its own bridge.
+refuses such a subnet when it creates the network; docker takes it and the host loses that network. Nor may it
+overlap a network the host reaches through a router (`ip -j -4 route show table all`, its routes other than the
+default and the kernel's own for its addresses): the bridge's route is more specific, so the site's hosts there
+would become unreachable from the master, where the engine takes the subnet (a given one is not checked against
+routes by every engine). Nor may it hold an inventory host's address given as an IP: Prometheus would send that
+host's scrapes into its own bridge.
 """
 
 import ipaddress
@@ -19,8 +23,9 @@ import subprocess
 import sys
 
 
-def problems(subnet_text, addresses, interfaces):
-    """The reasons `subnet_text` will not do; `interfaces` is `ip -j -4 addr show`'s list."""
+def problems(subnet_text, addresses, interfaces, routes=()):
+    """The reasons `subnet_text` will not do; `interfaces` is `ip -j -4 addr show`'s list, `routes` `ip -j -4 route
+    show table all`'s."""
     name = "accelmon_master_network_subnet=" + str(subnet_text)
     try:
         subnet = ipaddress.IPv4Network(str(subnet_text))
@@ -44,6 +49,21 @@ def problems(subnet_text, addresses, interfaces):
                 found.append(
                     f"{name} overlaps {held.with_prefixlen} on this host's interface {where}: choose a free network"
                 )
+    for route in routes:
+        # The default route overlaps everything; the kernel's own routes are the interfaces' networks, checked above.
+        destination = route.get("dst", "default")
+        if destination == "default" or route.get("protocol") == "kernel":
+            continue
+        try:
+            reached = ipaddress.IPv4Network(destination, strict=False)
+        except ValueError:
+            continue  # not an IPv4 destination
+        if reached.prefixlen and reached.overlaps(subnet):
+            via = " via " + route["gateway"] if route.get("gateway") else ""
+            found.append(
+                f"{name} overlaps the route to {reached.with_prefixlen}{via} on this host"
+                f" ({route.get('dev', '?')}): the bridge would take that network's traffic; choose a free network"
+            )
     inside = []
     for host, address in sorted(addresses.items()):
         try:
@@ -64,13 +84,15 @@ def main():
     try:
         listed = subprocess.run(["ip", "-j", "-4", "addr", "show"], capture_output=True, check=True).stdout
         interfaces = json.loads(listed.decode() or "[]")
+        command = ["ip", "-j", "-4", "route", "show", "table", "all"]
+        routes = json.loads(subprocess.run(command, capture_output=True, check=True).stdout.decode() or "[]")
     except (OSError, subprocess.CalledProcessError, ValueError) as error:
         found = ["the host's networks could not be read to check accelmon_master_network_subnet against them "
-                 "(`ip -j -4 addr show`, iproute2): " + str(error)]  # fmt: skip
+                 "(`ip -j -4 addr show`, `ip -j -4 route show table all`, iproute2): " + str(error)]  # fmt: skip
     else:
         # A host without ansible_host is reached by its inventory name, which may be an address too.
         addresses = {name: host or name for name, host in zip(asked["names"], asked["hosts"])}
-        found = problems(asked["subnet"], addresses, interfaces)
+        found = problems(asked["subnet"], addresses, interfaces, routes)
     json.dump({"problems": found}, sys.stdout)
 
 
