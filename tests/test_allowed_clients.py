@@ -214,13 +214,16 @@ DEFAULT_SUBNET = yaml.safe_load((ROLES / "accelmon_master" / "defaults" / "main.
     "accelmon_master_network_subnet"
 ]
 # What the fake `ip -j -4 addr show` lists: the host's own network, the bridge an earlier deploy made for the
-# default subnet (its gateway, the first address: no overlap), and an InfiniBand network.
+# default subnet (its gateway, the first address: no overlap), an InfiniBand network, and another project's docker
+# network's bridge (its gateway the first address too, but not the master's network: an overlap).
 INTERFACES = [
     {"ifname": "lo", "addr_info": [{"family": "inet", "local": "127.0.0.1", "prefixlen": 8}]},
     {"ifname": "eth0", "addr_info": [{"family": "inet", "local": "198.51.100.20", "prefixlen": 24}]},
     {"ifname": "cni-podman1", "addr_info": [{"family": "inet", "local": "10.89.254.1", "prefixlen": 24}]},
     {"ifname": "ib0", "addr_info": [{"family": "inet", "local": "10.77.0.5", "prefixlen": 16}]},
+    {"ifname": "br-0123456789ab", "addr_info": [{"family": "inet", "local": "10.89.253.1", "prefixlen": 24}]},
 ]
+OWN_BRIDGES = {"cni-podman1"}  # the master network's, as `podman network inspect accelmon` names it
 
 
 # What the fake `ip -j -4 route show table all` lists: the default route, a site network and a host behind a router
@@ -237,7 +240,17 @@ ROUTES = [
 
 def fake_ip(directory: Path) -> None:
     """An `ip` answering `ip -j -4 addr show` with INTERFACES and `ip -j -4 route show table all` with ROUTES, as
-    the master's check reads the host's networks."""
+    the master's check reads the host's networks; a podman whose `network inspect accelmon` names OWN_BRIDGES, and
+    a docker with no network."""
+    inspected = [{"name": "accelmon", "network_interface": name} for name in OWN_BRIDGES]
+    podman = directory / "podman"
+    podman.write_text(
+        f"#!/bin/sh\n[ \"$*\" = 'network inspect accelmon' ] || exit 125\ncat <<'EOF'\n{json.dumps(inspected)}\nEOF\n"
+    )
+    docker = directory / "docker"
+    docker.write_text("#!/bin/sh\necho 'Error response from daemon: network accelmon not found' >&2\nexit 1\n")
+    for engine in (podman, docker):
+        engine.chmod(0o755)
     script = directory / "ip"
     script.write_text(
         f"#!/bin/sh\nif [ \"$3\" = route ]; then cat <<'EOF'\n{json.dumps(ROUTES)}\nEOF\n"
@@ -253,7 +266,7 @@ def network_problems(subnet: str, addresses: dict[str, str]) -> list[str]:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return list(module.problems(subnet, addresses, INTERFACES, ROUTES))
+    return list(module.problems(subnet, addresses, INTERFACES, ROUTES, OWN_BRIDGES))
 
 
 @pytest.mark.parametrize(
@@ -272,6 +285,8 @@ def network_problems(subnet: str, addresses: dict[str, str]) -> list[str]:
         ("10.77.3.0/24", {}, "overlaps 10.77.0.5/16 on this host's interface ib0"),
         ("198.51.100.0/25", {}, "overlaps 198.51.100.20/24 on this host's interface eth0"),
         ("203.0.113.0/24", {"w-far": "203.0.113.9", "w-v6": "[2001:db8::9]"}, "holds the address of w-far"),
+        # Another network's bridge on the subnet, its gateway where the master's would be: not the master's own.
+        ("10.89.253.0/24", {}, "overlaps 10.89.253.1/24 on this host's interface br-0123456789ab"),
         # Networks reached through a router: the bridge's more specific route would take their traffic.
         ("10.60.4.0/24", {}, "overlaps the route to 10.60.0.0/16 via 198.51.100.1 on this host (eth0)"),
         ("192.0.2.64/26", {}, "overlaps the route to 192.0.2.77/32 via 198.51.100.1 on this host (eth0)"),
