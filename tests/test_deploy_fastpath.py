@@ -74,7 +74,7 @@ def test_an_unchanged_worker_ends_after_a_few_tasks_and_any_difference_runs_the_
     shows the fingerprint each would record. Records written as a complete deploy would: the unchanged worker runs
     FAST_PATH_TASKS tasks and changes nothing; one whose variable changed and one forced with accelmon_deploy_full
     run in full beside it. No worker without a record runs again in the second run: the first is that case, and each
-    worker's full check-mode run is ~25 s of this tier on CI's two cores."""
+    worker's full check-mode run is ~30 s of this tier on two shared cores."""
     first = _workers_play(_play(tmp_path, True, {}))
     fingerprints = dict(
         re.findall(rf"\+\+\+ after: {tmp_path}/(\w+)/deployed\.sha256\n@@[^\n]*\n\+([0-9a-f]{{64}})", first)
