@@ -37,9 +37,10 @@ def fake_systemctl(directory: Path) -> Path:
     loaded, active unit (the handlers' systemd_service reads it), and anything else (restart, daemon-reload) with 0."""
     directory.mkdir(exist_ok=True)
     script = directory / "systemctl"
+    user = directory / "unit-user"  # another user, as an operator's drop-in names, where the test writes one
     script.write_text(
         '#!/bin/sh\n[ "$1" = show ] || exit 0\n'
-        f'case "$*" in *--property=User*) echo {USERS["prometheus"]} ; exit 0 ;; esac\n'
+        f'case "$*" in *--property=User*) cat {user} 2>/dev/null || echo {USERS["prometheus"]} ; exit 0 ;; esac\n'
         "printf 'Id=unit.service\\nLoadState=loaded\\nActiveState=active\\nSubState=running\\n"
         "UnitFileState=enabled\\n'\n"
     )
@@ -268,3 +269,19 @@ def test_node_exporter_serves_its_own_certificate_from_the_files_the_role_wrote(
     finally:
         process.terminate()
         process.wait(10)
+
+
+def test_a_node_exporter_run_as_another_user_reaches_its_own_files(tmp_path):
+    """An operator's drop-in runs node_exporter as another user (here sys, not in node_exporter's group): its key,
+    certificate and web config are that user's alone, and their directory is entered by that user's primary group.
+    Before, the files followed the user but the directory stayed root:<node_exporter's group> 0750, which that user
+    could not enter: node_exporter failed to start on its web config."""
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "unit-user").write_text("sys\n")
+    deploy(tmp_path)
+    for name in WORKERS:
+        node = tmp_path / name / NODE_DIR
+        assert owner_group_mode(node) == ("root", "sys", 0o750), name
+        for file in ("server.crt", "server.key", "web-config.yml"):
+            assert owner_group_mode(node / file) == ("sys", "root", 0o400), (name, file)
+    assert changed_counts(deploy(tmp_path)) == {"gpu-1": 0, "gpu-2": 0}
