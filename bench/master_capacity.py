@@ -336,6 +336,13 @@ class Prometheus:
         assert answer["status"] == "success", (expr, answer)
         return time.perf_counter() - started, len(answer["data"]["result"])
 
+    def instant_seconds(self, expr: str, at: float) -> tuple[float, int]:
+        params = urllib.parse.urlencode({"query": expr, "time": at})
+        started = time.perf_counter()
+        answer = json.loads(fetch(f"{self.base}/api/v1/query?{params}", timeout=120))
+        assert answer["status"] == "success", (expr, answer)
+        return time.perf_counter() - started, len(answer["data"]["result"])
+
 
 # The dashboards an operator keeps open on a large fleet, as they are opened: Fleet and Health over every node
 # ("All"), Job for one job (the board is per job: picking "All" would draw every job's GPUs at once).
@@ -348,10 +355,11 @@ DASHBOARDS = {
 ONE_JOB = "7"  # a job of the simulated fleet from its first step on
 
 
-def dashboard_queries() -> list[tuple[str, str]]:
-    """(dashboard: panel, query) of every panel of the Fleet, Health, Job and Fleet ledger dashboards."""
+def dashboard_queries() -> list[tuple[str, str, bool]]:
+    """(dashboard: panel, query, asked at one moment) of every panel of the Fleet, Health, Job and Fleet ledger
+    dashboards: tables and bars are instant queries in Grafana (master/grafana/generate.py), the rest ranges."""
     return [
-        (f"{DASHBOARDS[q.dashboard]}: {q.panel}", concrete(q.expr.replace("$job_id", ONE_JOB)))
+        (f"{DASHBOARDS[q.dashboard]}: {q.panel}", concrete(q.expr.replace("$job_id", ONE_JOB)), q.instant)
         for q in panel_queries()
         if q.dashboard in DASHBOARDS
     ]
@@ -474,14 +482,18 @@ def start_store(work: Path) -> tuple[subprocess.Popen[bytes], str]:
     return process, base
 
 
-def slowest_query(endpoint: Prometheus, queries: list[tuple[str, str]], began: float) -> list[tuple[float, str]]:
-    """Every panel's range query of 720 steps over the run so far, slowest first."""
+def slowest_query(endpoint: Prometheus, queries: list[tuple[str, str, bool]], began: float) -> list[tuple[float, str]]:
+    """Every panel's query as Grafana asks it over the run so far (a range of 720 steps, or one instant at its end
+    for tables and bars), slowest first."""
     end = time.time()
     step = max(1.0, (end - began) / 720)
     latencies = []
-    for title, expr in queries:
+    for title, expr, instant in queries:
         try:
-            latencies.append((endpoint.range_seconds(expr, end - 720 * step, end, step)[0], title))
+            if instant:
+                latencies.append((endpoint.instant_seconds(expr, end)[0], title))
+            else:
+                latencies.append((endpoint.range_seconds(expr, end - 720 * step, end, step)[0], title))
         except urllib.error.HTTPError as refused:
             # A panel Prometheus refuses (422: over --query.max-samples or the query timeout) is what an operator
             # would meet on that fleet: said, and ranked slowest, instead of ending the run.
@@ -555,7 +567,8 @@ def main() -> None:
                   f"{args.node_exporter_series}) and rules; 2-core machine")  # fmt: skip
             print(f"per simulated worker: accelmon {per_node['accelmon']} series (8 GPUs, GPM, 12 RDMA devices), "
                   f"node_exporter {per_node['node']} ({args.node_cpus} CPUs); "
-                  f"Fleet, Health, Job (one job), Ledger dashboards: {len(queries)} queries of 720 steps")  # fmt: skip
+                  f"Fleet, Health, Job (one job), Ledger dashboards: {sum(not q[2] for q in queries)} queries of "
+                  f"720 steps, {sum(q[2] for q in queries)} instant")  # fmt: skip
             print(f"{'nodes':>6} {'GPUs':>6} {'series':>9} {'samples/s':>10} {'RSS MiB':>8} {'CPU cores':>9} "
                   f"{'rules ms':>8} {'panel max ms':>13}  slowest panel")  # fmt: skip
             began = time.time()

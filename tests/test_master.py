@@ -309,6 +309,21 @@ def test_dashboards_are_well_formed():
             assert panel["targets"], panel["title"]
 
 
+def test_the_panels_asked_at_one_moment_are_the_dashboards_instant_queries():
+    """contract.panel_queries says which panels Grafana asks as one instant (tables, bars), as the dashboards hold
+    them: the capacity bench asks those so, and the rest as ranges (a table of the fleet's path faults asked as a
+    720-step range went over Prometheus's 50 M samples at 8,000 GPUs in trouble; Grafana never asks it so)."""
+    held = {}
+    for path in sorted((MASTER / "grafana" / "dashboards").glob("*.json")):
+        dashboard = json.loads(path.read_text())
+        for panel in dashboard["panels"]:
+            for target in panel["targets"]:
+                held[(dashboard["uid"], panel["title"], target["expr"])] = bool(target.get("instant"))
+    said = {(q.dashboard, q.panel, q.expr): q.instant for q in contract.panel_queries()}
+    assert said == held
+    assert any(said.values()) and not all(said.values())
+
+
 def query(base: str, expr: str) -> list:
     answer = get(f"{base}/api/v1/query?query={urllib.parse.quote(concrete(expr))}")
     assert answer["status"] == "success", expr

@@ -74,6 +74,7 @@ class PanelQuery(NamedTuple):
     panel: str  # the panel's title
     expr: str  # as the dashboard holds it, variables included
     expect_data: bool  # False where an empty answer is a healthy fleet's (no XIDs, no throttling)
+    instant: bool = False  # asked at one moment (tables, bars: generate.INSTANT_KINDS), not as a range
 
 
 def concrete(expr: str) -> str:
@@ -87,4 +88,5 @@ def panel_queries() -> Iterator[PanelQuery]:
     for dashboard in generate.DASHBOARDS:
         for panel in dashboard.panels:
             for expr, _ in panel.queries:
-                yield PanelQuery(dashboard.uid, panel.title, expr, panel.expect_data)
+                instant = panel.kind in generate.INSTANT_KINDS
+                yield PanelQuery(dashboard.uid, panel.title, expr, panel.expect_data, instant)
