@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from tests.support.paths import ROOT
-from tests.support.processes import free_port
+from tests.support.processes import start_node_exporter
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -182,12 +182,7 @@ def test_node_exporter_serves_https_with_the_password_and_refuses_plain_http(mad
     (tmp_path / "server.key").write_text(facts["key"])
     web["tls_server_config"] = {"cert_file": str(tmp_path / "server.crt"), "key_file": str(tmp_path / "server.key")}
     (tmp_path / "web-config.yml").write_text(yaml.safe_dump(web))
-    port = free_port()
-    process = subprocess.Popen(
-        [binary, "--collector.disable-defaults", "--collector.loadavg", f"--web.listen-address=127.0.0.1:{port}",
-         f"--web.config.file={tmp_path / 'web-config.yml'}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    process, port = start_node_exporter(binary, tmp_path / "web-config.yml")
     context = ssl.create_default_context(cadata=facts["ca"])
     context.check_hostname = False  # the certificate names gpu-1 and 10.0.0.5; its chain is what is checked here
 

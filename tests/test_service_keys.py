@@ -225,7 +225,7 @@ def test_node_exporter_serves_its_own_certificate_from_the_files_the_role_wrote(
     import ssl
     import urllib.request
 
-    from tests.support.processes import free_port
+    from tests.support.processes import start_node_exporter
     from tests.support.waiting import wait_until
 
     binary = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
@@ -233,12 +233,7 @@ def test_node_exporter_serves_its_own_certificate_from_the_files_the_role_wrote(
     work = deployed["work"]
     pki = work / "home" / ".accelmon" / "pki"
     node, exporter = work / "gpu-1" / NODE_DIR, work / "gpu-1" / EXPORTER_DIR / "tls"
-    port = free_port()
-    process = subprocess.Popen(
-        [binary, "--collector.disable-defaults", "--collector.loadavg", f"--web.listen-address=127.0.0.1:{port}",
-         f"--web.config.file={node / 'web-config.yml'}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    process, port = start_node_exporter(binary, node / "web-config.yml")
     context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
 
     def served() -> bytes | None:

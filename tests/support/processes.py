@@ -123,3 +123,15 @@ def stop(process: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout)
+
+
+def start_node_exporter(binary: str, web_config: Path) -> tuple[subprocess.Popen, int]:
+    """A real node_exporter serving one cheap collector on a free loopback port with `web_config` (TLS, basic auth):
+    the process, to stop, and its port."""
+    port = free_port()
+    process = subprocess.Popen(
+        [binary, "--collector.disable-defaults", "--collector.loadavg", f"--web.listen-address=127.0.0.1:{port}",
+         f"--web.config.file={web_config}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    return process, port
