@@ -7,7 +7,8 @@ node_exporter's (its per-CPU series copied to a GPU node's 192 CPUs),
 both recorded from the real programs at the start of the run; at every scrape the values move (gauges by a few
 percent, counters by increments; what was recorded at zero, as a healthy node's error counters and flags are,
 stays zero, and states, limits and error counters stay as recorded, so the only faults are the recording's own;
---faults lets them move too, a fleet in trouble), so the TSDB compresses what it would compress in production.
+--faults lets them move too on a share of the workers, every part of their GPUs' paths at fault: `--faults 0.05` a
+bad day, `--faults` alone the whole fleet, the worst one), so the TSDB compresses what it would in production.
 The bodies are rendered once and then served from memory (8 value sets, each repeating every 40 scrapes): the simulator
 costs little beside Prometheus, which it measures. Each worker
 also serves the jobs holding its GPUs (`accelmon_gpu_job_info`: two-node jobs of 8 GPUs, about one job per
@@ -258,22 +259,29 @@ class Fleet(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, bodies: dict[str, str], faults: bool = False) -> None:
+    def __init__(self, bodies: dict[str, str], faults: float = 0.0) -> None:
         self.bodies = {
-            job: (ExporterBody if job == "accelmon" else MovingBody)(text, faults) for job, text in bodies.items()
+            (job, troubled): (ExporterBody if job == "accelmon" else MovingBody)(text, troubled)
+            for job, text in bodies.items()
+            for troubled in ((False, True) if faults else (False,))
         }
+        # Every `period`-th worker is in trouble (`faults` of the fleet, spread over it as the steps add workers).
+        self.period = round(1 / faults) if faults else 0
         self.scrapes: dict[tuple[int, str], int] = {}
         self.rendered: dict[tuple[str, int, int], bytes] = {}
         self.jobs: dict[int, bytes] = {}
         self.lock = threading.Lock()
         super().__init__(("127.0.0.1", 0), FleetHandler)
 
+    def in_trouble(self, worker: int) -> bool:
+        return bool(self.period) and worker % self.period == 0
+
     def body(self, worker: int, job: str, scrape: int) -> bytes:
-        key = (job, worker % VARIANTS, scrape % CYCLE)
+        served = self.bodies[job, self.in_trouble(worker)]
+        key = (job, self.in_trouble(worker), worker % VARIANTS, scrape % CYCLE)
         values = self.rendered.get(key)
         if values is None:  # the first cycle renders, each body once; a race renders one twice, harmlessly
-            values = self.rendered[key] = self.bodies[job].render(key[1], key[2] + 1)
-        served = self.bodies[job]
+            values = self.rendered[key] = served.render(key[2], key[3] + 1)
         if not isinstance(served, ExporterBody):
             return values
         jobs = self.jobs.get(worker)
@@ -521,9 +529,14 @@ def main() -> None:
     # What each step prints besides: every rule's median evaluation time in these groups, these panels' latency.
     parser.add_argument("--profile", default="accelmon-gpu-paths,accelmon-live-jobs", help="rule groups, by commas")
     parser.add_argument("--panel", action="append", default=["Job: Parts at fault"], help="'Dashboard: title start'")
-    # The fleet in trouble (STEADY above): states, limits and error counters wander, every GPU's path is at fault.
-    parser.add_argument("--faults", action="store_true", help="every GPU's path at fault, every job's alerts pending")
+    # Workers in trouble (STEADY above): their states, limits and error counters wander, every GPU's path at fault.
+    parser.add_argument(
+        "--faults", type=float, nargs="?", const=1.0, default=0.0, metavar="SHARE",
+        help="the share of workers with every GPU's path at fault (0.05: a bad day; alone: 1, every worker)",
+    )  # fmt: skip
     args = parser.parse_args()
+    if not 0 <= args.faults <= 1:
+        parser.error(f"--faults is a share of the workers, from 0 to 1: {args.faults:g}")
     profiled = [group for group in args.profile.split(",") if group]
     steps = [int(n) for n in args.nodes.split(",")]
     prometheus_binary = shutil.which("prometheus")
@@ -564,7 +577,8 @@ def main() -> None:
         try:
             wait_serving(f"{prometheus.base}/-/ready")
             print(f"{version}; the master role's config (15 s scrapes and rules, node_exporter's series: "
-                  f"{args.node_exporter_series}) and rules; 2-core machine")  # fmt: skip
+                  f"{args.node_exporter_series}) and rules; 2-core machine; workers in trouble: "
+                  f"{f'1 in {fleet.period}' if fleet.period else 'none'}")  # fmt: skip
             print(f"per simulated worker: accelmon {per_node['accelmon']} series (8 GPUs, GPM, 12 RDMA devices), "
                   f"node_exporter {per_node['node']} ({args.node_cpus} CPUs); "
                   f"Fleet, Health, Job (one job), Ledger dashboards: {sum(not q[2] for q in queries)} queries of "

@@ -50,3 +50,26 @@ def test_faults_lets_states_and_error_counters_wander():
     assert {s['accelmon_infiniband_state_id{device="mlx5_0",port="1"}'] for s in scrapes} != {4.0}
     symbol = 'accelmon_infiniband_symbol_error_total{device="mlx5_0",port="1"}'
     assert scrapes[-1][symbol] > scrapes[0][symbol]
+
+
+def test_a_share_of_the_fleet_in_trouble_is_every_nth_worker_the_rest_healthy():
+    from bench.master_capacity import Fleet
+
+    gpus = "".join(f'accelmon_gpu_up{{gpu="{g}",uuid="G{g}"}} 1\n' for g in range(8))
+    fleet = Fleet({"accelmon": RECORDED + gpus, "node": "node_load1 1.5\n"}, faults=0.25)
+    try:
+        state = 'accelmon_infiniband_state_id{device="mlx5_0",port="1"}'
+
+        def states(worker: int) -> set[float]:
+            return {
+                float(line.rsplit(" ", 1)[1])
+                for scrape in range(1, 6)
+                for line in fleet.body(worker, "accelmon", scrape).decode().splitlines()
+                if line.startswith(state)
+            }
+
+        troubled = [worker for worker in range(12) if states(worker) != {4.0}]
+        assert troubled == [0, 4, 8]
+        assert b"accelmon_gpu_job_info" in fleet.body(5, "accelmon", 1)  # the healthy ones still serve their jobs
+    finally:
+        fleet.server_close()
