@@ -265,8 +265,7 @@ class Fleet(ThreadingHTTPServer):
             for job, text in bodies.items()
             for troubled in ((False, True) if faults else (False,))
         }
-        # Every `period`-th worker is in trouble (`faults` of the fleet, spread over it as the steps add workers).
-        self.period = round(1 / faults) if faults else 0
+        self.faults = faults  # the share of the workers in trouble
         self.scrapes: dict[tuple[int, str], int] = {}
         self.rendered: dict[tuple[str, int, int], bytes] = {}
         self.jobs: dict[int, bytes] = {}
@@ -274,7 +273,9 @@ class Fleet(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), FleetHandler)
 
     def in_trouble(self, worker: int) -> bool:
-        return bool(self.period) and worker % self.period == 0
+        """The workers at which worker x share passes a whole number, the first among them: every step's first
+        workers hold their share, rounded up (one in round(1 / share) was every worker for any share over 2/3)."""
+        return math.floor(worker * self.faults) != math.floor((worker - 1) * self.faults)
 
     def body(self, worker: int, job: str, scrape: int) -> bytes:
         served = self.bodies[job, self.in_trouble(worker)]
@@ -578,7 +579,7 @@ def main() -> None:
             wait_serving(f"{prometheus.base}/-/ready")
             print(f"{version}; the master role's config (15 s scrapes and rules, node_exporter's series: "
                   f"{args.node_exporter_series}) and rules; 2-core machine; workers in trouble: "
-                  f"{f'1 in {fleet.period}' if fleet.period else 'none'}")  # fmt: skip
+                  f"{f'{fleet.faults:.0%}' if fleet.faults else 'none'}")  # fmt: skip
             print(f"per simulated worker: accelmon {per_node['accelmon']} series (8 GPUs, GPM, 12 RDMA devices), "
                   f"node_exporter {per_node['node']} ({args.node_cpus} CPUs); "
                   f"Fleet, Health, Job (one job), Ledger dashboards: {sum(not q[2] for q in queries)} queries of "

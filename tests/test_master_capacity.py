@@ -73,3 +73,22 @@ def test_a_share_of_the_fleet_in_trouble_is_every_nth_worker_the_rest_healthy():
         assert b"accelmon_gpu_job_info" in fleet.body(5, "accelmon", 1)  # the healthy ones still serve their jobs
     finally:
         fleet.server_close()
+
+
+@pytest.mark.parametrize(("share", "workers", "expected"), [(0.7, 10, 7), (0.6, 10, 6), (0.3, 10, 3), (0.05, 1000, 50)])
+def test_faults_puts_its_share_of_the_workers_in_trouble_at_every_step(share, workers, expected):
+    """`--faults SHARE` is the share of the workers in trouble. One in round(1 / SHARE) was every worker for any share
+    over 2/3 (0.7: all 10), half of them from 0.4 to 2/3 (0.6: 5 of 10) and 1 in 3 at 0.3 (4 of 10)."""
+    from bench.master_capacity import Fleet
+
+    fleet = Fleet({"node": "node_load1 1.5\n"}, faults=share)
+    try:
+        troubled = [worker for worker in range(workers) if fleet.in_trouble(worker)]
+        assert len(troubled) == expected, troubled
+        assert troubled[0] == 0  # the first step's workers include one in trouble
+        # spread over the fleet: each tenth of it holds its share, as the bench's steps add workers
+        tenth = workers // 10
+        for end in range(tenth, workers, tenth):
+            assert abs(sum(map(fleet.in_trouble, range(end))) - share * end) < 1, end
+    finally:
+        fleet.server_close()
