@@ -371,7 +371,7 @@ def test_a_nic_drill_explains_a_straggler_its_own_gpu_does_not(host):
     # Both PHB (one root complex): NCCL takes the faster, mlx5_0, over mlx4_0 (bandwidth first: issue 68, point 1).
     assert wait_for(lambda: devices() == {"mlx5_0"}, 30), devices()
     job = controller.check_output(
-        f"su alice -c 'sbatch --parsable --chdir=/tmp --nodelist={name} --gres=gpu:2 --wrap \"srun sleep 150\"'"
+        f"su alice -c 'sbatch --parsable --chdir=/tmp --nodelist={name} --gres=gpu:2 --wrap \"srun sleep 300\"'"
     ).strip()
     try:
         attributed = f"/api/v1/query?query=accelmon_gpu_job_info%7Bjob_id%3D%22{job}%22%7D"
@@ -380,7 +380,9 @@ def test_a_nic_drill_explains_a_straggler_its_own_gpu_does_not(host):
         assert "3" in gpus(), gpus()  # Slurm's GPU 1 there is NVML's GPU 3
         worker.check_output("echo '3 quiet' > /opt/fake-nvml/slow")
         worker.check_output("accelmon-drill nic --device mlx5_0 --minutes 5")
-        fired = wait_for(lambda: stragglers(host, job), timeout=90)
+        # The drill's mark served (infiniband every 5 s) and scraped (2 s), the path rules' next evaluation (every
+        # minute, whatever the scenario's 2 s), then the straggler's 10 s: about 80 s at worst, in a 300 s job.
+        fired = wait_for(lambda: stragglers(host, job), timeout=150)
         assert fired, query(host, "/api/v1/alerts")
         assert [(a["gpu"], a["reason"], a.get("device"), a.get("drill")) for a in fired] == [
             ("3", "nic_port", "mlx5_0", "true")
