@@ -128,9 +128,9 @@ deployed and checked in $(( $(date +%s) - started )) s:
                with no clock event of its own, as a GPU held back by its network runs)
     3 drill    podman exec accelmon-demo-worker-2 accelmon-drill nic --device mlx5_0   (its NIC:
                accelmon_gpu_nic_nearest_info{node="accelmon-demo-worker-2",gpu="3"}; the port's counters stay real)
-    4 alert    within a minute and a half (the path rules run every minute): AccelmonJobStraggler reason
-               nic_port, device mlx5_0, "DRILL, no real fault" at http://127.0.0.1:9090/alerts; the Job
-               dashboard's "Parts at fault" lists it
+    4 alert    within a minute and a half (the path rules run every minute; until then the straggler may show
+               reason unknown): AccelmonJobStraggler reason nic_port, device mlx5_0, "DRILL, no real fault" at
+               http://127.0.0.1:9090/alerts; the Job dashboard's "Parts at fault" lists it
     5 end      podman exec accelmon-demo-worker-2 sh -c 'accelmon-drill stop --device mlx5_0; rm /opt/fake-nvml/slow'
                then podman exec accelmon-demo-worker-1 scancel JOB
   Game day     rehearse a GPU failure end to end (docs/health.md, "Game day"); nothing else on the node is fooled:
