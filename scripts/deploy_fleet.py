@@ -1,13 +1,16 @@
 """Deploys a fleet of thousands of workers: ansible/deploy.yaml run as several `ansible-playbook` processes side by
-side, each on a shard of the workers, in four stages that each finish before the next starts.
+side, each on a shard of the workers, in five stages that each finish before the next starts.
 
 1. preflight: every host's checks (deploy.yaml's preflight play, -e accelmon_deploy_preflight_only=true), shards
    side by side, the masters and the store with the first; a bad variable or host anywhere stops the deploy here,
    before any host is changed;
-2. canary: the first worker, alone (and the store, which the masters write to): the change on one host, checked;
-3. workers: the other workers, shards side by side, each rolling its share in batches (--batches, each checked
+2. masters first: where a master finds workers still serving plain HTTP (an upgrade from a release before TLS by
+   default), the masters are deployed now, one at a time, so that their Prometheus scrapes each worker as it serves
+   while the batches go (deploy.yaml's play "Masters, before workers leave plain HTTP"); elsewhere it asks only;
+3. canary: the first worker, alone (and the store, which the masters write to): the change on one host, checked;
+4. workers: the other workers, shards side by side, each rolling its share in batches (--batches, each checked
    before the next) within the failure budget (--max-fail-percentage of a batch);
-4. masters: once every worker is deployed, one master at a time (deploy.yaml's masters play).
+5. masters: once every worker is deployed, one master at a time (deploy.yaml's masters play).
 
 Why: one `ansible-playbook` schedules every task of every host on one core of the controller, about 0.0154 CPU-s
 per host and task (bench/deploy_bench.py); a first deploy's ~104 tasks on 2,000 workers keep that core busy for
@@ -55,7 +58,9 @@ CALLBACK_DIR = Path(__file__).resolve().parent / "fleet_callback"
 SHARD_BATCHES = ["5%", "25%", "100%"]
 BATCH = re.compile(r"^([1-9][0-9]*|([1-9][0-9]?|100)%)$")
 # The variables each stage sets: an operator's -e after `--` must not override them (Ansible's last -e wins).
-STAGE_VARS = re.compile(r"accelmon_deploy_(batches|max_fail_percentage|preflight_only)|accelmon_skip_(master|worker)")
+STAGE_VARS = re.compile(
+    r"accelmon_deploy_(batches|max_fail_percentage|preflight_only|masters_stage)|accelmon_skip_(master|worker)"
+)
 # Options the listing needs as much as the runs do: an encrypted inventory is read with them.
 VAULT_OPTIONS = ("--vault-password-file", "--vault-pass-file", "--vault-id")
 
@@ -165,6 +170,17 @@ def plan(workers: list[str], masters: list[str], stores: list[str], shards: int,
     # The worker stages leave the masters' play alone (a master that is also a worker is a master last, once every
     # worker is deployed), and the masters' stage leaves the workers' play alone.
     on_workers = {**common, "accelmon_skip_master": True}
+    if masters and workers:
+        stages.append(
+            [
+                Run(
+                    "masters_first",
+                    0,
+                    masters,
+                    {**common, "accelmon_skip_worker": True, "accelmon_deploy_masters_stage": "before"},
+                )
+            ]
+        )
     if workers:
         stages.append([Run("canary", 0, workers[:1] + stores, {**on_workers, "accelmon_deploy_batches": [1]})])
         rest = [Run("workers", i, part, {**on_workers, "accelmon_deploy_batches": batches})
@@ -174,7 +190,16 @@ def plan(workers: list[str], masters: list[str], stores: list[str], shards: int,
     elif stores:
         stages.append([Run("store", 0, stores, on_workers)])
     if masters:
-        stages.append([Run("masters", 0, masters, {**common, "accelmon_skip_worker": True})])
+        stages.append(
+            [
+                Run(
+                    "masters",
+                    0,
+                    masters,
+                    {**common, "accelmon_skip_worker": True, "accelmon_deploy_masters_stage": "after"},
+                )
+            ]
+        )
     return [stage for stage in stages if stage]
 
 
@@ -279,7 +304,7 @@ def run_stage(stage: list[Run], args: argparse.Namespace, run_dir: Path, passthr
         summary = run_dir / f"{run.name}.json"
         run.summary = json.loads(summary.read_text()) if summary.exists() else {}
         # The preflight and the canary have no budget: any failed host stops the deploy (main()).
-        within = "" if run.stage in ("preflight", "canary") else " within the budget"
+        within = "" if run.stage in ("preflight", "masters_first", "canary") else " within the budget"
         state = "stopped" if run.stopped else (f"failed hosts{within}" if run.failed_hosts else "ok")
         unreachable = set(run.summary.get("unreachable", []))  # type: ignore[call-overload]
         shown = [f"{host} (unreachable)" if host in unreachable else host for host in run.failed_hosts[:20]]
@@ -383,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
             run_stage(stage, args, run_dir, passthrough, env)
             failed += [host for run in stage for host in run.failed_hosts + run.unreached]
             # The preflight and the canary stop at any failed host: nothing else has changed yet, or one host only.
-            strict = stage[0].stage in ("preflight", "canary")
+            strict = stage[0].stage in ("preflight", "masters_first", "canary")
             if any(run.stopped or (strict and run.failed_hosts) for run in stage):
                 left_out = [host for run in stage for host in run.failed_hosts] if stage[0].stage == "preflight" else []
                 return finish(run_dir, failed, argv, stopped_at=stage[0].stage, left_out=left_out)

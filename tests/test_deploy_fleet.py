@@ -110,7 +110,7 @@ def test_the_stages_run_in_order_the_shards_side_by_side_and_every_host_once(tmp
     by_stage: dict[str, list[dict]] = {}
     for run in runs:
         by_stage.setdefault(run["run"].split("-")[0], []).append(run)
-    assert list(by_stage) == ["preflight", "canary", "workers", "masters"], [r["run"] for r in runs]
+    assert list(by_stage) == ["preflight", "masters_first", "canary", "workers", "masters"], [r["run"] for r in runs]
     # Preflight: every host, checks only; the masters with the first shard.
     preflight = by_stage["preflight"]
     assert all(r["extra"]["accelmon_deploy_preflight_only"] is True for r in preflight)
@@ -125,6 +125,12 @@ def test_the_stages_run_in_order_the_shards_side_by_side_and_every_host_once(tmp
     assert [r["hosts"] for r in workers] == [["w02", "w03"], ["w04", "w05"], ["w06", "w07"], ["w08", "w09"]]
     assert all(r["extra"]["accelmon_deploy_batches"] == ["5%", "25%", "100%"] for r in workers)
     assert [r["hosts"] for r in by_stage["masters"]] == [["m1", "m2"]]
+    # The masters go first where some worker still serves plain HTTP (deploy.yaml's play before the workers', which
+    # asks), and last: each run does its half of deploy.yaml's masters plays, never the workers' play.
+    for stage, half in (("masters_first", "before"), ("masters", "after")):
+        (run,) = by_stage[stage]
+        assert run["hosts"] == ["m1", "m2"] and run["extra"]["accelmon_skip_worker"] is True, run
+        assert run["extra"]["accelmon_deploy_masters_stage"] == half, run
     # Side by side within a stage (each stand-in sleeps 0.5 s: they overlap), one stage after the other.
     assert max(r["began"] for r in workers) < min(r["ended"] for r in workers)
     for before, after in zip(list(by_stage.values()), list(by_stage.values())[1:]):
@@ -185,7 +191,10 @@ def test_failures_within_the_budget_go_on_to_the_masters_and_exit_2_with_a_retry
     # The retry file limits a re-run to those workers, and Ansible's own pattern rules read it.
     rc, output, runs = _fleet(tmp_path, _inventory(tmp_path, 7), "--shards", "2", "--limit", f"@{retry}")
     assert rc == 0, output
-    assert sorted(h for r in runs if not r["run"].startswith("preflight") for h in r["hosts"]) == ["w03", "w06"]
+    assert sorted(h for r in runs if not r["run"].startswith(("preflight", "masters_first")) for h in r["hosts"]) == [
+        "w03",
+        "w06",
+    ]
 
 
 def test_a_failed_canary_stops_the_deploy_before_the_shards(tmp_path):
@@ -200,7 +209,7 @@ def test_a_failed_canary_stops_the_deploy_before_the_shards(tmp_path):
         plan={"fail": {"canary": ["w01"]}},
     )
     assert rc == 1 and "stopped at the canary stage" in output, output
-    assert [r["run"].split("-")[0] for r in runs] == ["preflight", "preflight", "canary"]
+    assert [r["run"].split("-")[0] for r in runs] == ["preflight", "preflight", "masters_first", "canary"]
 
 
 def test_a_relative_inventory_from_the_operators_directory_is_the_one_every_run_reads(tmp_path):
@@ -212,7 +221,7 @@ def test_a_relative_inventory_from_the_operators_directory_is_the_one_every_run_
     rc, output, runs = _fleet(tmp_path, "host.ini", "--shards", "2", cwd=work)
     assert rc == 0, output
     assert {r["cwd"] for r in runs} == {str(work)}
-    assert sorted(h for r in runs if not r["run"].startswith("preflight") for h in r["hosts"]) == [
+    assert sorted(h for r in runs if not r["run"].startswith(("preflight", "masters_first")) for h in r["hosts"]) == [
         "m1", "m2", "w01", "w02", "w03"]  # fmt: skip
 
 
