@@ -243,6 +243,11 @@ MASTER_CASES = [
         '{"accelmon_master_query_url": "http://vm:8428", "accelmon_master_query_bearer_token": "secret"}',
         "only over https",
     ),
+    # A header's value is one of Grafana's secrets too (secureJsonData): an API key is no safer in clear.
+    (
+        '{"accelmon_master_query_url": "http://vm:8428", "accelmon_master_query_headers": {"X-Api-Key": "secret"}}',
+        "accelmon_master_query_headers only over https://",
+    ),
     ("accelmon_master_query_url=https://u:secret@vm:8428", "never inside the URL"),
     # Issue 66, point 3: Grafana's certificate goes with its key (neither value printed).
     (
