@@ -237,6 +237,15 @@ def test_prometheus_scrapes_a_half_upgraded_fleet_with_no_worker_down_and_no_pas
         assert {s["metric"]["node"] for s in query(base, '{__name__=~"accelmon_.+", job="accelmon"}')} == {"old", "new"}
         assert query(base, '{__name__=~"accelmon_.+|node_.+", scheme!=""}') == []
         assert {s["metric"]["node"] for s in query(base, 'node_load1{job="node"}')} == {"old", "new"}
+        # What the deploy of the master then warns of (tasks/main.yml): the down worker alone, with Prometheus's error;
+        # the old one, down to the HTTPS job but scraped by the plain twin, is not.
+        script = ROLES / "accelmon_master" / "files" / "unscraped_workers.py"
+        read = subprocess.run([sys.executable, "-c", script.read_text(), base, "30"], capture_output=True, text=True,
+                              timeout=60, check=True)  # fmt: skip
+        unscraped = json.loads(read.stdout)
+        assert unscraped["pending"] == 0
+        assert [line.split(":")[0] for line in unscraped["down"]] == ["accelmon on down", "node on down"], unscraped
+        assert all("connection refused" in line for line in unscraped["down"]), unscraped
     finally:
         stop(prometheus)
     assert OldExporter.authorizations and set(OldExporter.authorizations) == {None}
