@@ -1,6 +1,7 @@
 """The worker role's lock files (ansible/roles/accelmon_exporter/files/requirements*.lock, written by
-scripts/lock_requirements.py): every dependency at one exact version with its wheels' sha256, satisfying
-pyproject.toml, installed by the role with hashes required and binary wheels only (issue 66, point 5)."""
+scripts/lock_requirements.py): every dependency at one exact version per Python (environment markers where the
+versions differ) with its wheels' sha256, satisfying pyproject.toml, installed by the role with hashes required and
+binary wheels only (issue 66, point 5). tests/test_lock_extras.py installs them with every extra on Python 3.9."""
 
 from __future__ import annotations
 
@@ -18,9 +19,11 @@ import yaml
 from tests.support.paths import ROOT
 
 try:
+    from packaging.markers import Marker
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
 except ImportError:  # the Python 3.9 tier: pip's own copy
+    from pip._vendor.packaging.markers import Marker  # type: ignore[no-redef]
     from pip._vendor.packaging.requirements import Requirement  # type: ignore[no-redef]
     from pip._vendor.packaging.utils import canonicalize_name  # type: ignore[no-redef]
 
@@ -33,45 +36,86 @@ FILES = ROOT / "ansible" / "roles" / "accelmon_exporter" / "files"
 GROUPS = {"": "requirements.lock", "auth": "requirements-auth.lock", "cloudwatch": "requirements-cloudwatch.lock",
           "amd": "requirements-amd.lock"}  # fmt: skip
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([0-9][A-Za-z0-9.+!-]*)$")
+PYTHONS = ("3.9", "3.10", "3.11", "3.12", "3.13")
+ARCHITECTURES = ("x86_64", "aarch64")
 
 
-def read_lock(path: Path) -> dict[str, tuple[str, list[str]]]:
-    """{name: (version, [sha256, ...])} of a lock file; anything but a pin and its hashes fails the test."""
-    entries: dict[str, tuple[str, list[str]]] = {}
+def target_environment(python: str, architecture: str) -> dict[str, str]:
+    """The environment markers of a worker's CPython `python` on Linux `architecture` (not this interpreter's)."""
+    return {
+        "implementation_name": "cpython", "implementation_version": f"{python}.0", "os_name": "posix",
+        "platform_machine": architecture, "platform_release": "", "platform_system": "Linux", "platform_version": "",
+        "python_full_version": f"{python}.0", "platform_python_implementation": "CPython", "python_version": python,
+        "sys_platform": "linux", "extra": "",
+    }  # fmt: skip
+
+
+def read_lock(path: Path) -> list[tuple[str, str, Marker | None, list[str]]]:
+    """[(name, version, marker, [sha256, ...]), ...] of a lock file; anything but a pin (with its environment
+    markers) and its hashes fails the test."""
+    entries = []
     logical = [line for line in path.read_text().replace("\\\n", " ").splitlines() if not line.startswith("#")]
     for line in filter(str.strip, logical):
-        requirement, *options = line.split()
-        match = PIN.match(requirement)
-        assert match, f"{path.name}: {requirement!r} is not pinned to an exact version"
-        hashes = [option.removeprefix("--hash=sha256:") for option in options]
+        text, *options = line.split(" --hash=")
+        requirement = Requirement(text)
+        match = PIN.match(f"{requirement.name}{requirement.specifier}")
+        assert match and not requirement.extras and not requirement.url, f"{path.name}: {text!r} is not one pin"
+        hashes = [option.strip().removeprefix("sha256:") for option in options]
         assert all(re.fullmatch(r"[0-9a-f]{64}", digest) for digest in hashes), f"{path.name}: {line}"
-        assert hashes, f"{path.name}: {requirement} has no hash"
-        name = canonicalize_name(match.group(1))
-        assert name not in entries, f"{path.name}: {name} twice"
-        entries[name] = (match.group(2), hashes)
+        assert hashes, f"{path.name}: {text} has no hash"
+        entries.append((canonicalize_name(requirement.name), match.group(2), requirement.marker, hashes))
     return entries
+
+
+def locked_for(python: str, architecture: str, groups: tuple[str, ...] = tuple(GROUPS)) -> dict[str, str]:
+    """{name: version} the role installs on that worker from these groups' locks: the pins whose markers hold."""
+    pins: dict[str, str] = {}
+    for group in groups:
+        for name, version, marker, _ in read_lock(FILES / GROUPS[group]):
+            if marker is None or marker.evaluate(target_environment(python, architecture)):
+                assert name not in pins, f"{name} twice for Python {python} {architecture}"
+                pins[name] = version
+    return pins
 
 
 def test_every_locked_package_is_pinned_with_its_wheels_hashes():
     locks = {group: read_lock(FILES / name) for group, name in GROUPS.items()}
     assert all(locks.values())
-    # A package in one group only: the role installs the base lock with each extra's on top.
-    names = [name for lock in locks.values() for name in lock]
-    assert len(names) == len(set(names))
+    # One pin of a package for each worker, in one group only: the role installs the base lock with each extra's
+    # on top (locked_for fails on a second one).
+    for python in PYTHONS:
+        for architecture in ARCHITECTURES:
+            assert locked_for(python, architecture)
     # The compiled ones carry a wheel per Python version and architecture (PyYAML: 5 x 2 at least).
-    assert len(locks[""]["pyyaml"][1]) >= 10 and len(locks["auth"]["bcrypt"][1]) >= 2
+    hashes = {name: [] for lock in locks.values() for name, *_ in lock}
+    for lock in locks.values():
+        for name, _, _, digests in lock:
+            hashes[name] += digests
+    assert len(hashes["pyyaml"]) >= 10 and len(hashes["bcrypt"]) >= 2
+
+
+def test_per_python_pins_name_the_pythons_they_are_for():
+    """botocore requires urllib3<1.27 on Python < 3.10 (urllib3 2 from 3.10): the cloudwatch lock pins each, with
+    the markers pip evaluates on the worker."""
+    for architecture in ARCHITECTURES:
+        assert locked_for("3.9", architecture, ("", "cloudwatch"))["urllib3"].startswith("1.26.")
+        for python in PYTHONS[1:]:
+            assert locked_for(python, architecture, ("", "cloudwatch"))["urllib3"].startswith("2.")
+    urllib3 = [entry for entry in read_lock(FILES / GROUPS["cloudwatch"]) if entry[0] == "urllib3"]
+    assert [str(marker) for _, _, marker, _ in urllib3] == ['python_version < "3.10"', 'python_version >= "3.10"']
 
 
 def test_the_lock_satisfies_pyprojects_requirements():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    base = read_lock(FILES / GROUPS[""])
-    for group, name in GROUPS.items():
-        wanted = project["dependencies"] if group == "" else project["optional-dependencies"][group]
-        pins = {**base, **read_lock(FILES / name)}
-        for text in wanted:
-            requirement = Requirement(text)
-            version = pins.get(canonicalize_name(requirement.name), ("",))[0]
-            assert version and requirement.specifier.contains(version, prereleases=True), (group, text, version)
+    for python in PYTHONS:
+        for architecture in ARCHITECTURES:
+            for group in GROUPS:
+                wanted = project["dependencies"] if group == "" else project["optional-dependencies"][group]
+                pins = locked_for(python, architecture, tuple(dict.fromkeys(("", group))))
+                for text in wanted:
+                    requirement = Requirement(text)
+                    version = pins.get(canonicalize_name(requirement.name), "")
+                    assert version and requirement.specifier.contains(version, prereleases=True), (python, text)
 
 
 def task(tasks: list[dict], name: str) -> dict:
@@ -90,6 +134,8 @@ def test_the_role_installs_the_locked_dependencies_with_hashes_and_binary_wheels
         "__accelmon_exporter_locks",
         "__accelmon_exporter_pip_install_locked",
         "__accelmon_exporter_pip_install_wheel",
+        "__accelmon_exporter_pip_check",
+        "__accelmon_exporter_pip_environment",
     ]
     content = "{{ {" + ", ".join(f"'{name}': {name}" for name in names) + "} | to_json }}"
     play = {
@@ -111,7 +157,13 @@ def test_the_role_installs_the_locked_dependencies_with_hashes_and_binary_wheels
     assert "--require-hashes" in locked and locked[locked.index("--only-binary") + 1] == ":all:"
     assert ["-r", "/opt/accelmon/dist/requirements-cloudwatch.lock"] == locked[-2:]
     assert locked.count("-r") == 3 and "--no-index" in locked
-    assert "--no-index" in rendered["__accelmon_exporter_pip_install_wheel"]
+    # accelmon's wheel: no index and no dependencies (they are the locked ones); pip check after it.
+    wheel = rendered["__accelmon_exporter_pip_install_wheel"]
+    assert "--no-index" in wheel and "--no-deps" in wheel
+    assert rendered["__accelmon_exporter_pip_check"][:4] == ["/opt/accelmon/venv/bin/python", "-m", "pip", "check"]
+    # No pip configuration of the host's: --isolated (PIP_* variables, the user's pip.conf) and every pip.conf.
+    assert all("--isolated" in argv for argv in (locked, wheel, rendered["__accelmon_exporter_pip_check"]))
+    assert rendered["__accelmon_exporter_pip_environment"] == {"PIP_CONFIG_FILE": "/dev/null"}
     # Every lock file the role may name is in the role, and the tasks run the commands in that order.
     for extra in ("auth", "cloudwatch", "amd"):
         assert (role / "files" / f"requirements-{extra}.lock").is_file()
@@ -120,8 +172,14 @@ def test_the_role_installs_the_locked_dependencies_with_hashes_and_binary_wheels
     copy = "Copy the lock files of the dependencies"
     deps = "Install the locked dependencies into the virtualenv"
     wheel = "Install accelmon into the virtualenv"
-    assert order.index(copy) < order.index(deps) < order.index(wheel)
+    check = "Check the virtualenv's dependencies"
+    assert order.index(copy) < order.index(deps) < order.index(wheel) < order.index(check)
     assert task(tasks, deps)["ansible.builtin.command"]["argv"] == "{{ __accelmon_exporter_pip_install_locked }}"
+    assert task(tasks, check)["ansible.builtin.command"]["argv"] == "{{ __accelmon_exporter_pip_check }}"
+    assert task(tasks, check)["changed_when"] is False  # reads only: the role stays idempotent
+    pip_tasks = [entry for entry in tasks if "__accelmon_exporter_pip_" in str(entry.get("ansible.builtin.command"))]
+    assert len(pip_tasks) == 4  # the locked install, the wheel's, its reinstall, the check
+    assert all(entry["environment"] == "{{ __accelmon_exporter_pip_environment }}" for entry in pip_tasks)
     assert task(tasks, copy)["loop"] == "{{ __accelmon_exporter_locks }}"
 
 
