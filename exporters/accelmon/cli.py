@@ -187,7 +187,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         publisher = Publisher(settings.cloudwatch, known_metrics())
         for sampler in samplers:
             sampler.sinks.append(publisher.observe)
-    exporter = Exporter(samplers, extra_metrics=[publisher.self_metrics] if publisher else [])
+    exporter = Exporter(
+        samplers,
+        extra_metrics=[publisher.self_metrics] if publisher else [],
+        certificates_not_after=settings.certificates_not_after,
+    )
     if args.once:
         text, failed = exporter.collect_once()
         sys.stdout.buffer.write(text)

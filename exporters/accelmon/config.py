@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +16,8 @@ from accelmon.exporter.server import IPNetwork, allowed_networks
 DEFAULT_PORT = 19470
 DEFAULT_LISTEN_ADDRESS = f":{DEFAULT_PORT}"
 LOG_LEVELS = ("debug", "info", "warning", "error")
+# The services whose certificate's end the deploy writes in web.certificates_not_after (a label's bounded values).
+CERTIFICATE_SERVICES = ("accelmon-exporter", "node_exporter")
 __all__ = ["ConfigError", "Settings", "check_listen_address", "load"]
 
 
@@ -42,6 +45,8 @@ class Settings:
     listen_address: str = DEFAULT_LISTEN_ADDRESS
     # The only addresses /metrics answers (the Prometheus servers); () answers any.
     allowed_clients: tuple[IPNetwork, ...] = ()
+    # The end (seconds since the epoch) of each certificate the deploy gave this host's exporters, by service.
+    certificates_not_after: dict[str, float] = field(default_factory=dict)
     log_level: str = "info"
     paths: Paths = field(default_factory=Paths)
     collectors: dict[str, CollectorSettings] = field(default_factory=dict)
@@ -63,6 +68,19 @@ def _unknown(mapping: dict[str, Any], allowed: set[str], where: str) -> None:
     extra = sorted(set(mapping) - allowed)
     if extra:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(extra)}; allowed: {', '.join(sorted(allowed))}")
+
+
+def _certificates_not_after(value: Any) -> dict[str, float]:
+    where = "web.certificates_not_after"
+    ends = _expect_mapping(value, where)
+    _unknown(ends, set(CERTIFICATE_SERVICES), where)
+    for service, end in ends.items():
+        # A real time: not a bool (YAML's yes), NaN, infinity, a negative or a number past the year 30000.
+        if isinstance(end, bool) or not isinstance(end, (int, float)) or not (0 < end < 1e12 and math.isfinite(end)):
+            raise ConfigError(
+                f"{where}.{service}: expected the certificate's end in seconds since the epoch, got {end!r}"
+            )
+    return {service: float(end) for service, end in ends.items()}
 
 
 def check_listen_address(address: str, any_port: bool = False) -> tuple[str, int]:
@@ -116,7 +134,7 @@ def load(path: str | None) -> Settings:
     data = _expect_mapping(data, path)
     _unknown(data, {"web", "log_level", "paths", "collectors", "cloudwatch"}, path)
     web = _expect_mapping(data.get("web"), "web")
-    _unknown(web, {"listen_address", "allowed_clients"}, "web")
+    _unknown(web, {"listen_address", "allowed_clients", "certificates_not_after"}, "web")
     if "listen_address" in web:
         settings.listen_address = str(web["listen_address"])
         check_listen_address(settings.listen_address)
@@ -125,6 +143,7 @@ def load(path: str | None) -> Settings:
             settings.allowed_clients = allowed_networks(web["allowed_clients"])
         except ValueError as error:
             raise ConfigError(f"web.allowed_clients: {error}") from error
+    settings.certificates_not_after = _certificates_not_after(web.get("certificates_not_after"))
     if "log_level" in data:
         if data["log_level"] not in LOG_LEVELS:
             raise ConfigError(f"log_level: expected one of {', '.join(LOG_LEVELS)}, got {data['log_level']!r}")

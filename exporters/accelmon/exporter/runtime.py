@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 from accelmon import __version__
 from accelmon.exporter.metrics import EOF, Catalogue, Samples, render
@@ -190,6 +190,12 @@ class Sampler:
 
 SELF = Catalogue("exporter", "Exporter self-metrics")
 BUILD_INFO = SELF.gauge("accelmon_exporter_build_info", "Version of the accelmon exporter; value is 1.", ["version"])
+CERTIFICATE_END = SELF.gauge(
+    "accelmon_exporter_tls_certificate_expiry_timestamp_seconds",
+    "When the TLS certificate the deploy gave this host's exporter ends (service: accelmon-exporter, node_exporter), "
+    "in seconds since the epoch: its notAfter, or its CA's where that comes first. None where it serves plain HTTP.",
+    ["service"],
+)
 SUCCESS = SELF.gauge(
     "accelmon_collector_success",
     "1 if the collector's latest sample succeeded and is fresh (not overdue by more than 3 intervals), else 0.",
@@ -233,12 +239,15 @@ class Exporter:
         drop_after_seconds: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
         extra_metrics: Iterable[Callable[[], Samples]] = (),
+        certificates_not_after: Mapping[str, float] | None = None,
     ) -> None:
         self.samplers = samplers
         # Collectors another one serves in their place (dcgm_compat's replace_own): sampled, not served.
         self._replaced = {name for sampler in samplers for name in sampler.collector.replaces}
         # Self-metrics of parts that are not collectors (the CloudWatch publisher), rendered on each scrape.
         self.extra_metrics = list(extra_metrics)
+        # The end of each certificate the deploy gave this host's exporters (the config's web.certificates_not_after).
+        self.certificates_not_after = dict(certificates_not_after or {})
         self._stale_after_intervals = stale_after_intervals
         self._drop_after_seconds = drop_after_seconds
         self._clock = clock
@@ -258,6 +267,8 @@ class Exporter:
     def _self_metrics(self, states: list[tuple[Sampler, SampleState]], now: float) -> Samples:
         samples = Samples()
         samples.add(BUILD_INFO, [__version__], 1)
+        for service, end in sorted(self.certificates_not_after.items()):
+            samples.add(CERTIFICATE_END, [service], end)
         for sampler, state in states:
             fresh = self._is_fresh(sampler, state, now, self._stale_after_intervals * sampler.interval)
             samples.add(SUCCESS, [sampler.name], 1 if state.success and fresh else 0)
