@@ -2,7 +2,8 @@
 # Installs what accelmon's tests and local demo need on a Debian/Ubuntu machine, and nothing that runs by itself:
 #   - system packages (apt): a C compiler for the fake NVML driver, Python venv support, podman with runc, the CNI
 #     dnsname plugin (containers of the simulated cluster find each other by name through it), debootstrap,
-#     poppler-utils and chromium (the job report's PDF is rendered to images, its HTML opened in a headless browser);
+#     poppler-utils and chromium (the job report's PDF is rendered to images, its HTML opened in a headless browser),
+#     nftables (tests/test_loopback_guard.py loads the loopback guard's rules into a network namespace of its own);
 #   - Prometheus, promtool, node_exporter, VictoriaMetrics and vmalert binaries, unpacked from Debian's packages into
 #     .tools/ rather than installed: installing the packages would enable and start servers where systemd runs;
 #   - a virtualenv (.venv) with the project and its Python tools, and the build backend pyproject.toml pins (the
@@ -12,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(gcc libc6-dev python3-venv python3-dev podman runc golang-github-containernetworking-plugin-dnsname
-          debootstrap uidmap slirp4netns fuse-overlayfs iproute2 curl poppler-utils chromium)
+          debootstrap uidmap slirp4netns fuse-overlayfs iproute2 curl poppler-utils chromium nftables)
 tool_packages=(prometheus prometheus-node-exporter victoria-metrics prometheus-alertmanager)
 tool_binaries=(prometheus promtool prometheus-node-exporter victoria-metrics vmalert prometheus-alertmanager)
 tools=.tools

@@ -107,3 +107,17 @@ def test_node_exporter_runs_with_its_file_and_memory_limits():
     limits = [line.split()[3:5] for line in worker.check_output(f"cat /proc/{pid}/limits").splitlines()
               if line.startswith("Max open files")]  # fmt: skip
     assert limits == [["4096", "4096"]], limits  # soft and hard: Go raises only the soft one to the hard
+
+
+def test_a_worker_lets_only_root_reach_its_exporters_over_the_loopback():
+    """The loopback guard (the exporter role's tasks/loopback_guard.yml): the allow-lists above let the loopback in
+    for the deploy's check, so a user of the worker could hold node_exporter's descriptors; the guard's nftables
+    table resets any connection to either port over the loopback but root's (the master here is no worker)."""
+    worker = testinfra.get_host(f"podman://{WORKER}")
+    assert worker.service("accelmon-loopback-guard").is_enabled
+    assert worker.run("nft list table inet accelmon_loopback").rc == 0
+    nobody = "setpriv --reuid=65534 --regid=65534 --clear-groups"
+    for port in (19470, 9100):
+        assert wait_for(lambda port=port: probe(worker, "127.0.0.1", port) == "accepted", timeout=60)  # root
+        # The guard's reset answers the connect itself: refused, before any TLS.
+        assert worker.check_output(f"{nobody} python3 -c {shlex.quote(PROBE)} 127.0.0.1 {port}") == "refused"
