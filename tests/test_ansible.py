@@ -152,6 +152,11 @@ WORKER_CASES = [
         '{"accelmon_exporter_allowed_clients": ["0.0.0.0/0", "::/0"], "accelmon_node_exporter_memory_max": "lots"}',
         "accelmon_node_exporter_memory_max is a size such as 512M",
     ),
+    # node_exporter's own plain HTTP is warned (test_node_exporters_own_plain_http_is_warned), then this host fails.
+    (
+        '{"accelmon_node_exporter_plain_http": true, "accelmon_node_exporter_memory_max": "lots"}',
+        "accelmon_node_exporter_memory_max is a size such as 512M",
+    ),
     # node_exporter's own checks (its role's preflight), in the same play.
     ("accelmon_node_exporter_listen_address=9100", "must be HOST:PORT or :PORT"),
     ('{"accelmon_node_exporter_extra_args": ["--web.listen-address=:9101"]}', "without --web.listen-address"),
@@ -399,6 +404,17 @@ def test_an_open_allow_list_is_warned(preflight):
     warned = [r for r in results if "[WARNING] accelmon_exporter_allowed_clients lets any address" in r[:600]]
     assert warned and "0.0.0.0/0, ::/0" in warned[0][:600], output[-3000:]
     assert not any("lets any address" in r[:600] for r in output.split("ok: [case-00] => ")[1:])
+
+
+def test_node_exporters_own_plain_http_is_warned(preflight):
+    """accelmon_node_exporter_plain_http: true on a worker whose accelmon-exporter serves HTTPS (the exporter's
+    plain-HTTP warning, which speaks for both, is then not printed) is warned in the play's output for that host."""
+    _, output = preflight("worker")
+    number = next(n for n, case in enumerate(WORKER_CASES) if "accelmon_node_exporter_plain_http" in case[0])
+    results = output.split(f"ok: [case-{number:02d}] => ")[1:]
+    warned = [r for r in results if "[WARNING] plain HTTP asked for node_exporter on" in r[:600]]
+    assert len(warned) == 1 and "accelmon_node_exporter_plain_http" in warned[0][:600], output[-3000:]
+    assert not any("node_exporter on" in r[:600] for r in output.split("ok: [case-00] => ")[1:])
 
 
 @pytest.mark.parametrize(("number", "case"), list(enumerate(MASTER_CASES)), ids=[c[1] for c in MASTER_CASES])
