@@ -4,7 +4,9 @@ defaults and vars, each host's own variables."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -109,3 +111,58 @@ def test_the_deploys_preflight_warns_of_an_image_pinned_by_its_tag_alone(tmp_pat
     output = deploy_preflight(tmp_path, hosts, {})
     assert [w for w in warnings_of(output, "tags") if "accelmon_master_grafana_image=" in w], output[-3000:]
     assert warnings_of(output, "defaults") == [], output[-3000:]
+
+
+PAIR = {"m1": {"accelmon_master_alertmanager_cluster_address": "10.0.0.1"},
+        "m2": {"accelmon_master_alertmanager_cluster_address": "10.0.0.2"}}  # fmt: skip
+OPEN_PAIR = "Warn that the HA pair's Alertmanager is open on the cluster address"
+
+
+def test_an_ha_pairs_alertmanager_open_on_the_cluster_address_is_warned_with_the_rule_that_closes_it(tmp_path):
+    """An HA pair's Alertmanagers (accelmon_master_replicas: 2) publish their API (plain HTTP, no password) and their
+    gossip on the cluster address: each master's output says so, what is published where, and the firewall rule that
+    keeps both ports to its partner (a rule nft takes, below)."""
+    pair = {"accelmon_master_replicas": 2, "accelmon_master_alertmanager_enabled": True}
+    output = run_preflight_task(tmp_path, OPEN_PAIR, PAIR, pair)
+    for host, me, partner in (("m1", "10.0.0.1", "10.0.0.2"), ("m2", "10.0.0.2", "10.0.0.1")):
+        [warning] = warnings_of(output, host)
+        assert f"published on 127.0.0.1, {me} port 9093" in warning, warning
+        assert "no password" in warning and f"gossip on {me} port 9094 TCP and UDP in clear" in warning, warning
+        assert f"let only the partner ({partner}) reach them" in warning, warning
+        assert (f"ip daddr {me} ip saddr != '{{ {partner} }}' meta l4proto '{{ tcp, udp }}' th dport '{{ 9093, 9094 }}'"
+                " drop") in warning, warning  # fmt: skip
+    # With the cluster's mutual TLS the gossip is TCP alone and authenticated; the API is as open.
+    tls = {name: "x" for name in ("accelmon_master_alertmanager_cluster_tls_ca", "accelmon_master_alertmanager_"
+                                  "cluster_tls_cert", "accelmon_master_alertmanager_cluster_tls_key")}  # fmt: skip
+    [warning] = warnings_of(run_preflight_task(tmp_path, OPEN_PAIR, PAIR, {**pair, **tls}), "m1")
+    assert "port 9094 TCP, mutual TLS" in warning and "in clear" not in warning, warning
+    # Not a clustered pair: a single master, or a pair where one master alone runs Alertmanager.
+    single = {"m1": {**PAIR["m1"], "accelmon_master_alertmanager_listen_address": "0.0.0.0"}}
+    assert warnings_of(run_preflight_task(tmp_path, OPEN_PAIR, single, {"accelmon_master_alertmanager_enabled": True}),
+                       "m1") == []  # fmt: skip
+    half = {"m1": {**PAIR["m1"], "accelmon_master_alertmanager_enabled": True}, "m2": PAIR["m2"]}
+    output = run_preflight_task(tmp_path, OPEN_PAIR, half, {"accelmon_master_replicas": 2})
+    assert warnings_of(output, "m1") == warnings_of(output, "m2") == [], output[-3000:]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("nft") or not shutil.which("unshare"),
+                    reason="needs root, nft and unshare (a network namespace of its own)")  # fmt: skip
+def test_the_pairs_firewall_rule_is_one_nft_takes(tmp_path):
+    """The warning's commands, run as printed in a network namespace of their own, make the rule it names."""
+    pair = {"accelmon_master_replicas": 2, "accelmon_master_alertmanager_enabled": True}
+    [warning] = warnings_of(run_preflight_task(tmp_path, OPEN_PAIR, PAIR, pair), "m1")
+    commands = re.search(r"on this master: (nft add table .*? drop) \(docs/security\.md", warning).group(1)
+    result = subprocess.run(["unshare", "-n", "sh", "-ec", f"{commands}; nft list ruleset"], capture_output=True,
+                            text=True, timeout=60)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "hook prerouting priority mangle" in result.stdout  # -150: before the engines' DNAT of published ports
+    assert ("ip daddr 10.0.0.1 ip saddr != 10.0.0.2 meta l4proto { tcp, udp } th dport { 9093, 9094 } drop"
+            in result.stdout), result.stdout  # fmt: skip
+
+
+def test_the_deploys_preflight_warns_of_an_open_ha_pair_on_each_master(tmp_path):
+    """The pair's warning is the preflight play's, once on each master, on every run of deploy.yaml."""
+    pair = {"accelmon_master_replicas": 2, "accelmon_master_alertmanager_enabled": True}
+    output = deploy_preflight(tmp_path, PAIR, pair)
+    for host in PAIR:
+        assert len([w for w in warnings_of(output, host) if "Alertmanager's API" in w]) == 1, output[-3000:]
