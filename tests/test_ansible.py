@@ -950,7 +950,8 @@ def test_the_rapl_rule_lets_only_node_exporters_group_read_the_energy_counters(t
 @pytest.mark.parametrize(
     "variable",
     ['{"accelmon_deploy_batches": ["ten"]}', '{"accelmon_deploy_batches": []}', "accelmon_deploy_batches=5",
-     '{"accelmon_deploy_batches": [1, "150%"]}', "accelmon_deploy_max_fail_percentage=101"],
+     '{"accelmon_deploy_batches": [1, "150%"]}', "accelmon_deploy_max_fail_percentage=101",
+     "accelmon_deploy_masters_stage=sideways"],
 )  # fmt: skip
 def test_a_bad_roll_out_setting_stops_the_deploy_before_any_host_changes(tmp_path, variable):
     """accelmon_deploy_batches and accelmon_deploy_max_fail_percentage are play settings (serial,
