@@ -168,7 +168,7 @@ def test_no_certificate_is_signed_past_its_cas_end_and_the_cas_end_is_warned(tmp
     ca_end = not_after(pki / "ca.crt")
     assert ca_end - 86400 < not_after(pki / "hosts" / "gpu-1.crt") <= ca_end
     assert not_after(pki / "node-exporter" / "gpu-1.crt") > ca_end + 700 * 86400  # signed before the CA shortened
-    assert "[WARNING] the scrape CA" in output and "ends in 100.0 days" in output
+    assert "[WARNING] the scrape CA" in output and "expires in 100.0 days" in output
     assert "with -e accelmon_exporter_pki_rotate=true" in output
     assert rendered(tmp_path)["web"]["certificates_not_after"] == {
         "accelmon-exporter": not_after(pki / "hosts" / "gpu-1.crt"), "node_exporter": ca_end}  # fmt: skip
