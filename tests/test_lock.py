@@ -146,6 +146,8 @@ def test_the_role_installs_the_locked_dependencies_with_hashes_and_binary_wheels
         "accelmon_exporter_basic_auth_users": {"prometheus": "$2b$12$" + "x" * 53},
         "accelmon_exporter_cloudwatch": {"enabled": True},
         "accelmon_exporter_wheelhouse_dir": "/srv/wheels",
+        # A mirror signed by a private CA: its bundle, since the role's pip reads no pip.conf's `cert =`.
+        "accelmon_exporter_pip_cert": "/etc/pki/mirror-ca.pem",
     }
     result = run_local_play(play, variables, tmp_path)
     assert result.returncode == 0, result.stdout[-3000:]
@@ -157,6 +159,7 @@ def test_the_role_installs_the_locked_dependencies_with_hashes_and_binary_wheels
     assert "--require-hashes" in locked and locked[locked.index("--only-binary") + 1] == ":all:"
     assert ["-r", "/opt/accelmon/dist/requirements-cloudwatch.lock"] == locked[-2:]
     assert locked.count("-r") == 3 and "--no-index" in locked
+    assert locked[locked.index("--cert") + 1] == "/etc/pki/mirror-ca.pem"
     # accelmon's wheel: no index and no dependencies (they are the locked ones); pip check after it.
     wheel = rendered["__accelmon_exporter_pip_install_wheel"]
     assert "--no-index" in wheel and "--no-deps" in wheel
