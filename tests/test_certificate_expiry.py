@@ -102,6 +102,7 @@ def rendered(work: Path) -> dict[str, Any]:
     return yaml.safe_load((work / "gpu-1-exporter.yml").read_text())
 
 
+@pytest.mark.e2e  # ansible-playbook: the controller's, not the workers' Python 3.9
 def test_the_deploy_writes_each_served_certificates_end_in_the_exporters_config(tmp_path):
     """--check first (the controller's PKI is made even then), then a real run: the configuration names the end of
     accelmon-exporter's and node_exporter's certificates as the files on the controller say, and the exporter's
@@ -120,6 +121,7 @@ def test_the_deploy_writes_each_served_certificates_end_in_the_exporters_config(
     assert settings(tmp_path, yaml.safe_dump(config)).certificates_not_after == ends
 
 
+@pytest.mark.e2e  # ansible-playbook: the controller's, not the workers' Python 3.9
 def test_plain_http_writes_no_end_and_the_operators_certificate_its_own(tmp_path):
     deploy_pki(tmp_path, accelmon_exporter_plain_http=True)
     assert "certificates_not_after" not in rendered(tmp_path)["web"]
@@ -155,6 +157,7 @@ def shorten_the_ca(work: Path, life: str) -> None:
     run_play(work, tasks, {}, workers=WORKER)
 
 
+@pytest.mark.e2e  # ansible-playbook: the controller's, not the workers' Python 3.9
 def test_no_certificate_is_signed_past_its_cas_end_and_the_cas_end_is_warned(tmp_path):
     """The CA with 100 days left: a worker's certificates signed now end no later than the CA (before: 825 days, two
     years past it), the play warns that the CA must be replaced and how, and the exporter is told the CA's end for
