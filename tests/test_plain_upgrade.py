@@ -101,9 +101,12 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         stop(new_node)
 
 
-def write_inventory(fleet: dict[str, Any], work: Path, workers: tuple[str, ...] = ("old", "new", "down")) -> Path:
-    """A master of this machine (local connection) and `workers` of the fleet, each by its exporters' ports."""
-    ports = fleet["ports"]
+def write_inventory(
+    fleet: dict[str, Any], work: Path, workers: tuple[str, ...] = ("old", "new", "down"), moved: dict | None = None
+) -> Path:
+    """A master of this machine (local connection) and `workers` of the fleet, each by its exporters' ports (or, for
+    a (worker, job) in `moved`, another's: whatever answers there now)."""
+    ports = {**fleet["ports"], **(moved or {})}
     hosts = {
         worker: {"ansible_host": "127.0.0.1", "accelmon_exporter_listen_address": f":{ports[worker, 'accelmon']}",
                  "accelmon_node_exporter_listen_address": f":{ports[worker, 'node']}"}
@@ -130,12 +133,13 @@ def run_plays(work: Path, inventory: Path, plays: list[dict[str, Any]], *extra: 
     return result.stdout
 
 
-def deploy_targets(fleet: dict[str, Any], work: Path, **variables: Any) -> dict[str, Any]:
-    """The master role's tasks/targets.yml on a master of this machine (its directory in `work`), then its
-    prometheus.yml rendered from the role's template with the same variables: what a deploy of the masters writes."""
-    inventory = write_inventory(fleet, work)
+def deploy_targets(fleet: dict[str, Any], work: Path, moved: dict | None = None, **variables: Any) -> dict[str, Any]:
+    """The master role's tasks/targets.yml on a master of this machine (its directory in `work`, kept from an earlier
+    call), then its prometheus.yml rendered from the role's template with the same variables: what a deploy of the
+    masters writes."""
+    inventory = write_inventory(fleet, work, moved=moved)
     master_dir = work / "master"
-    (master_dir / "prometheus" / "targets").mkdir(parents=True)
+    (master_dir / "prometheus" / "targets").mkdir(parents=True, exist_ok=True)
     settings = {
         "accelmon_master_dir": str(master_dir),
         "accelmon_master_prometheus_scrape_interval": "1s",
@@ -153,7 +157,9 @@ def deploy_targets(fleet: dict[str, Any], work: Path, **variables: Any) -> dict[
         path.stem: {entry["labels"]["node"]: entry["targets"] for entry in json.loads(path.read_text())}
         for path in (master_dir / "prometheus" / "targets").glob("*.json")
     }
-    return {"dir": master_dir, "targets": targets, "config": (master_dir / "prometheus.yml").read_text()}
+    record = master_dir / "prometheus" / "tls-workers.json"
+    return {"dir": master_dir, "targets": targets, "config": (master_dir / "prometheus.yml").read_text(),
+            "tls": json.loads(record.read_text()) if record.exists() else None}  # fmt: skip
 
 
 def test_each_deploy_of_the_masters_finds_the_workers_still_serving_plain_http(fleet, tmp_path):
@@ -168,6 +174,25 @@ def test_each_deploy_of_the_masters_finds_the_workers_still_serving_plain_http(f
     }  # fmt: skip
     # The probe sent no password: the old exporter saw requests without Authorization only.
     assert OldExporter.authorizations and set(OldExporter.authorizations) == {None}
+    # The master remembers the workers it saw serving TLS.
+    assert deployed["tls"] == {"accelmon": ["new"], "node": ["new"]}
+
+
+def test_a_worker_once_seen_serving_tls_is_never_taken_as_plain_again(fleet, tmp_path):
+    """Whoever holds an upgraded worker's port while its exporter restarts (a user's process bound to it) and
+    answers plain HTTP cannot bring it back to a plain twin, with their metrics and AccelmonExporterDown silenced: the
+    master saw it serving TLS and does not ask it again. A worker never seen so (the release before) still may be."""
+    first = deploy_targets(fleet, tmp_path)
+    assert set(first["targets"]["accelmon-plain"]) == {"old"}
+    # "new"'s ports now answered by a plain server (the old worker's here), as a squatter's would.
+    squatted = {("new", "accelmon"): fleet["ports"]["old", "accelmon"], ("new", "node"): fleet["ports"]["old", "node"]}
+    second = deploy_targets(fleet, tmp_path, moved=squatted)
+    assert set(second["targets"]["accelmon-plain"]) == {"old"} and set(second["targets"]["node-plain"]) == {"old"}
+    assert second["tls"] == {"accelmon": ["new"], "node": ["new"]}
+    # A master that never saw it (no record): the plain answer is taken, as for a worker of the release before.
+    (tmp_path / "master" / "prometheus" / "tls-workers.json").unlink()
+    third = deploy_targets(fleet, tmp_path, moved=squatted)
+    assert set(third["targets"]["accelmon-plain"]) == {"old", "new"}
 
 
 def test_plain_http_scraping_turned_off_or_asked_for_has_no_plain_twin(fleet, tmp_path):
