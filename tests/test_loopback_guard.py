@@ -79,13 +79,16 @@ def render(tmp_path: Path, groups: tuple[str, ...], variables: dict[str, Any] | 
 
 
 def rule(rules: str) -> str:
-    (line,) = [line.strip() for line in rules.splitlines() if line.strip().startswith("oifname")]
+    (line,) = [line.strip() for line in rules.splitlines() if line.strip().startswith("fib daddr")]
     return line
 
 
 def test_a_plain_workers_guard_lets_root_alone_reach_both_exporters(tmp_path):
     rules, unit = render(tmp_path, ("worker",))
-    assert rule(rules) == 'oifname "lo" tcp dport { 9100, 19470 } meta skuid != { 0 } counter reject with tcp reset'
+    assert rule(rules) == (
+        "fib daddr type local tcp dport { 9100, 19470 } tcp flags & (syn | ack) == syn meta skuid != { 0 } counter"
+        " reject with tcp reset"
+    )
     # Replaced as a whole in one transaction: made if missing, deleted, made again.
     assert rules.index("table inet accelmon_loopback {}\ndelete table inet accelmon_loopback\n") < rules.index(
         "table inet accelmon_loopback {\n"
@@ -119,7 +122,10 @@ def test_a_master_and_worker_on_the_bridge_adds_no_uid(tmp_path):
             "accelmon_node_exporter_listen_address": "[::]:9101",
         },
     )
-    assert "tcp dport { 9101, 19999 } meta skuid != { 0, 61000 }" in rule(rules)
+    assert "tcp dport { 9101, 19999 } tcp flags & (syn | ack) == syn meta skuid != { 0, 61000 }" in rule(rules)
+    # A site's own agent, let through by its uid.
+    rules, _ = render(tmp_path, ("worker",), {"accelmon_exporter_loopback_guard_uids": [997, 0]})
+    assert "meta skuid != { 0, 997 }" in rule(rules)
 
 
 # In the namespace, as root: the loopback up, a veth whose address is one of the namespace's own (its traffic to
