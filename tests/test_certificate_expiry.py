@@ -178,6 +178,15 @@ def test_no_certificate_is_signed_past_its_cas_end_and_the_cas_end_is_warned(tmp
     verified = subprocess.run(["openssl", "verify", "-CAfile", str(pki / "ca.crt"), str(pki / "hosts" / "gpu-1.crt")],
                               capture_output=True, text=True)  # fmt: skip
     assert verified.returncode == 0, verified.stdout + verified.stderr
+    # In the CA's last 90 days, a certificate capped at its end cannot be signed for longer: the next deploy keeps it
+    # (before: re-signed at every deploy, every worker off the fast path and its exporters restarted each time).
+    shorten_the_ca(tmp_path, "+60d")
+    (pki / "hosts" / "gpu-1.crt").unlink()
+    deploy_pki(tmp_path)
+    signed = (pki / "hosts" / "gpu-1.crt").read_bytes()
+    assert not_after(pki / "hosts" / "gpu-1.crt") < time.time() + 60 * 86400
+    deploy_pki(tmp_path)
+    assert (pki / "hosts" / "gpu-1.crt").read_bytes() == signed
     shorten_the_ca(tmp_path, "+12h")
     (pki / "hosts" / "gpu-1.crt").unlink()
     output = " ".join(deploy_pki(tmp_path, passes=False).split())
