@@ -33,6 +33,9 @@ VARIABLES = {
 # most of them (tests/support/simulated_node.py), and each one's own test serves it.
 ONLY_WHILE = {
     "accelmon_gpu_health_drill_active": "a drill is in force (tests/test_drill.py)",
+    "accelmon_exporter_tls_certificate_expiry_timestamp_seconds": (
+        "the exporters serve TLS with the deploy's certificates (tests/test_certificate_expiry.py)"
+    ),
     "accelmon_gpu_mig_instance_info": "a GPU is split into MIG instances (tests/test_nvml.py)",
     "accelmon_remediation_paused": "the scheduler collector reads Slurm (tests/test_scheduler.py)",
     "accelmon_nccl_rank_missing": "an NCCL job's rank does not answer RAS (tests/test_nccl.py)",
